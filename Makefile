@@ -1,0 +1,37 @@
+# Two commands on a fresh machine with Python 3.11:
+#   make demo   install, train recipe=lenet_o2 on the embedded MNIST subset, evaluate its checkpoint
+#   make test   install, run the test suite
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+RECIPE ?= lenet_o2
+
+.PHONY: demo test test-all bench install clean
+
+$(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements-data.txt
+	@touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) train.py recipe=$(RECIPE) hydra.run.dir=runs/demo-$(RECIPE) logger.progress_bar=false
+	$(PY) eval.py recipe=$(RECIPE) checkpoint=$$(ls -t runs/demo-$(RECIPE)/checkpoints/*.ckpt | head -1) \
+		output=runs/demo-$(RECIPE)/eval.json
+	@echo "run files: runs/demo-$(RECIPE)/ (metrics.json, precision_report.md, tb/, checkpoints/, train.log)"
+
+test: install
+	$(PY) -m pytest -q
+
+test-all: install
+	$(PY) -m pytest -q -m "slow or not slow"
+
+bench: install
+	$(PY) -m bench.run
+
+clean:
+	rm -rf runs outputs rewritten_network .pytest_cache

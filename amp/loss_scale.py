@@ -1,0 +1,112 @@
+"""Loss scaling that works on every device, with AMP telemetry counted inside the graph.
+
+MindSpore's `Model` refuses a dynamic loss-scale manager on CPU, and `TrainOneStepWithLossScaleCell` checks
+overflow with an NPU-only status op there. `AmpTrainStep` subclasses it, checks overflow with
+`mindspore.amp.all_finite` on CPU (MindSpore's own check on GPU/Ascend), skips the update on overflow, and
+updates the scale with MindSpore's update cells (from its LossScaleManagers). It is handed to `Model`
+as the train network, so the same recipe trains with a dynamic scale on CPU, GPU and Ascend.
+
+Counters are Parameters updated in the graph, so they are exact in sink mode (where callbacks see only
+every N-th step) and saved in every checkpoint with the scale itself.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import mindspore.nn as nn
+import mindspore.ops as ops
+from mindspore import Parameter, Tensor
+from mindspore import dtype as mstype
+from mindspore.amp import DynamicLossScaleManager, FixedLossScaleManager, all_finite
+from mindspore.nn.wrap.loss_scale import _grad_scale
+
+TELEMETRY = ("amp_steps", "amp_overflow_steps", "amp_skipped_steps", "amp_steps_since_overflow",
+             "amp_floor_overflows", "amp_nonfinite_losses")
+
+
+@dataclass
+class LossScalePlan:
+    """How a loss-scale config maps onto MindSpore's pieces."""
+    kind: str
+    scale: float                   # the initial scale
+    update_cell: Optional[nn.Cell]  # MindSpore's Dynamic/FixedLossScaleUpdateCell, or None
+    skip_on_overflow: bool
+    optimizer_loss_scale: float    # MindSpore optimizers unscale by this when the step does not
+    min_scale: float
+
+
+def plan_loss_scale(ls_cfg) -> LossScalePlan:
+    kind = str(getattr(ls_cfg.type, "value", ls_cfg.type))
+    if kind == "none":
+        return LossScalePlan(kind, 1.0, None, False, 1.0, ls_cfg.min_scale)
+    if kind == "fixed" and not ls_cfg.drop_overflow_update:
+        # Gradients come back multiplied by the scale; the optimizer divides them (as Model does).
+        return LossScalePlan(kind, float(ls_cfg.scale), None, False, float(ls_cfg.scale), ls_cfg.min_scale)
+    if kind == "fixed":
+        cell = FixedLossScaleManager(ls_cfg.scale, drop_overflow_update=True).get_update_cell()
+        return LossScalePlan(kind, float(ls_cfg.scale), cell, True, 1.0, ls_cfg.min_scale)
+    cell = DynamicLossScaleManager(ls_cfg.init_scale, ls_cfg.factor, ls_cfg.window).get_update_cell()
+    cell.minimum_loss_scale = Tensor(min(ls_cfg.min_scale, 1.0), mstype.float32)  # MindSpore floors at 1.0
+    return LossScalePlan(kind, float(ls_cfg.init_scale), cell, True, 1.0, ls_cfg.min_scale)
+
+
+class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
+    """One training step: forward, scaled backward, unscale, overflow check, (skipped) update, telemetry.
+
+    Returns (loss, overflow, loss scale used for this step)."""
+
+    def __init__(self, net_with_loss: nn.Cell, optimizer: nn.Optimizer, plan: LossScalePlan, device: str):
+        sense = plan.update_cell if plan.update_cell is not None else Tensor(plan.scale, mstype.float32)
+        super().__init__(net_with_loss, optimizer, sense)
+        self.unscale_in_step = plan.optimizer_loss_scale == 1.0
+        self.skip_on_overflow = plan.skip_on_overflow
+        self.use_all_finite = device == "CPU"
+        self.min_scale = Tensor(plan.min_scale, mstype.float32)
+        zero = lambda: Tensor(0, mstype.int32)  # noqa: E731
+        self.amp_steps = Parameter(zero(), name="amp_steps", requires_grad=False)
+        self.amp_overflow_steps = Parameter(zero(), name="amp_overflow_steps", requires_grad=False)
+        self.amp_skipped_steps = Parameter(zero(), name="amp_skipped_steps", requires_grad=False)
+        self.amp_steps_since_overflow = Parameter(zero(), name="amp_steps_since_overflow", requires_grad=False)
+        self.amp_floor_overflows = Parameter(zero(), name="amp_floor_overflows", requires_grad=False)
+        self.amp_nonfinite_losses = Parameter(zero(), name="amp_nonfinite_losses", requires_grad=False)
+
+    def overflow_of(self, grads):
+        if self.use_all_finite:
+            overflow = ops.logical_not(all_finite(grads))
+            if self.is_distributed:
+                overflow = ops.cast(self.allreduce(ops.cast(overflow, mstype.float32)), mstype.bool_)
+            return overflow
+        return self.get_overflow_status(Tensor([0] * 8, mstype.int32), grads)
+
+    def construct(self, *inputs):
+        weights = self.weights
+        loss = self.network(*inputs)
+        scale = self.scale_sense * 1.0  # the scale this step uses, before the update cell changes it
+        sens = ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss))
+        grads = self.grad(self.network, weights)(*inputs, sens)
+        if self.unscale_in_step:
+            grads = self.hyper_map(ops.partial(_grad_scale, scale), grads)
+        grads = self.grad_reducer(grads)
+        overflow = self.overflow_of(grads)
+        overflow = self.process_loss_scale(overflow)
+        if self.skip_on_overflow:
+            if not overflow:
+                loss = ops.depend(loss, self.optimizer(grads))
+        else:
+            loss = ops.depend(loss, self.optimizer(grads))
+        ov = ops.cast(overflow, mstype.int32)
+        skipped = ov if self.skip_on_overflow else ov * 0
+        at_floor = ops.cast(ops.logical_and(overflow, scale.reshape(()) <= self.min_scale), mstype.int32)
+        nonfinite = ops.cast(ops.logical_not(ops.isfinite(loss)), mstype.int32)
+        ops.assign_add(self.amp_steps, Tensor(1, mstype.int32))
+        ops.assign_add(self.amp_overflow_steps, ov)
+        ops.assign_add(self.amp_skipped_steps, skipped)
+        ops.assign(self.amp_steps_since_overflow, (self.amp_steps_since_overflow + 1) * (1 - ov))
+        ops.assign_add(self.amp_floor_overflows, at_floor)
+        ops.assign_add(self.amp_nonfinite_losses, nonfinite)
+        return loss, overflow, scale
+
+    def telemetry(self) -> dict:
+        """Host-side snapshot of the in-graph counters and the current scale."""
+        out = {name: int(getattr(self, name).asnumpy()) for name in TELEMETRY}
+        out["loss_scale"] = float(self.scale_sense.asnumpy().reshape(()))
+        return out

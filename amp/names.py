@@ -1,0 +1,64 @@
+"""Cell names a recipe may put in `amp.keep_fp32` / `amp.force_fp16`, resolved through an explicit registry.
+
+The registry is every Cell class of `mindspore.nn` plus the project's own Cells (`@register_cell`), and a
+few group names (`BatchNorm` means BatchNorm1d/2d/3d). MindSpore's precision lists take Cells, not
+Primitives: a Primitive name is rejected with the Cell to use instead.
+"""
+import difflib
+from typing import Dict, List, Tuple, Type
+
+import mindspore.nn as nn
+import mindspore.ops as ops
+from mindspore.ops.primitive import Primitive
+
+from zoo.config import ConfigError
+
+CELLS: Dict[str, Type[nn.Cell]] = {
+    name: cls for name, cls in vars(nn).items() if isinstance(cls, type) and issubclass(cls, nn.Cell)
+}
+GROUPS: Dict[str, Tuple[str, ...]] = {
+    "BatchNorm": ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d"),
+    "Conv": ("Conv1d", "Conv2d", "Conv3d", "Conv1dTranspose", "Conv2dTranspose", "Conv3dTranspose"),
+}
+# Primitive name -> the Cell that owns it; the keep-list must name the Cell.
+PRIMITIVE_TO_CELL = {
+    "Conv2D": "Conv2d", "Conv3D": "Conv3d", "Conv2DTranspose": "Conv2dTranspose", "MatMul": "Dense",
+    "BatchNorm": "BatchNorm2d", "BiasAdd": "Dense", "MaxPool": "MaxPool2d", "AvgPool": "AvgPool2d",
+    "BatchMatMul": "BatchMatMul (models/transformer.py)", "Gather": "Embedding",
+}
+PRIMITIVES = {name for name, cls in vars(ops).items() if isinstance(cls, type) and issubclass(cls, Primitive)}
+
+
+def register_cell(cls: Type[nn.Cell]) -> Type[nn.Cell]:
+    """Make a project Cell nameable in keep_fp32/force_fp16."""
+    CELLS[cls.__name__] = cls
+    return cls
+
+
+def resolve(names: List[str], key: str) -> Tuple[Type[nn.Cell], ...]:
+    classes = []
+    for name in names:
+        if name in GROUPS:
+            classes.extend(CELLS[n] for n in GROUPS[name])
+        elif name in CELLS:
+            classes.append(CELLS[name])
+        elif name in PRIMITIVES or name in PRIMITIVE_TO_CELL:
+            cell = PRIMITIVE_TO_CELL.get(name, "the Cell that calls it")
+            raise ConfigError(f"{key}: {name!r} is a Primitive; MindSpore's precision lists take Cell classes, "
+                              f"use {cell}")
+        else:
+            close = difflib.get_close_matches(name, list(CELLS) + list(GROUPS), n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise ConfigError(f"{key}: {name!r} is not a known Cell; {hint}valid: a mindspore.nn Cell class "
+                              f"(LayerNorm, Softmax, BatchNorm2d, Dense, ...), a project Cell "
+                              f"({', '.join(sorted(set(CELLS) - set(vars(nn))) or ['none yet'])}) "
+                              f"or a group ({', '.join(GROUPS)})")
+    return tuple(dict.fromkeys(classes))
+
+
+def check_policy_names(amp_cfg) -> None:
+    keep = resolve(list(amp_cfg.keep_fp32 or []), "amp.keep_fp32")
+    force = resolve(list(amp_cfg.force_fp16), "amp.force_fp16")
+    both = sorted({c.__name__ for c in keep} & {c.__name__ for c in force})
+    if both:
+        raise ConfigError(f"{', '.join(both)} is in both amp.keep_fp32 and amp.force_fp16; keep it in one")

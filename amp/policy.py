@@ -1,0 +1,131 @@
+"""Precision policy: turn a recipe's `amp` block into Cell compute dtypes, once, with `Cell.to_float`.
+
+- O0: everything fp32 (force_fp16 Cells still run in low precision).
+- O1: fp32 by default; MindSpore's O1 white-list Cells (Conv, Dense, RNN cells) and force_fp16 run in low
+  precision, each an island that casts its output back to fp32.
+- O2: low precision by default; keep_fp32 Cells (default BatchNorm, LayerNorm) run in fp32 and cast their
+  output back to low precision, as MindSpore's own O2 does.
+- O3: like O2 with an empty default keep-list.
+Parameters stay fp32 at every level; the network's output is cast to fp32 so the loss is computed in fp32.
+`Model` must then be given amp_level="O0", or the network would be cast a second time.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+import mindspore.nn as nn
+import mindspore.ops as ops
+from mindspore import dtype as mstype
+
+from amp.names import resolve
+from zoo.config import ConfigError
+
+DTYPES = {"float16": mstype.float16, "bfloat16": mstype.bfloat16}
+O1_WHITE_LIST = ["Conv", "Dense", "LSTMCell", "RNNCell", "GRUCell"]
+DEFAULT_KEEP_FP32 = {"O0": [], "O1": [], "O2": ["BatchNorm", "LayerNorm"], "O3": []}
+# Measured with mindspore 2.10 on CPU: no bfloat16 kernels for these (BatchNorm rejects the dtype too).
+UNSUPPORTED = {("CPU", "bfloat16"): "Conv2D, MatMul, Reshape and Transpose"}
+
+
+class CastOutput(nn.Cell):
+    """The edge of a precision region: run `cell`, cast its output to `dtype`. Parameter names unchanged."""
+
+    def __init__(self, cell: nn.Cell, dtype):
+        super().__init__(auto_prefix=False)
+        self.cell = cell
+        self.dtype = dtype
+
+    def construct(self, *args):
+        return ops.cast(self.cell(*args), self.dtype)
+
+
+@dataclass
+class Policy:
+    level: str
+    dtype: str
+    keep_fp32: List[str]
+    force_fp16: List[str]
+    reasons: Dict[str, str] = field(default_factory=dict)  # cell path -> why it runs at its dtype
+
+
+def keep_fp32_names(amp_cfg) -> List[str]:
+    level = amp_cfg.level.value if hasattr(amp_cfg.level, "value") else str(amp_cfg.level)
+    return list(DEFAULT_KEEP_FP32[level] if amp_cfg.keep_fp32 is None else amp_cfg.keep_fp32)
+
+
+def check_device_dtype(device: str, amp_cfg) -> None:
+    level = str(getattr(amp_cfg.level, "value", amp_cfg.level))
+    dtype = str(getattr(amp_cfg.dtype, "value", amp_cfg.dtype))
+    low_precision_used = level != "O0" or bool(amp_cfg.force_fp16)
+    if low_precision_used and (device, dtype) in UNSUPPORTED:
+        raise ConfigError(f"amp.dtype={dtype} is not supported on {device}: MindSpore has no {device} {dtype} "
+                          f"kernel for {UNSUPPORTED[(device, dtype)]}; use amp.dtype=float16 here, "
+                          f"or bfloat16 on Ascend")
+
+
+def _replace_child(parent: nn.Cell, name: str, new: nn.Cell) -> None:
+    parent._cells[name] = new  # pylint: disable=protected-access
+    if isinstance(parent, nn.SequentialCell):
+        parent.cell_list = list(parent.cells())
+
+
+def _walk(cell: nn.Cell, prefix: str, match, on_match) -> None:
+    for name, child in list(cell.name_cells().items()):
+        path = f"{prefix}.{name}" if prefix else name
+        if isinstance(child, match):
+            _replace_child(cell, name, on_match(child, path))
+        else:
+            _walk(child, path, match, on_match)
+
+
+def _mark_subtree(cell: nn.Cell, path: str, reason: str, reasons: Dict[str, str]) -> None:
+    reasons[path] = reason
+    for sub_path, _ in cell.cells_and_names():
+        if sub_path:
+            reasons[f"{path}.{sub_path}"] = reason
+
+
+def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
+    level = str(getattr(amp_cfg.level, "value", amp_cfg.level))
+    dtype_name = str(getattr(amp_cfg.dtype, "value", amp_cfg.dtype))
+    low = DTYPES[dtype_name]
+    keep_names = keep_fp32_names(amp_cfg)
+    keep = resolve(keep_names, "amp.keep_fp32")
+    force = resolve(list(amp_cfg.force_fp16), "amp.force_fp16")
+    policy = Policy(level, dtype_name, keep_names, list(amp_cfg.force_fp16))
+    reasons = policy.reasons
+
+    if level in ("O2", "O3"):
+        net.to_float(low)
+        for path, _ in net.cells_and_names():
+            reasons[path] = f"{level} default"
+
+        def keep_in_fp32(cell, path):
+            _mark_subtree(cell, path, "keep_fp32", reasons)
+            return CastOutput(cell.to_float(mstype.float32), low)
+        if keep:
+            _walk(net, "", keep, keep_in_fp32)
+    else:
+        white = resolve(O1_WHITE_LIST, "O1 white list") if level == "O1" else ()
+        force_only = tuple(c for c in force if c not in white)
+        to_low = tuple(c for c in white + force_only if c not in keep)
+        for path, _ in net.cells_and_names():
+            reasons[path] = f"{level} default"
+
+        def run_low(cell, path):
+            _mark_subtree(cell, path, "force_fp16" if isinstance(cell, force_only) else "O1 white list", reasons)
+            return CastOutput(cell.to_float(low), mstype.float32)
+        if to_low:
+            _walk(net, "", to_low, run_low)
+    reasons.pop("", None)
+    if level == "O0" and not force:
+        return net, policy
+    return CastOutput(net, mstype.float32), policy
+
+
+def compute_dtype(cell: nn.Cell) -> str:
+    flags = cell.get_flags()
+    if flags.get("fp16"):
+        return "float16"
+    if flags.get("bf16"):
+        return "bfloat16"
+    return "float32"

@@ -1,0 +1,78 @@
+"""AMP telemetry: loss scale, overflow rate and skipped steps in TensorBoard, metrics.json and the console.
+
+The counters live in the graph (`AmpTrainStep`), so a sink that returns only every N-th step loses
+nothing: rates are computed from counter differences between two reads.
+"""
+import logging
+from typing import Dict, List, Optional
+
+from mindspore.train import Callback
+
+log = logging.getLogger("amp_zoo")
+
+
+class AmpTelemetry(Callback):
+    def __init__(self, step_cell, writer, log_every: int, kind: str, min_scale: float):
+        self.step_cell, self.writer, self.log_every = step_cell, writer, log_every
+        self.kind, self.min_scale = kind, min_scale
+        self.last: Optional[Dict] = None
+        self.scale = None
+        self.scale_changes: List[Dict] = []
+        self.stop_reason: Optional[str] = None
+
+    def read(self, step: int) -> Dict:
+        t = self.step_cell.telemetry()
+        t["step"] = step
+        return t
+
+    def on_train_begin(self, run_context):
+        self.last = self.read(run_context.original_args().cur_step_num)
+        self.scale = self.last["loss_scale"]
+
+    def on_train_step_end(self, run_context):
+        cb = run_context.original_args()
+        step = cb.cur_step_num
+        outputs = cb.net_outputs
+        new_scale = float(self.step_cell.scale_sense.asnumpy().reshape(()))
+        if new_scale != self.scale:
+            direction = "down" if new_scale < self.scale else "up"
+            reason = "after an overflow" if direction == "down" else "after a window of clean steps"
+            log.info("step %d: loss scale %g -> %g (%s %s)", step, self.scale, new_scale, direction, reason)
+            self.scale_changes.append({"step": step, "from": self.scale, "to": new_scale})
+            self.scale = new_scale
+        if step % self.log_every == 0 or step == 1:
+            self.log_point(step)
+        if self.kind == "dynamic" and bool(outputs[1].asnumpy()) and float(outputs[2].asnumpy()) <= self.min_scale:
+            self.stop_reason = (f"step {step} overflowed at the minimum loss scale "
+                                f"(amp.loss_scale.min_scale={self.min_scale:g}): the loss is exploding, not "
+                                f"underflowing; lower optimizer.lr, keep more Cells fp32 (python -m amp.audit), "
+                                f"or set amp.fallback.enabled=true")
+            run_context.request_stop()
+
+    def log_point(self, step: int) -> Dict:
+        t = self.read(step)
+        steps = t["amp_steps"] - self.last["amp_steps"]
+        rate = (t["amp_overflow_steps"] - self.last["amp_overflow_steps"]) / steps if steps else 0.0
+        t["overflow_rate"] = rate
+        if self.writer is not None:
+            self.writer.add_scalar("amp/loss_scale", t["loss_scale"], step)
+            self.writer.add_scalar("amp/overflow_rate", rate, step)
+            self.writer.add_scalar("amp/skipped_steps", t["amp_skipped_steps"], step)
+        self.last = t
+        return t
+
+    def summary(self) -> Dict:
+        t = self.step_cell.telemetry()
+        steps = max(t["amp_steps"], 1)
+        return {
+            "loss_scale_type": self.kind,
+            "final_loss_scale": t["loss_scale"],
+            "steps": t["amp_steps"],
+            "overflow_steps": t["amp_overflow_steps"],
+            "skipped_steps": t["amp_skipped_steps"],
+            "overflow_rate": t["amp_overflow_steps"] / steps,
+            "steps_since_overflow": t["amp_steps_since_overflow"],
+            "nonfinite_losses": t["amp_nonfinite_losses"],
+            "scale_changes": self.scale_changes,
+            "stop_reason": self.stop_reason,
+        }

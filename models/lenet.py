@@ -1,0 +1,31 @@
+"""LeNet-5 (LeCun et al. 1998) for 32x32 single-channel images, as in MindSpore's model zoo."""
+import mindspore.nn as nn
+from mindspore.common.initializer import Normal
+
+from models import register_model
+
+
+class LeNet5(nn.Cell):
+    def __init__(self, num_classes: int = 10, in_channels: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 6, 5, pad_mode="valid")
+        self.conv2 = nn.Conv2d(6, 16, 5, pad_mode="valid")
+        self.fc1 = nn.Dense(16 * 5 * 5, 120, weight_init=Normal(0.02))
+        self.fc2 = nn.Dense(120, 84, weight_init=Normal(0.02))
+        self.fc3 = nn.Dense(84, num_classes, weight_init=Normal(0.02))
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(kernel_size=2, stride=2)
+        self.flatten = nn.Flatten()
+
+    def construct(self, x):
+        x = self.pool(self.relu(self.conv1(x)))
+        x = self.pool(self.relu(self.conv2(x)))
+        x = self.flatten(x)
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+@register_model
+def lenet5(num_classes: int = 10, in_channels: int = 1) -> LeNet5:
+    return LeNet5(num_classes=num_classes, in_channels=in_channels)

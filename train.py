@@ -1,0 +1,146 @@
+"""Train a recipe:  python train.py recipe=lenet_o2 [key=value ...]   (multirun: -m recipe=lenet_o0,lenet_o2)
+
+Reads top to bottom: context, seeds, data, model, precision policy, loss scale, optimizer and schedule,
+`Model.train` with callbacks, final evaluation, metrics.json. Everything lands in the run directory.
+"""
+import sys
+
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+ONEDNN_NOTE = cap_onednn_isa()  # must run before MindSpore (and its oneDNN) is imported
+quiet_mindspore()
+
+import json  # noqa: E402
+import logging  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from zoo.config import ConfigError, check_command_line, fail, register_schema, validate  # noqa: E402
+
+log = logging.getLogger("amp_zoo")
+register_schema()
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+def main(cfg) -> float:
+    try:
+        return train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except ConfigError as e:
+        fail(str(e))
+
+
+def train(cfg, run_dir: Path) -> float:
+    import mindspore.nn as nn
+    from mindspore.train import CheckpointConfig, Model, ModelCheckpoint
+    from tensorboardX import SummaryWriter
+
+    from amp.loss_scale import AmpTrainStep, plan_loss_scale
+    from amp.policy import apply_policy, check_device_dtype
+    from amp.report import precision_report, write_report
+    from amp.telemetry import AmpTelemetry
+    from data import create_dataset
+    from models import create_model
+    from zoo.callbacks import Evaluator, ProgressBar, StepTimer, StopAtStep, TensorBoardLogger
+    from zoo.metrics import eval_network, metrics
+    from zoo.optim import create_optimizer, lr_schedule, scaled_lr
+    from zoo.runtime import seed_everything, set_context, sink_mode
+
+    t_start = time.perf_counter()
+    validate(cfg)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
+    log.info("run directory: %s", run_dir.resolve())
+    log.info(ONEDNN_NOTE)
+
+    # 1. Context and seeds
+    device = set_context(cfg.runtime)
+    check_device_dtype(device, cfg.amp)
+    seed_everything(cfg.runtime.seed)
+    sink, sink_note = sink_mode(device, cfg.trainer.sink)
+    log.info("device %s, %s mode; %s", device, cfg.runtime.mode.value, sink_note)
+
+    # 2. Data
+    train_ds = create_dataset(cfg.dataset, "train")
+    test_ds = create_dataset(cfg.dataset, "test")
+    steps_per_epoch = train_ds.get_dataset_size()
+    epochs = cfg.trainer.epochs
+    log.info("data: %s, %d steps of %d per epoch", cfg.dataset.path or "embedded", steps_per_epoch,
+             cfg.dataset.batch_size)
+
+    # 3. Model and precision policy (applied once; Model below gets amp_level="O0")
+    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    net, policy = apply_policy(net, cfg.amp)
+    report = precision_report(net, policy)
+    writer = SummaryWriter(str(run_dir / "tb")) if cfg.logger.tensorboard else None
+    write_report(report, run_dir, writer)
+    log.info("precision: %s", report["summary"])
+
+    # 4. Loss scale, optimizer, learning-rate schedule
+    plan = plan_loss_scale(cfg.amp.loss_scale)
+    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch, epochs)
+    optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing)
+    step_cell = AmpTrainStep(nn.WithLossCell(net, loss_fn), optimizer, plan, device)
+    model = Model(step_cell, eval_network=eval_network(net, loss_fn), metrics=metrics(),
+                  eval_indexes=[0, 1, 2], amp_level="O0")
+    log.info("loss scale: %s (initial %g)%s", plan.kind, plan.scale,
+             ", overflowed steps are skipped" if plan.skip_on_overflow else "")
+
+    # 5. Callbacks
+    def evaluate():
+        return {k: float(v) for k, v in model.eval(test_ds, dataset_sink_mode=False).items()}
+
+    timer = StepTimer()
+    telemetry = AmpTelemetry(step_cell, writer, cfg.trainer.log_every, plan.kind, plan.min_scale)
+    evaluator = Evaluator(evaluate, cfg.trainer.eval_every, writer, epochs)
+    ckpt_steps = steps_per_epoch * (cfg.trainer.ckpt_every or epochs)
+    checkpoints = ModelCheckpoint(prefix=cfg.model.name, directory=str(run_dir / "checkpoints"),
+                                  config=CheckpointConfig(save_checkpoint_steps=ckpt_steps,
+                                                          keep_checkpoint_max=cfg.trainer.keep_last,
+                                                          append_info=["epoch_num", "step_num"]))
+    callbacks = [timer, telemetry, evaluator, checkpoints]
+    if writer is not None:
+        callbacks.append(TensorBoardLogger(writer, lambda s: float(lr[min(s, len(lr) - 1)]),
+                                           cfg.dataset.batch_size, cfg.trainer.log_every, timer))
+    if cfg.logger.progress_bar:
+        callbacks.append(ProgressBar(steps_per_epoch, cfg.trainer.log_every))
+    if cfg.trainer.max_steps > 0:
+        callbacks.append(StopAtStep(cfg.trainer.max_steps))
+
+    # 6. Train
+    t_train = time.perf_counter()
+    sink_size = cfg.trainer.sink_size if sink else -1
+    model.train(epochs, train_ds, callbacks=callbacks, dataset_sink_mode=sink, sink_size=sink_size)
+    train_time = time.perf_counter() - t_train
+
+    # 7. Final evaluation and metrics.json
+    steps_done = timer.steps[-1] if timer.steps else 0
+    final = evaluate()
+    evaluator.record(epochs if steps_done == epochs * steps_per_epoch else -1, steps_done, final)
+    summary = {
+        "recipe": cfg.recipe_name, "model": cfg.model.name, "dataset": cfg.dataset.name,
+        "data": cfg.dataset.path or "embedded", "device": device, "mode": cfg.runtime.mode.value,
+        "sink": sink, "amp_level": policy.level, "amp_dtype": policy.dtype, "batch_size": cfg.dataset.batch_size,
+        "epochs": epochs, "steps": steps_done, "wall_time_s": round(time.perf_counter() - t_start, 2),
+        "train_time_s": round(train_time, 2), **timer.summary(cfg.dataset.batch_size),
+        "final": final, "eval_history": evaluator.history, "amp": telemetry.summary(),
+        "checkpoint": checkpoints.latest_ckpt_file_name, "target": OmegaConf.to_container(cfg.target),
+        "onednn": ONEDNN_NOTE,
+    }
+    (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
+    if writer is not None:
+        writer.close()
+    log.info("final: %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items()))
+    log.info("wrote %s", run_dir / "metrics.json")
+    if telemetry.stop_reason:
+        fail(telemetry.stop_reason, code=1)
+    return final.get("top1", 0.0)
+
+
+if __name__ == "__main__":
+    check_command_line(sys.argv[1:])
+    main()

@@ -1,0 +1,37 @@
+"""Loading checkpoints with errors that say which file is wrong and how."""
+from pathlib import Path
+
+import mindspore as ms
+import mindspore.nn as nn
+
+from zoo.config import ConfigError
+
+
+def read_checkpoint(path) -> dict:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"checkpoint={str(path)!r} does not exist; give a .ckpt file written by train.py "
+                          f"(runs/<recipe>/<time>/checkpoints/)")
+    try:
+        return ms.load_checkpoint(str(path))
+    except Exception as e:  # MindSpore raises ValueError or RuntimeError on a corrupt file
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"checkpoint={str(path)!r} is not a readable MindSpore checkpoint "
+                          f"(truncated or corrupt?): {reason}") from None
+
+
+def load_weights(net: nn.Cell, path, model_name: str) -> dict:
+    """Load the network's parameters; every one must be in the file with the same shape."""
+    params = read_checkpoint(path)
+    missing = [name for name, _ in net.parameters_and_names() if name not in params]
+    if missing:
+        raise ConfigError(f"checkpoint={str(path)!r} does not fit model {model_name!r}: {len(missing)} of its "
+                          f"parameters are missing (e.g. {', '.join(missing[:3])}); was it written by another "
+                          f"model or recipe?")
+    for name, p in net.parameters_and_names():
+        if tuple(params[name].shape) != tuple(p.shape):
+            raise ConfigError(f"checkpoint={str(path)!r} does not fit model {model_name!r}: {name} has shape "
+                              f"{tuple(params[name].shape)} in the file, {tuple(p.shape)} in the model "
+                              f"(another num_classes or width?)")
+    ms.load_param_into_net(net, {n: params[n] for n, _ in net.parameters_and_names()}, strict_load=True)
+    return params

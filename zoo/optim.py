@@ -1,0 +1,71 @@
+"""Optimizer and learning-rate schedule from the recipe.
+
+The schedule is a per-step array handed to the optimizer (MindSpore's dynamic learning rate), so its
+position is the optimizer's `global_step`, which every checkpoint saves.
+"""
+import math
+
+import mindspore.nn as nn
+import numpy as np
+
+from zoo.config import ConfigError
+
+NO_DECAY_MARKERS = ("beta", "gamma", "bias", "moving_mean", "moving_variance")
+
+
+def scaled_lr(opt_cfg, global_batch: int) -> float:
+    """Linear scaling rule (Goyal et al. 2017): lr grows with the global batch over the reference batch."""
+    if opt_cfg.reference_batch_size <= 0:
+        return opt_cfg.lr
+    return opt_cfg.lr * global_batch / opt_cfg.reference_batch_size
+
+
+def lr_schedule(sched_cfg, base_lr: float, steps_per_epoch: int, epochs: int) -> np.ndarray:
+    total = steps_per_epoch * epochs
+    name = str(getattr(sched_cfg.name, "value", sched_cfg.name))
+    warmup = sched_cfg.warmup_steps or int(round(sched_cfg.warmup_epochs * steps_per_epoch))
+    steps = np.arange(total, dtype=np.float64)
+    if name == "constant":
+        lr = np.full(total, base_lr)
+    elif name == "cosine":
+        progress = np.clip((steps - warmup) / max(1, total - warmup), 0, 1)
+        lr = sched_cfg.min_lr + 0.5 * (base_lr - sched_cfg.min_lr) * (1 + np.cos(math.pi * progress))
+    elif name == "step":
+        epoch = steps // steps_per_epoch
+        lr = base_lr * sched_cfg.gamma ** np.searchsorted(sorted(sched_cfg.milestones), epoch, side="right")
+    else:  # inverse_sqrt (Vaswani et al. 2017): linear warm-up, then lr * sqrt(warmup / step)
+        w = max(1, warmup)
+        lr = base_lr * np.minimum((steps + 1) / w, np.sqrt(w / np.maximum(steps + 1, 1)))
+        return lr.astype(np.float32)
+    if warmup > 0:
+        lr[:warmup] = base_lr * (steps[:warmup] + 1) / warmup
+    return lr.astype(np.float32)
+
+
+def param_groups(params, opt_cfg):
+    if opt_cfg.decay_norm_and_bias or opt_cfg.weight_decay == 0:
+        return [{"params": params, "weight_decay": opt_cfg.weight_decay}]
+    no_decay = [p for p in params if any(m in p.name.rsplit(".", 1)[-1] for m in NO_DECAY_MARKERS)]
+    decay = [p for p in params if p not in no_decay]
+    return [{"params": decay, "weight_decay": opt_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def create_optimizer(params, opt_cfg, lr: np.ndarray, loss_scale: float) -> nn.Optimizer:
+    """`loss_scale` > 1 only for a fixed scale without overflow skipping: the optimizer unscales then."""
+    name = str(getattr(opt_cfg.name, "value", opt_cfg.name))
+    groups = param_groups(params, opt_cfg)
+    lr = list(map(float, lr))
+    if name == "momentum":
+        return nn.Momentum(groups, learning_rate=lr, momentum=opt_cfg.momentum, loss_scale=loss_scale,
+                           use_nesterov=opt_cfg.nesterov)
+    if name == "sgd":
+        return nn.SGD(groups, learning_rate=lr, momentum=0.0, loss_scale=loss_scale)
+    if name == "adam":
+        return nn.Adam(groups, learning_rate=lr, beta1=opt_cfg.betas[0], beta2=opt_cfg.betas[1],
+                       eps=opt_cfg.eps, loss_scale=loss_scale)
+    if loss_scale != 1.0:
+        raise ConfigError("optimizer.name=adamw cannot unscale gradients (MindSpore's AdamWeightDecay has no "
+                          "loss_scale); with it use amp.loss_scale.type=dynamic, or fixed with "
+                          "amp.loss_scale.drop_overflow_update=true")
+    return nn.AdamWeightDecay(groups, learning_rate=lr, beta1=opt_cfg.betas[0], beta2=opt_cfg.betas[1],
+                              eps=opt_cfg.eps)

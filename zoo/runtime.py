@@ -1,0 +1,78 @@
+"""Process set-up: the oneDNN cap (before MindSpore is imported), device choice, context, seeds."""
+import logging
+import os
+import platform
+import random
+
+log = logging.getLogger("amp_zoo")
+
+
+def cap_onednn_isa() -> str:
+    """On x86, MindSpore's bundled oneDNN picks a reference convolution kernel on AVX-512/AMX CPUs that is
+    20-130x slower than its AVX2 gemm kernel. Capping the ISA fixes it; it must happen before oneDNN
+    initialises, so call this before `import mindspore`. A value the user set is left alone."""
+    if "ONEDNN_MAX_CPU_ISA" in os.environ:
+        return f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']} (set by the user)"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "ONEDNN_MAX_CPU_ISA not set (not an x86 CPU)"
+    os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    return "ONEDNN_MAX_CPU_ISA=AVX2 (set by amp-zoo: oneDNN's AVX-512 convolution path is 20-130x slower here)"
+
+
+def quiet_mindspore() -> None:
+    """MindSpore's C++ [WARNING] lines drown the training log; GLOG_v=2 (or lower) brings them back."""
+    os.environ.setdefault("GLOG_v", "3")
+
+
+def pick_device(requested: str) -> str:
+    import mindspore as ms
+    from zoo.config import ConfigError
+
+    def available(target: str) -> bool:
+        try:
+            return bool(ms.hal.is_available(target))
+        except Exception:  # an older or partial build without the probe
+            return target == "CPU"
+
+    if requested == "auto":
+        return next(t for t in ("Ascend", "GPU", "CPU") if available(t))
+    if not available(requested):
+        have = [t for t in ("Ascend", "GPU", "CPU") if available(t)]
+        raise ConfigError(f"runtime.device={requested} is not available in this MindSpore build "
+                          f"(mindspore {ms.__version__}); available here: {', '.join(have)} or auto")
+    return requested
+
+
+def set_context(runtime_cfg) -> str:
+    """Device, execution mode and determinism; returns the device target in use."""
+    import mindspore as ms
+
+    device = pick_device(str(getattr(runtime_cfg.device, "value", runtime_cfg.device)))
+    mode = str(getattr(runtime_cfg.mode, "value", runtime_cfg.mode))
+    ms.set_device(device, runtime_cfg.device_id)
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    if runtime_cfg.deterministic:
+        ms.set_context(deterministic="ON")
+    return device
+
+
+def seed_everything(seed: int) -> None:
+    import mindspore as ms
+    import mindspore.dataset as msds
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    ms.set_seed(seed)
+    msds.config.set_seed(seed)
+
+
+def sink_mode(device: str, requested: bool):
+    """MindSpore's CPU backend silently runs non-sink when asked to sink, and then still reports sink_size
+    to callbacks as the epoch length. Decide here, say why, and never ask CPU to sink."""
+    if not requested:
+        return False, "data sinking off (trainer.sink=false)"
+    if device == "CPU":
+        return False, ("data sinking off: MindSpore's CPU backend does not sink datasets "
+                       "(it would fall back to non-sink silently); steps are fed one by one")
+    return True, f"data sinking on ({device})"
