@@ -1,0 +1,38 @@
+"""Shared fixtures. The oneDNN cap goes first: it only works if set before MindSpore is imported."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()
+quiet_mindspore()
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run one of the project's commands as a user would, in a fresh process."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HYDRA_FULL_ERROR="0")
+    return subprocess.run([sys.executable, *script.split(), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def graph_mode():
+    import mindspore as ms
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+
+
+@pytest.fixture
+def pynative_mode():
+    import mindspore as ms
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)

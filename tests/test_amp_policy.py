@@ -1,0 +1,78 @@
+"""The precision policy gives each Cell the dtype the report claims: checked on real forward passes
+(PyNative hooks on the Cells' outputs), not on the report."""
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+import mindspore as ms
+import mindspore.nn as nn
+
+from amp.policy import apply_policy
+from amp.report import precision_report
+
+F16, F32 = "Float16", "Float32"
+
+
+class Tiny(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU()
+        self.flat = nn.Flatten()
+        self.fc = nn.Dense(4 * 8 * 8, 8)
+        self.ln = nn.LayerNorm((8,))
+        self.head = nn.Dense(8, 3)
+
+    def construct(self, x):
+        x = self.relu(self.bn(self.conv(x)))
+        return self.head(self.ln(self.fc(self.flat(x))))
+
+
+def observe(level, keep=None, force=()):
+    net = Tiny()
+    names = ["conv", "bn", "fc", "ln", "head"]
+    seen = {}
+    for name in names:
+        getattr(net, name).register_forward_hook(lambda c, i, o, n=name: seen.__setitem__(n, str(o.dtype)))
+    cfg = OmegaConf.create({"level": level, "dtype": "float16", "keep_fp32": keep, "force_fp16": list(force)})
+    wrapped, policy = apply_policy(net, cfg)
+    out = wrapped(ms.Tensor(np.random.randn(2, 1, 8, 8).astype(np.float32)))
+    return net, wrapped, policy, seen, str(out.dtype)
+
+
+EXPECTED = {
+    ("O0", None, ()): dict(conv=F32, bn=F32, fc=F32, ln=F32, head=F32),
+    ("O1", None, ()): dict(conv=F16, bn=F32, fc=F16, ln=F32, head=F16),
+    ("O2", None, ()): dict(conv=F16, bn=F32, fc=F16, ln=F32, head=F16),
+    ("O3", None, ()): dict(conv=F16, bn=F16, fc=F16, ln=F16, head=F16),
+    ("O2", ("LayerNorm", "Dense"), ()): dict(conv=F16, bn=F16, fc=F32, ln=F32, head=F32),
+    ("O1", None, ("LayerNorm",)): dict(conv=F16, bn=F32, fc=F16, ln=F16, head=F16),
+    ("O1", ("Dense",), ()): dict(conv=F16, bn=F32, fc=F32, ln=F32, head=F32),
+}
+
+
+@pytest.mark.parametrize("level,keep,force", list(EXPECTED), ids=[f"{a}-{b}-{c}" for a, b, c in EXPECTED])
+def test_cells_compute_in_the_policy_dtype(pynative_mode, level, keep, force):
+    net, wrapped, policy, seen, out_dtype = observe(level, list(keep) if keep else None, force)
+    assert seen == EXPECTED[(level, keep, force)]
+    assert out_dtype == F32, "logits come back fp32 so the loss is computed in fp32"
+    assert {str(p.dtype) for p in wrapped.get_parameters()} == {F32}, "parameters stay fp32 at every level"
+    report = {r["path"]: r for r in precision_report(wrapped, policy)["cells"]}
+    for name, dtype in seen.items():
+        assert report[name]["compute_dtype"] == dtype.lower(), (name, report[name])
+
+
+def test_parameter_names_do_not_change_with_the_level(pynative_mode):
+    names = {lvl: sorted(p.name for p in observe(lvl)[1].get_parameters()) for lvl in ("O0", "O1", "O2", "O3")}
+    assert names["O0"] == names["O1"] == names["O2"] == names["O3"]
+
+
+def test_report_says_why(pynative_mode):
+    _, wrapped, policy, _, _ = observe("O2", None, ())
+    rows = {r["path"]: r for r in precision_report(wrapped, policy)["cells"]}
+    assert rows["bn"]["why"] == "keep_fp32" and rows["conv"]["why"] == "O2 default"
+    _, wrapped, policy, _, _ = observe("O1", None, ("LayerNorm",))
+    rows = {r["path"]: r for r in precision_report(wrapped, policy)["cells"]}
+    assert rows["ln"]["why"] == "force_fp16" and rows["fc"]["why"] == "O1 white list"
+    assert rows["bn"]["why"] == "O1 default" and rows["bn"]["compute_dtype"] == "float32"

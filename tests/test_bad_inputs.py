@@ -1,0 +1,59 @@
+"""Bad input: one clear line naming the value and what is valid, exit code 2, nothing written."""
+import pytest
+
+from tests.conftest import run_cli
+from zoo.config import check_command_line
+
+CASES = [
+    (["recipe=lenet_o9"], "recipe=lenet_o9 not found; did you mean"),
+    (["trainer.epochz=3"], "unknown key trainer.epochz; did you mean epochs?"),
+    (["+trainer.foo=1"], "unknown key trainer.foo"),
+    (["amp.level=O5"], "amp.level: Invalid value 'O5', expected one of [O0, O1, O2, O3]"),
+    (["amp.dtype=float8"], "amp.dtype: Invalid value 'float8', expected one of [float16, bfloat16]"),
+    (["amp.loss_scale.type=dyn"], "expected one of [none, fixed, dynamic]"),
+    (["runtime.device=TPU"], "runtime.device: Invalid value 'TPU', expected one of [auto, CPU, GPU, Ascend]"),
+    (["runtime.device=GPU"], "runtime.device=GPU is not available in this MindSpore build"),
+    (["amp.keep_fp32=[LayerNrom]"], "amp.keep_fp32: 'LayerNrom' is not a known Cell; did you mean LayerNorm"),
+    (["amp.keep_fp32=[Conv2D]"], "'Conv2D' is a Primitive; MindSpore's precision lists take Cell classes, use Conv2d"),
+    (["amp.force_fp16=[Softmx]"], "amp.force_fp16: 'Softmx' is not a known Cell; did you mean Softmax"),
+    (["amp.keep_fp32=[Dense]", "amp.force_fp16=[Dense]"], "Dense is in both amp.keep_fp32 and amp.force_fp16"),
+    (["amp.dtype=bfloat16"], "amp.dtype=bfloat16 is not supported on CPU"),
+    (["dataset.path=/no/such/mnist"], "dataset.path='/no/such/mnist' does not exist"),
+    (["dataset.batch_size=0"], "dataset.batch_size=0 must be at least 1"),
+    (["dataset.batch_size=abc"], "dataset.batch_size: Value 'abc' of type 'str' could not be converted to Integer"),
+    (["model.name=lenet4"], "model.name='lenet4' is not a registered model; did you mean lenet5?"),
+    (["+model.params.width=3"], "model.params.width is not an argument of model 'lenet5'"),
+    (["amp.loss_scale.scale=-1"], "amp.loss_scale.scale=-1.0 must be positive"),
+    (["-m", "recipe=lenet_o0,lenet_o9"], "recipe=lenet_o9 not found"),
+]
+
+
+@pytest.mark.parametrize("argv,message", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        check_command_line(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert message in err, err
+
+
+def test_cli_exit_code_and_nothing_written(tmp_path):
+    """The real command, from another directory: exit 2, one line on stderr, no run directory."""
+    from tests.conftest import ROOT
+    result = run_cli(str(ROOT / "train.py"), "amp.level=O5", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: amp.level: Invalid value 'O5', expected one of [O0, O1, O2, O3]"]
+    assert not any(tmp_path.iterdir())
+
+
+def test_eval_bad_checkpoints(tmp_path):
+    missing = run_cli("eval.py", "recipe=lenet_o2", f"checkpoint={tmp_path}/none.ckpt")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"\x00not a checkpoint" * 64)
+    corrupt = run_cli("eval.py", "recipe=lenet_o2", f"checkpoint={junk}")
+    assert corrupt.returncode == 2
+    assert "is not a readable MindSpore checkpoint" in corrupt.stderr
+    assert "Traceback" not in corrupt.stderr

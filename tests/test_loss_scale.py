@@ -1,0 +1,123 @@
+"""Loss scaling on CPU through AmpTrainStep: skipped steps, scale updates, unscaling, saved state."""
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+import mindspore as ms
+import mindspore.nn as nn
+
+from amp.loss_scale import AmpTrainStep, plan_loss_scale
+from amp.policy import apply_policy
+
+RNG = np.random.RandomState(0)
+X = RNG.randn(16, 12).astype(np.float32)
+Y = RNG.randint(0, 3, size=16).astype(np.int32)
+
+
+class MLP(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(12, 16, weight_init="normal")
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Dense(16, 3, weight_init="normal")
+
+    def construct(self, x):
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+def loss_scale(**kw):
+    base = dict(type="dynamic", scale=1024.0, drop_overflow_update=False, init_scale=2.0 ** 16, factor=2.0,
+                window=2000, min_scale=1.0)
+    return OmegaConf.create({**base, **kw})
+
+
+def make_step(ls_cfg, level="O0", seed=0):
+    ms.set_seed(seed)
+    net = MLP()
+    net, _ = apply_policy(net, OmegaConf.create({"level": level, "dtype": "float16", "keep_fp32": None,
+                                                 "force_fp16": []}))
+    plan = plan_loss_scale(ls_cfg)
+    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9, loss_scale=plan.optimizer_loss_scale)
+    step = AmpTrainStep(nn.WithLossCell(net, nn.CrossEntropyLoss()), opt, plan, "CPU")
+    step.set_train()
+    return net, step
+
+
+def weights(net):
+    return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+
+
+def run(step, x=X, y=Y):
+    loss, overflow, scale = step(ms.Tensor(x), ms.Tensor(y))
+    return float(loss.asnumpy()), bool(overflow.asnumpy()), float(scale.asnumpy())
+
+
+def test_overflow_skips_the_update_and_halves_the_scale(graph_mode):
+    # 2**24 times an fp16 gradient is past fp16's 65504: the backward pass overflows.
+    net, step = make_step(loss_scale(init_scale=2.0 ** 24), level="O2")
+    before = weights(net)
+    _, overflow, used = run(step)
+    assert overflow and used == 2.0 ** 24
+    assert all(np.array_equal(before[k], v) for k, v in weights(net).items()), "weights changed on overflow"
+    t = step.telemetry()
+    assert t["loss_scale"] == 2.0 ** 23
+    assert (t["amp_skipped_steps"], t["amp_overflow_steps"], t["amp_steps_since_overflow"]) == (1, 1, 0)
+
+
+def test_inf_in_a_batch_skips_the_step(graph_mode):
+    net, step = make_step(loss_scale(init_scale=8.0))
+    run(step)
+    before = weights(net)
+    x = X.copy()
+    x[3, 5] = np.inf
+    _, overflow, _ = run(step, x=x)
+    assert overflow
+    assert all(np.array_equal(before[k], v) for k, v in weights(net).items())
+    assert step.telemetry()["loss_scale"] == 4.0
+    assert step.telemetry()["amp_nonfinite_losses"] == 1
+    run(step)
+    assert any(not np.array_equal(before[k], v) for k, v in weights(net).items()), "clean steps update again"
+
+
+def test_window_of_clean_steps_doubles_the_scale(graph_mode):
+    _, step = make_step(loss_scale(init_scale=4.0, window=3))
+    scales = []
+    for _ in range(7):
+        _, overflow, _ = run(step)
+        assert not overflow
+        scales.append(step.telemetry()["loss_scale"])
+    assert scales == [4.0, 4.0, 8.0, 8.0, 8.0, 16.0, 16.0]
+    assert step.telemetry()["amp_steps_since_overflow"] == 7
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_fixed_scale_128_matches_scale_1(graph_mode, drop):
+    """Fixed scale without skipping relies on the optimizer's loss_scale; with skipping, the step unscales."""
+    net1, step1 = make_step(loss_scale(type="none"))
+    net128, step128 = make_step(loss_scale(type="fixed", scale=128.0, drop_overflow_update=drop))
+    for _ in range(5):
+        loss1, _, _ = run(step1)
+        loss128, _, used = run(step128)
+        assert used == 128.0
+        assert loss128 == pytest.approx(loss1, rel=1e-5), "the reported loss is the unscaled loss"
+    w1, w128 = weights(net1), weights(net128)
+    for k in w1:
+        np.testing.assert_allclose(w128[k], w1[k], rtol=1e-5, atol=1e-6)
+
+
+def test_loss_scale_state_survives_a_checkpoint(graph_mode, tmp_path):
+    net, step = make_step(loss_scale(init_scale=2.0 ** 24, window=4), level="O2")
+    for _ in range(6):
+        run(step)
+    ms.save_checkpoint(step, str(tmp_path / "s.ckpt"))
+    state = step.telemetry()
+    assert state["amp_overflow_steps"] >= 1
+    net2, step2 = make_step(loss_scale(init_scale=2.0 ** 24, window=4), level="O2", seed=1)
+    not_loaded, _ = ms.load_param_into_net(step2, ms.load_checkpoint(str(tmp_path / "s.ckpt")))
+    assert not not_loaded
+    assert step2.telemetry() == state
+    for _ in range(5):  # both continue identically, including the next scale changes
+        assert run(step) == run(step2)
+        assert step.telemetry() == step2.telemetry()
+    for k, v in weights(net).items():
+        np.testing.assert_array_equal(weights(net2)[k], v)
