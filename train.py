@@ -38,13 +38,15 @@ def train(cfg, run_dir: Path) -> float:
     from mindspore.train import CheckpointConfig, Model, ModelCheckpoint
     from tensorboardX import SummaryWriter
 
+    from amp.fallback import DivergenceWatch, describe, ladder, last_good_checkpoint
     from amp.loss_scale import AmpTrainStep, plan_loss_scale
     from amp.policy import apply_policy, check_device_dtype
     from amp.report import precision_report, write_report
     from amp.telemetry import AmpTelemetry
     from data import create_dataset
     from models import create_model
-    from zoo.callbacks import Evaluator, ProgressBar, StepTimer, StopAtStep, TensorBoardLogger
+    from zoo.callbacks import Evaluator, ProgressBar, StepOffset, StepTimer, StopAtStep, TensorBoardLogger
+    from zoo.checkpoint import restore_weights
     from zoo.metrics import eval_network, metrics
     from zoo.optim import create_optimizer, lr_schedule, scaled_lr
     from zoo.runtime import seed_everything, set_context, sink_mode
@@ -71,55 +73,80 @@ def train(cfg, run_dir: Path) -> float:
     log.info("data: %s, %d steps of %d per epoch", cfg.dataset.path or "embedded", steps_per_epoch,
              cfg.dataset.batch_size)
 
-    # 3. Model and precision policy (applied once; Model below gets amp_level="O0")
-    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
-    net, policy = apply_policy(net, cfg.amp)
-    report = precision_report(net, policy)
     writer = SummaryWriter(str(run_dir / "tb")) if cfg.logger.tensorboard else None
-    write_report(report, run_dir, writer)
-    log.info("precision: %s", report["summary"])
-
-    # 4. Loss scale, optimizer, learning-rate schedule
-    plan = plan_loss_scale(cfg.amp.loss_scale)
+    ckpt_dir = run_dir / "checkpoints"
     lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch, epochs)
-    optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing)
-    step_cell = AmpTrainStep(nn.WithLossCell(net, loss_fn), optimizer, plan, device)
-    model = Model(step_cell, eval_network=eval_network(net, loss_fn), metrics=metrics(),
-                  eval_indexes=[0, 1, 2], amp_level="O0")
-    log.info("loss scale: %s (initial %g)%s", plan.kind, plan.scale,
-             ", overflowed steps are skipped" if plan.skip_on_overflow else "")
-
-    # 5. Callbacks
-    def evaluate():
-        return {k: float(v) for k, v in model.eval(test_ds, dataset_sink_mode=False).items()}
-
     timer = StepTimer()
-    telemetry = AmpTelemetry(step_cell, writer, cfg.trainer.log_every, plan.kind, plan.min_scale)
-    evaluator = Evaluator(evaluate, cfg.trainer.eval_every, writer, epochs)
-    ckpt_steps = steps_per_epoch * (cfg.trainer.ckpt_every or epochs)
-    checkpoints = ModelCheckpoint(prefix=cfg.model.name, directory=str(run_dir / "checkpoints"),
-                                  config=CheckpointConfig(save_checkpoint_steps=ckpt_steps,
-                                                          keep_checkpoint_max=cfg.trainer.keep_last,
-                                                          append_info=["epoch_num", "step_num"]))
-    callbacks = [timer, telemetry, evaluator, checkpoints]
-    if writer is not None:
-        callbacks.append(TensorBoardLogger(writer, lambda s: float(lr[min(s, len(lr) - 1)]),
-                                           cfg.dataset.batch_size, cfg.trainer.log_every, timer))
-    if cfg.logger.progress_bar:
-        callbacks.append(ProgressBar(steps_per_epoch, cfg.trainer.log_every))
-    if cfg.trainer.max_steps > 0:
-        callbacks.append(StopAtStep(cfg.trainer.max_steps))
+    evaluator = Evaluator(None, cfg.trainer.eval_every, writer, epochs)
+    rungs, transitions, amp_summaries = ladder(cfg.amp), [], []
+    restart_from, initial_epoch = None, 0
 
-    # 6. Train
-    t_train = time.perf_counter()
-    sink_size = cfg.trainer.sink_size if sink else -1
-    model.train(epochs, train_ds, callbacks=callbacks, dataset_sink_mode=sink, sink_size=sink_size)
-    train_time = time.perf_counter() - t_train
+    for rung, amp_cfg in enumerate(rungs):  # one pass unless amp.fallback.enabled and training diverges
+        if rung:  # MindSpore ties a dataset to the first Model that trains on it
+            train_ds = create_dataset(cfg.dataset, "train")
+
+        # 3. Model and precision policy (applied once; Model below gets amp_level="O0")
+        net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+        net, policy = apply_policy(net, amp_cfg)
+        report = precision_report(net, policy)
+        write_report(report, run_dir, writer)
+        log.info("precision: %s", report["summary"])
+
+        # 4. Loss scale, optimizer, learning-rate schedule
+        plan = plan_loss_scale(amp_cfg.loss_scale)
+        optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
+        loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing)
+        step_cell = AmpTrainStep(nn.WithLossCell(net, loss_fn), optimizer, plan, device)
+        model = Model(step_cell, eval_network=eval_network(net, loss_fn), metrics=metrics(),
+                      eval_indexes=[0, 1, 2], amp_level="O0")
+        log.info("loss scale: %s (initial %g)%s", plan.kind, plan.scale,
+                 ", overflowed steps are skipped" if plan.skip_on_overflow else "")
+        if restart_from is not None:
+            initial_epoch = restore_weights(step_cell, restart_from)
+            log.info("restarted from %s (epoch %d) at %s", restart_from.name, initial_epoch, describe(amp_cfg))
+
+        # 5. Callbacks
+        evaluator.evaluate = lambda: {k: float(v) for k, v in model.eval(test_ds, dataset_sink_mode=False).items()}
+        telemetry = AmpTelemetry(step_cell, writer, cfg.trainer.log_every, plan.kind)
+        watch = DivergenceWatch(plan.kind, plan.min_scale, cfg.amp.fallback, plan.skip_on_overflow)
+        ckpt_steps = steps_per_epoch * (cfg.trainer.ckpt_every or epochs)
+        checkpoints = ModelCheckpoint(prefix=cfg.model.name, directory=str(ckpt_dir),
+                                      config=CheckpointConfig(save_checkpoint_steps=ckpt_steps,
+                                                              keep_checkpoint_max=cfg.trainer.keep_last,
+                                                              append_info=["epoch_num", "step_num"]))
+        callbacks = [StepOffset(initial_epoch * steps_per_epoch), timer, watch, telemetry, evaluator, checkpoints]
+        if writer is not None:
+            writer.add_scalar("amp/rung", rung, initial_epoch * steps_per_epoch)
+            callbacks.append(TensorBoardLogger(writer, lambda s: float(lr[min(s, len(lr) - 1)]),
+                                               cfg.dataset.batch_size, cfg.trainer.log_every, timer))
+        if cfg.logger.progress_bar:
+            callbacks.append(ProgressBar(steps_per_epoch, cfg.trainer.log_every))
+        if cfg.trainer.max_steps > 0:
+            callbacks.append(StopAtStep(cfg.trainer.max_steps))
+
+        # 6. Train
+        t_train = time.perf_counter()
+        sink_size = cfg.trainer.sink_size if sink else -1
+        model.train(epochs, train_ds, callbacks=callbacks, dataset_sink_mode=sink, sink_size=sink_size,
+                    initial_epoch=initial_epoch)
+        train_time = time.perf_counter() - t_train
+        amp_summaries.append({"rung": rung, "setting": describe(amp_cfg), **telemetry.summary()})
+        if watch.reason is None:
+            break
+        if rung + 1 == len(rungs):
+            fail(watch.advice() if len(rungs) == 1 else f"{watch.reason}; no rung left on the fallback ladder",
+                 code=1)
+        restart_from = last_good_checkpoint(ckpt_dir)
+        transitions.append({"step": watch.step, "from": describe(amp_cfg), "to": describe(rungs[rung + 1]),
+                            "reason": watch.reason, "restart_from": restart_from.name if restart_from else None})
+        log.warning("fallback: %s; continuing at %s from %s", watch.reason, describe(rungs[rung + 1]),
+                    restart_from.name if restart_from else "the initial weights")
+        if restart_from is None:
+            initial_epoch = 0
 
     # 7. Final evaluation and metrics.json
     steps_done = timer.steps[-1] if timer.steps else 0
-    final = evaluate()
+    final = evaluator.evaluate()
     evaluator.record(epochs if steps_done == epochs * steps_per_epoch else -1, steps_done, final)
     summary = {
         "recipe": cfg.recipe_name, "model": cfg.model.name, "dataset": cfg.dataset.name,
@@ -127,7 +154,8 @@ def train(cfg, run_dir: Path) -> float:
         "sink": sink, "amp_level": policy.level, "amp_dtype": policy.dtype, "batch_size": cfg.dataset.batch_size,
         "epochs": epochs, "steps": steps_done, "wall_time_s": round(time.perf_counter() - t_start, 2),
         "train_time_s": round(train_time, 2), **timer.summary(cfg.dataset.batch_size),
-        "final": final, "eval_history": evaluator.history, "amp": telemetry.summary(),
+        "final": final, "eval_history": evaluator.history, "amp": amp_summaries[-1],
+        "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": amp_summaries},
         "checkpoint": checkpoints.latest_ckpt_file_name, "target": OmegaConf.to_container(cfg.target),
         "onednn": ONEDNN_NOTE,
     }
@@ -136,8 +164,6 @@ def train(cfg, run_dir: Path) -> float:
         writer.close()
     log.info("final: %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items()))
     log.info("wrote %s", run_dir / "metrics.json")
-    if telemetry.stop_reason:
-        fail(telemetry.stop_reason, code=1)
     return final.get("top1", 0.0)
 
 

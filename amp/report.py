@@ -5,6 +5,11 @@
 The compute dtype is read from the flags `Cell.to_float` set on the built network (what MindSpore's
 compiler casts by), not from the recipe; the reason comes from the policy that set them.
 """
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()  # entry point (python -m): before MindSpore is imported
+quiet_mindspore()
+
 import json
 import sys
 from pathlib import Path
@@ -125,7 +130,4 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
-    from zoo.runtime import cap_onednn_isa, quiet_mindspore
-    cap_onednn_isa()
-    quiet_mindspore()
     main(sys.argv[1:])

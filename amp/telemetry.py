@@ -12,13 +12,11 @@ log = logging.getLogger("amp_zoo")
 
 
 class AmpTelemetry(Callback):
-    def __init__(self, step_cell, writer, log_every: int, kind: str, min_scale: float):
-        self.step_cell, self.writer, self.log_every = step_cell, writer, log_every
-        self.kind, self.min_scale = kind, min_scale
+    def __init__(self, step_cell, writer, log_every: int, kind: str):
+        self.step_cell, self.writer, self.log_every, self.kind = step_cell, writer, log_every, kind
         self.last: Optional[Dict] = None
         self.scale = None
         self.scale_changes: List[Dict] = []
-        self.stop_reason: Optional[str] = None
 
     def read(self, step: int) -> Dict:
         t = self.step_cell.telemetry()
@@ -32,7 +30,6 @@ class AmpTelemetry(Callback):
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
         step = cb.cur_step_num
-        outputs = cb.net_outputs
         new_scale = float(self.step_cell.scale_sense.asnumpy().reshape(()))
         if new_scale != self.scale:
             direction = "down" if new_scale < self.scale else "up"
@@ -42,12 +39,6 @@ class AmpTelemetry(Callback):
             self.scale = new_scale
         if step % self.log_every == 0 or step == 1:
             self.log_point(step)
-        if self.kind == "dynamic" and bool(outputs[1].asnumpy()) and float(outputs[2].asnumpy()) <= self.min_scale:
-            self.stop_reason = (f"step {step} overflowed at the minimum loss scale "
-                                f"(amp.loss_scale.min_scale={self.min_scale:g}): the loss is exploding, not "
-                                f"underflowing; lower optimizer.lr, keep more Cells fp32 (python -m amp.audit), "
-                                f"or set amp.fallback.enabled=true")
-            run_context.request_stop()
 
     def log_point(self, step: int) -> Dict:
         t = self.read(step)
@@ -74,5 +65,4 @@ class AmpTelemetry(Callback):
             "steps_since_overflow": t["amp_steps_since_overflow"],
             "nonfinite_losses": t["amp_nonfinite_losses"],
             "scale_changes": self.scale_changes,
-            "stop_reason": self.stop_reason,
         }

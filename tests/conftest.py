@@ -9,7 +9,10 @@ from zoo.runtime import cap_onednn_isa, quiet_mindspore
 cap_onednn_isa()
 quiet_mindspore()
 
+import mindspore as ms  # noqa: E402
 import pytest  # noqa: E402
+
+ms.set_device("CPU")  # once, before any kernel runs: MindSpore refuses to set it later
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,16 +26,12 @@ def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600) -> subprocess
 
 @pytest.fixture
 def graph_mode():
-    import mindspore as ms
-    ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     yield
 
 
 @pytest.fixture
 def pynative_mode():
-    import mindspore as ms
-    ms.set_device("CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     yield
     ms.set_context(mode=ms.GRAPH_MODE)

@@ -26,7 +26,7 @@ class MLP(nn.Cell):
 
 
 def loss_scale(**kw):
-    base = dict(type="dynamic", scale=1024.0, drop_overflow_update=False, init_scale=2.0 ** 16, factor=2.0,
+    base = dict(type="dynamic", scale=1024.0, drop_overflow_update=False, init_scale=2.0 ** 16, factor=2,
                 window=2000, min_scale=1.0)
     return OmegaConf.create({**base, **kw})
 

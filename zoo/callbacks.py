@@ -125,3 +125,13 @@ class StopAtStep(Callback):
     def on_train_step_end(self, run_context):
         if run_context.original_args().cur_step_num >= self.max_steps:
             run_context.request_stop()
+
+
+class StepOffset(Callback):
+    """Put first: after a restart at epoch k, MindSpore counts steps from 0 again; continue the global count."""
+
+    def __init__(self, offset: int):
+        self.offset = offset
+
+    def on_train_begin(self, run_context):
+        run_context.original_args().cur_step_num = self.offset

@@ -35,3 +35,18 @@ def load_weights(net: nn.Cell, path, model_name: str) -> dict:
                               f"(another num_classes or width?)")
     ms.load_param_into_net(net, {n: params[n] for n, _ in net.parameters_and_names()}, strict_load=True)
     return params
+
+
+AMP_STATE = ("scale_sense", "current_iterator_step", "last_overflow_iterator_step")
+
+
+def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False) -> int:
+    """Load weights and optimizer state into a train step; returns the checkpoint's epoch.
+
+    Without `with_amp_state`, the loss-scale state and AMP counters are left as the new step set them
+    (a lower fallback rung starts its own scale)."""
+    params = read_checkpoint(path)
+    if not with_amp_state:
+        params = {k: v for k, v in params.items() if k not in AMP_STATE and not k.startswith("amp_")}
+    ms.load_param_into_net(step_cell, params)
+    return int(params["epoch_num"].asnumpy()) if "epoch_num" in params else 0

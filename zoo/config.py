@@ -115,7 +115,7 @@ class LossScaleConfig:
     scale: float = 1024.0             # fixed scale
     drop_overflow_update: bool = False  # fixed scale: skip steps whose gradients overflow
     init_scale: float = 65536.0       # dynamic scale
-    factor: float = 2.0
+    factor: int = 2
     window: int = 2000
     min_scale: float = 1.0            # dynamic: stop (or fall back) when an overflow happens at this scale
 
@@ -250,8 +250,8 @@ def validate(cfg) -> None:
     for name in ("scale", "init_scale", "min_scale"):
         if ls[name] <= 0:
             raise ConfigError(f"amp.loss_scale.{name}={ls[name]} must be positive")
-    if ls.factor <= 1:
-        raise ConfigError(f"amp.loss_scale.factor={ls.factor} must be greater than 1")
+    if ls.factor < 2:
+        raise ConfigError(f"amp.loss_scale.factor={ls.factor} must be at least 2")
     if ls.window < 1:
         raise ConfigError(f"amp.loss_scale.window={ls.window} must be at least 1")
 

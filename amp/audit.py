@@ -1,0 +1,174 @@
+"""fp16 audit: which Cells are unsafe in low precision, measured on one real batch.
+
+    python -m amp.audit recipe=NAME [key=value ...] [--json PATH] [--tolerance 0.01]
+
+In PyNative mode, the recipe's network runs one batch of its real training data in fp32 with a hook on
+every leaf Cell (inputs and outputs kept). Then, for each leaf Cell the policy runs in low precision, the
+Cell alone is run on its recorded fp32 input under the policy (its local error, not inherited from earlier
+layers), and the whole network under the policy (its end-to-end error). Per Cell it reports max |x|
+against the fp16 limit, the share of values that underflow to zero, the relative error against fp32,
+and float constants (eps and the like) that vanish or lose most of their value in the low dtype.
+It ends with a suggested keep_fp32 list: the classes of the Cells that overflow, lose their constants,
+or whose local error exceeds the tolerance.
+"""
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()  # entry point (python -m): before MindSpore is imported
+quiet_mindspore()
+
+import json
+import sys
+from typing import Dict, List
+
+import numpy as np
+
+FP16_MAX = 65504.0
+FP16_TINY = 2.0 ** -24  # smallest fp16 subnormal: anything smaller in magnitude becomes 0
+BF16_TINY = 2.0 ** -133
+
+
+def _np(x) -> np.ndarray:
+    return x.astype("float32").asnumpy() if hasattr(x, "asnumpy") else np.asarray(x, dtype=np.float32)
+
+
+def _rel_err(a: np.ndarray, ref: np.ndarray) -> float:
+    if not np.all(np.isfinite(a)):
+        return float("inf")
+    return float(np.linalg.norm(a - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def vanishing_constants(cell, dtype: str) -> List[str]:
+    """Float attributes (epsilons, scales) that become 0 or lose over 10% of their value in `dtype`."""
+    out = []
+    for name, value in vars(cell).items():
+        if name.startswith("_") or isinstance(value, bool) or not isinstance(value, float) or value == 0:
+            continue
+        if dtype == "float16":
+            low = float(np.float16(value))
+        else:  # bfloat16: keep the top 16 bits of the fp32 pattern
+            low = float(np.frombuffer((np.array([value], np.float32).view(np.uint32) & 0xFFFF0000).tobytes(),
+                                      np.float32)[0])
+        if low == 0.0:
+            out.append(f"{name}={value:g} is 0 in {dtype}")
+        elif abs(low - value) / abs(value) > 0.1:
+            out.append(f"{name}={value:g} becomes {low:g} in {dtype}")
+    return out
+
+
+def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
+    """net_builder() -> a fresh fp32 network; batch: the network's inputs (Tensors)."""
+    import mindspore as ms
+
+    from amp.policy import apply_policy, compute_dtype
+    from amp.report import _cells
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = net_builder()
+    net.set_train(False)
+    leaves = [(p, c) for p, c in _cells(net) if not c.name_cells() and p != "(root)"]
+    record: Dict[str, Dict] = {}
+
+    def hook_for(path, store):
+        def hook(cell, inputs, output):
+            store[path] = {"inputs": inputs, "output": _np(output)}
+        return hook
+
+    handles = [c.register_forward_hook(hook_for(p, record)) for p, c in leaves]
+    fp32_out = _np(net(*batch))
+    for h in handles:
+        h.remove()
+
+    policy_net, policy = apply_policy(net, amp_cfg)  # same weights: the policy only sets flags and casts
+    policy_record: Dict[str, Dict] = {}
+    handles = [c.register_forward_hook(hook_for(p, policy_record)) for p, c in leaves]
+    policy_out = _np(policy_net(*batch))
+    for h in handles:
+        h.remove()
+
+    tiny = FP16_TINY if policy.dtype == "float16" else BF16_TINY
+    rows, suggest = [], []
+    for path, cell in leaves:
+        if path not in record:
+            continue  # not called in this forward pass
+        dtype = compute_dtype(cell)
+        ref = record[path]["output"]
+        nonzero = ref[ref != 0]
+        row = {
+            "path": path, "class": type(cell).__name__, "dtype": dtype,
+            "max_abs_fp32": float(np.max(np.abs(ref))) if ref.size else 0.0,
+            "underflow_share": float(np.mean(np.abs(nonzero) < tiny)) if nonzero.size else 0.0,
+            "end_to_end_rel_err": _rel_err(policy_record[path]["output"], ref) if path in policy_record else None,
+            "local_rel_err": 0.0, "constants": [], "flags": [],
+        }
+        if dtype != "float32":
+            local = _np(cell(*record[path]["inputs"]))
+            row["local_rel_err"] = _rel_err(local, ref)
+            row["max_abs_low"] = float(np.max(np.abs(local))) if np.all(np.isfinite(local)) else float("inf")
+            row["constants"] = vanishing_constants(cell, dtype)
+            if dtype == "float16" and (row["max_abs_fp32"] > FP16_MAX or not np.isfinite(row["max_abs_low"])):
+                row["flags"].append("overflow")
+            if row["underflow_share"] > 0.01:
+                row["flags"].append("underflow")
+            if row["local_rel_err"] > tolerance:
+                row["flags"].append("error")
+            if row["constants"]:
+                row["flags"].append("constant")
+            if set(row["flags"]) & {"overflow", "error", "constant"}:
+                suggest.append(row["class"])
+        rows.append(row)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    keep = sorted(set(policy.keep_fp32) | set(suggest))
+    return {"level": policy.level, "dtype": policy.dtype, "tolerance": tolerance, "cells": rows,
+            "output_rel_err": _rel_err(policy_out, fp32_out), "flagged_classes": sorted(set(suggest)),
+            "suggested_keep_fp32": keep}
+
+
+def to_markdown(result: Dict) -> str:
+    fmt = lambda v: "-" if v is None else ("inf" if v == float("inf") else f"{v:.2e}")  # noqa: E731
+    lines = [f"# fp16 audit: {result['level']} ({result['dtype']}), tolerance {result['tolerance']:g}", "",
+             "| cell | class | dtype | max abs (fp32) | underflow | local rel err | end-to-end rel err | flags |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for r in result["cells"]:
+        flags = ", ".join(r["flags"] + r["constants"]) or ""
+        lines.append(f"| {r['path']} | {r['class']} | {r['dtype']} | {r['max_abs_fp32']:.3g} | "
+                     f"{r['underflow_share'] * 100:.2f}% | {fmt(r['local_rel_err'])} | "
+                     f"{fmt(r['end_to_end_rel_err'])} | {flags} |")
+    lines += ["", f"network output relative error: {fmt(result['output_rel_err'])}",
+              f"flagged: {', '.join(result['flagged_classes']) or 'nothing'}",
+              f"suggested: amp.keep_fp32=[{','.join(result['suggested_keep_fp32'])}]"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: List[str]) -> None:
+    from data import create_dataset
+    from models import create_model
+    from zoo.config import ConfigError, check_command_line, compose, fail
+    from zoo.runtime import set_context
+
+    out, tolerance = None, 1e-2
+    if "--json" in argv:
+        i = argv.index("--json")
+        out, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+    if "--tolerance" in argv:
+        i = argv.index("--tolerance")
+        tolerance, argv = float(argv[i + 1]), argv[:i] + argv[i + 2:]
+    check_command_line(argv)
+    cfg = compose(argv)
+    try:
+        set_context(cfg.runtime)
+        import mindspore as ms
+        ms.set_seed(cfg.runtime.seed)
+        batch = next(create_dataset(cfg.dataset, "train").create_tuple_iterator())
+        inputs = batch[:-1]  # the last column is the label
+        result = audit(lambda: create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params),
+                       cfg.amp, inputs, tolerance)
+    except ConfigError as e:
+        fail(str(e))
+    print(to_markdown(result))
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,116 @@
+"""Divergence watch and the fallback ladder.
+
+Without `amp.fallback.enabled`, a run stops with a clear error instead of training on NaN weights: when
+non-finite gradients were applied to the weights (no overflow skipping; a NaN can hide behind a finite
+loss, e.g. after a ReLU), or a dynamic scale overflows at its
+minimum. With it, those events, or an overflow rate above `amp.fallback.overflow_rate` over the last
+`amp.fallback.window` steps, make train.py restore the last good checkpoint and continue one rung down:
+O2 with scale 128 -> O1 with scale 128 -> O1 without loss scaling -> O0 (the order Ascend's AMP guide
+recommends).
+"""
+import collections
+import logging
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+from mindspore.train import Callback
+from omegaconf import OmegaConf
+
+log = logging.getLogger("amp_zoo")
+
+LADDER = [
+    {"level": "O2", "loss_scale": {"type": "fixed", "scale": 128.0, "drop_overflow_update": True}},
+    {"level": "O1", "loss_scale": {"type": "fixed", "scale": 128.0, "drop_overflow_update": True}},
+    {"level": "O1", "loss_scale": {"type": "none"}},
+    {"level": "O0", "loss_scale": {"type": "none"}},
+]
+LEVEL_RANK = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}
+SCALE_RANK = {"none": 0, "fixed": 1, "dynamic": 2}
+
+
+def _value(x) -> str:
+    return str(getattr(x, "value", x))
+
+
+def rung_key(level, ls) -> tuple:
+    kind = _value(ls["type"])
+    scale = 1.0 if kind == "none" else float(ls.get("scale", 0) if kind == "fixed" else 1e30)
+    return LEVEL_RANK[_value(level)], SCALE_RANK[kind], scale
+
+
+def describe(amp_cfg) -> str:
+    ls = amp_cfg.loss_scale
+    kind = _value(ls.type)
+    scale = {"none": "no loss scaling", "fixed": f"fixed scale {ls.scale:g}", "dynamic": "dynamic scale"}[kind]
+    return f"{_value(amp_cfg.level)} with {scale}"
+
+
+def ladder(amp_cfg) -> List:
+    """The recipe's own amp config, then (fallback enabled) every ladder rung below it."""
+    rungs = [amp_cfg]
+    if not amp_cfg.fallback.enabled:
+        return rungs
+    top = rung_key(amp_cfg.level, amp_cfg.loss_scale)
+    for rung in LADDER:
+        if rung_key(rung["level"], rung["loss_scale"]) < top:
+            cfg = OmegaConf.merge(amp_cfg, {"level": rung["level"], "keep_fp32": None,
+                                            "loss_scale": rung["loss_scale"]})
+            rungs.append(cfg)
+    return rungs
+
+
+class DivergenceWatch(Callback):
+    """Stops training when it diverges; `reason` says why and at which step."""
+
+    def __init__(self, kind: str, min_scale: float, fallback_cfg, skip_on_overflow: bool):
+        self.kind, self.min_scale, self.skip = kind, min_scale, skip_on_overflow
+        self.enabled = bool(fallback_cfg.enabled)
+        self.rate, self.window = fallback_cfg.overflow_rate, fallback_cfg.window
+        self.recent = collections.deque(maxlen=self.window)
+        self.reason: Optional[str] = None
+        self.step: Optional[int] = None
+
+    def on_train_step_end(self, run_context):
+        cb = run_context.original_args()
+        loss, overflow, scale = (o.asnumpy() for o in cb.net_outputs)
+        overflow = bool(overflow)
+        self.recent.append(overflow)
+        reason = None
+        if (overflow or not np.isfinite(loss).all()) and not self.skip:
+            what = "gradients" if np.isfinite(loss).all() else f"loss ({float(loss)}) and gradients"
+            reason = (f"step {cb.cur_step_num}: the {what} are not finite and the update was applied "
+                      f"(no overflow skipping), so the weights are no longer finite")
+        elif self.kind == "dynamic" and overflow and float(scale) <= self.min_scale:
+            reason = (f"step {cb.cur_step_num} overflowed at the minimum loss scale "
+                      f"(amp.loss_scale.min_scale={self.min_scale:g}): the loss is exploding, not underflowing")
+        elif (self.enabled and len(self.recent) == self.window
+              and sum(self.recent) / self.window > self.rate):
+            reason = (f"step {cb.cur_step_num}: {sum(self.recent)} of the last {self.window} steps overflowed "
+                      f"(above amp.fallback.overflow_rate={self.rate:g})")
+        if reason:
+            self.reason, self.step = reason, cb.cur_step_num
+            run_context.request_stop()
+
+    def advice(self) -> str:
+        return (f"{self.reason}; lower optimizer.lr, keep more Cells fp32 (python -m amp.audit), "
+                f"or set amp.fallback.enabled=true")
+
+
+def finite_checkpoint(path: Path) -> bool:
+    import mindspore as ms
+    try:
+        params = ms.load_checkpoint(str(path))
+    except Exception:
+        return False
+    return all(np.isfinite(p.asnumpy()).all() for p in params.values() if p.dtype != ms.int32)
+
+
+def last_good_checkpoint(ckpt_dir: Path) -> Optional[Path]:
+    """The newest checkpoint whose weights are all finite; non-finite ones are removed (never resumed)."""
+    for path in sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
+        if finite_checkpoint(path):
+            return path
+        log.info("removing %s: its weights are not finite", path.name)
+        path.unlink()
+    return None

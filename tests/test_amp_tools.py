@@ -1,0 +1,76 @@
+"""python -m amp.report and python -m amp.audit: every recipe, level diffs, and what the audit flags."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+import mindspore as ms
+import mindspore.nn as nn
+
+from amp.audit import audit
+from amp.names import register_cell
+from amp.report import build_report, diff
+from tests.conftest import run_cli
+
+RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_report_for_every_recipe(recipe):
+    report = build_report([f"recipe={recipe}"])
+    level = report["level"]
+    dtypes = {r["compute_dtype"] for r in report["cells"]}
+    assert dtypes == ({"float32"} if level == "O0" else {"float16"} if level == "O3" else dtypes)
+    assert report["parameters"] > 0 and report["summary"].startswith(level)
+
+
+def test_report_and_diff_cli():
+    out = run_cli("-m amp.report", "recipe=lenet_o2")
+    assert out.returncode == 0, out.stderr
+    assert "| conv1 | Conv2d | float16 | Float32 |" in out.stdout
+    out = run_cli("-m amp.report", "recipe=lenet_o0", "--diff", "O1", "O3")
+    assert out.returncode == 0, out.stderr
+    assert "| relu | ReLU | float32 | float16 | O3 default |" in out.stdout
+    assert "4 of 9 Cells change compute dtype." in out.stdout
+    bad = run_cli("-m amp.report", "recipe=lenet_o0", "--diff", "O1", "O7")
+    assert bad.returncode == 2 and "--diff takes two levels" in bad.stderr
+
+
+def test_audit_cli_on_a_recipe():
+    out = run_cli("-m amp.audit", "recipe=lenet_o2")
+    assert out.returncode == 0, out.stderr
+    assert "| conv1 | Conv2d | float16 |" in out.stdout and "suggested: amp.keep_fp32=[" in out.stdout
+
+
+@register_cell
+class Amplify(nn.Cell):
+    """Multiplies by 1e5: fine in fp32, overflows fp16 for activations above 0.65."""
+
+    def construct(self, x):
+        return x * 1e5
+
+
+class Risky(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Dense(8, 8)
+        self.amp = Amplify()
+        self.ln = nn.LayerNorm((8,), epsilon=1e-8)
+        self.head = nn.Dense(8, 2)
+
+    def construct(self, x):
+        return self.head(self.ln(self.amp(self.fc(x))))
+
+
+def test_audit_flags_overflow_and_vanishing_constants():
+    ms.set_seed(0)
+    batch = (ms.Tensor(np.random.RandomState(0).randn(4, 8).astype(np.float32) * 3),)
+    cfg = OmegaConf.create({"level": "O3", "dtype": "float16", "keep_fp32": None, "force_fp16": []})
+    result = audit(Risky, cfg, batch)
+    rows = {r["path"]: r for r in result["cells"]}
+    assert "overflow" in rows["amp"]["flags"] and rows["amp"]["max_abs_fp32"] > 65504
+    assert rows["ln"]["constants"] == ["epsilon=1e-08 is 0 in float16"]
+    assert "constant" in rows["ln"]["flags"]
+    assert not rows["fc"]["flags"], rows["fc"]
+    assert result["suggested_keep_fp32"] == ["Amplify", "LayerNorm"]

@@ -1,0 +1,76 @@
+"""The fallback ladder: a NaN batch at O2 ends the run one rung down, weights finite, transition recorded;
+without the ladder the run stops with a clear error instead of training on NaN weights."""
+import json
+
+import numpy as np
+import pytest
+
+import data
+from data.mnist import mnist
+from zoo.config import compose
+
+NAN_BATCH = 130  # epoch 2, step 5
+
+
+@pytest.fixture
+def nan_mnist():
+    """MNIST with one training batch turned to NaN, registered like any dataset."""
+    def build(cfg, split, shard=None):
+        ds = mnist(cfg, split, shard)
+        if split != "train":
+            return ds
+        seen = {"n": 0}
+
+        def inject(images):
+            seen["n"] += 1
+            return images * np.float32("nan") if seen["n"] == NAN_BATCH else images
+        return ds.map(operations=inject, input_columns="image", num_parallel_workers=1)
+    data.DATASETS["mnist_nan"] = build
+    yield
+    del data.DATASETS["mnist_nan"]
+
+
+def run(overrides, run_dir):
+    from train import train
+    cfg = compose(["recipe=lenet_o2", "dataset.name=mnist_nan", "trainer.epochs=2", "logger.progress_bar=false",
+                   *overrides])
+    run_dir.mkdir(parents=True)
+    return train(cfg, run_dir)
+
+
+def test_ladder_steps_down_and_finishes_with_finite_weights(nan_mnist, tmp_path, graph_mode):
+    import mindspore as ms
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = tmp_path / "run"
+    run(["amp.fallback.enabled=true"], run_dir)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    [transition] = metrics["fallback"]["transitions"]
+    assert transition["from"] == "O2 with fixed scale 1024" and transition["to"] == "O2 with fixed scale 128"
+    assert transition["step"] == NAN_BATCH and "are not finite and the update was applied" in transition["reason"]
+    assert transition["restart_from"] == "lenet5-1_125.ckpt"
+    assert metrics["amp"]["setting"] == "O2 with fixed scale 128" and metrics["steps"] == 250
+    ckpt = ms.load_checkpoint(metrics["checkpoint"])
+    assert all(np.isfinite(p.asnumpy()).all() for p in ckpt.values())
+    assert metrics["final"]["top1"] > 0.2
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("amp/rung")] == [(0, 0.0), (125, 1.0)]
+
+
+def test_without_the_ladder_the_run_stops_with_a_clear_error(nan_mnist, tmp_path, graph_mode, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run([], tmp_path / "run")
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert f"error: step {NAN_BATCH}: the gradients are not finite and the update was applied" in err
+    assert "amp.fallback.enabled=true" in err
+
+
+def test_dynamic_scale_at_its_minimum_stops_like_fairseq(nan_mnist, tmp_path, graph_mode, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(["amp.loss_scale.type=dynamic", "amp.loss_scale.init_scale=1", "amp.loss_scale.min_scale=1"],
+            tmp_path / "run")
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert f"error: step {NAN_BATCH} overflowed at the minimum loss scale (amp.loss_scale.min_scale=1)" in err
