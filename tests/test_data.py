@@ -1,0 +1,70 @@
+"""MNIST readers: the embedded subset's split, and the idx reader on files written in the real format."""
+import struct
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from data import create_dataset
+from data.mnist import load_embedded_mnist
+from zoo.config import ConfigError, compose
+
+
+def write_idx(folder, prefix, images, labels, image_magic=2051):
+    with open(folder / f"{prefix}-images-idx3-ubyte", "wb") as f:
+        f.write(struct.pack(">IIII", image_magic, len(images), 28, 28) + images.astype(np.uint8).tobytes())
+    with open(folder / f"{prefix}-labels-idx1-ubyte", "wb") as f:
+        f.write(struct.pack(">II", 2049, len(labels)) + labels.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def idx_folder(tmp_path):
+    rng = np.random.RandomState(0)
+    for prefix, n in (("train", 96), ("t10k", 40)):
+        write_idx(tmp_path, prefix, rng.randint(0, 256, (n, 28, 28)), np.arange(n) % 10)
+    return tmp_path
+
+
+def dataset_cfg(**kw):
+    cfg = compose(["recipe=lenet_o2"]).dataset
+    return OmegaConf.merge(cfg, kw)
+
+
+def test_embedded_split_is_real_balanced_disjoint_and_fixed():
+    train_x, train_y = load_embedded_mnist("train", 0.2)
+    test_x, test_y = load_embedded_mnist("test", 0.2)
+    assert train_x.shape == (4000, 28, 28, 1) and test_x.shape == (1000, 28, 28, 1)
+    assert np.bincount(test_y).tolist() == [100] * 10
+    train_rows = {x.tobytes() for x in train_x}
+    assert not any(x.tobytes() in train_rows for x in test_x)
+    again_x, _ = load_embedded_mnist("test", 0.2)
+    np.testing.assert_array_equal(again_x, test_x)
+    assert 0.1 < (train_x > 0).mean() < 0.3, "real digits: mostly background, some ink"
+
+
+def test_idx_reader_reads_the_standard_files(idx_folder):
+    cfg = dataset_cfg(path=str(idx_folder), batch_size=32, eval_batch_size=16)
+    train = create_dataset(cfg, "train")
+    assert train.get_dataset_size() == 3  # 96 / 32, fixed batch shape
+    images, labels = next(train.create_tuple_iterator())
+    assert images.shape == (32, 1, 32, 32) and str(images.dtype) == "Float32" and str(labels.dtype) == "Int32"
+    test = create_dataset(cfg, "test")
+    got = np.concatenate([lab.asnumpy() for _, lab in test.create_tuple_iterator()])
+    assert got.tolist() == (np.arange(40) % 10).tolist(), "test split in file order, all 40 images"
+
+
+def test_idx_reader_rejects_a_bad_magic_number(idx_folder):
+    write_idx(idx_folder, "train", np.zeros((8, 28, 28)), np.zeros(8), image_magic=1234)
+    with pytest.raises(ConfigError, match="train-images-idx3-ubyte is not an MNIST idx images file: magic number "
+                                          "1234, expected 2051"):
+        create_dataset(dataset_cfg(path=str(idx_folder)), "train")
+
+
+def test_idx_reader_names_a_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="has no train-images-idx3-ubyte"):
+        create_dataset(dataset_cfg(path=str(tmp_path)), "train")
+
+
+def test_batch_larger_than_the_data_is_refused(idx_folder):
+    with pytest.raises(ConfigError, match="dataset.batch_size=128 is larger than the 96 training images"):
+        create_dataset(dataset_cfg(path=str(idx_folder), batch_size=128), "train")
