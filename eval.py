@@ -13,7 +13,7 @@ quiet_mindspore()
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from zoo.config import ConfigError, check_command_line, compose, fail  # noqa: E402
+from zoo.config import ConfigError, apply_smoke, check_command_line, compose, fail  # noqa: E402
 
 
 def evaluate(cfg) -> dict:
@@ -29,6 +29,9 @@ def evaluate(cfg) -> dict:
 
     if not cfg.checkpoint:
         raise ConfigError("checkpoint is not set; run: python eval.py recipe=NAME checkpoint=PATH/TO/model.ckpt")
+    cfg, smoke_note = apply_smoke(cfg)
+    if smoke_note:
+        print(smoke_note, file=sys.stderr)
     device = set_context(cfg.runtime)
     check_device_dtype(device, cfg.amp)
     net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
@@ -49,7 +52,8 @@ def main(argv) -> None:
     except ConfigError as e:
         fail(str(e))
     out = Path(cfg.output) if cfg.output else Path(str(cfg.checkpoint) + ".eval.json")
-    record = {"recipe": cfg.recipe_name, "checkpoint": str(cfg.checkpoint), "data": cfg.dataset.path or "embedded",
+    record = {"recipe": cfg.recipe_name, "checkpoint": str(cfg.checkpoint),
+              "data": cfg.dataset.path or ("embedded (smoke)" if cfg.smoke else "embedded"),
               **result}
     out.write_text(json.dumps(record, indent=2))
     print(json.dumps(record))

@@ -19,7 +19,7 @@ import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from zoo.config import ConfigError, check_command_line, fail, register_schema, validate  # noqa: E402
+from zoo.config import ConfigError, apply_smoke, check_command_line, fail, register_schema, validate  # noqa: E402
 
 log = logging.getLogger("amp_zoo")
 register_schema()
@@ -53,10 +53,13 @@ def train(cfg, run_dir: Path) -> float:
 
     t_start = time.perf_counter()
     validate(cfg)
+    cfg, smoke_note = apply_smoke(cfg)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
     log.info(ONEDNN_NOTE)
+    if smoke_note:
+        log.warning(smoke_note)
 
     # 1. Context and seeds
     device = set_context(cfg.runtime)
@@ -147,7 +150,7 @@ def train(cfg, run_dir: Path) -> float:
     # 7. Final evaluation and metrics.json
     steps_done = timer.steps[-1] if timer.steps else 0
     final = evaluator.evaluate()
-    evaluator.record(epochs if steps_done == epochs * steps_per_epoch else -1, steps_done, final)
+    evaluator.record(round(steps_done / steps_per_epoch, 2), steps_done, final)
     summary = {
         "recipe": cfg.recipe_name, "model": cfg.model.name, "dataset": cfg.dataset.name,
         "data": cfg.dataset.path or "embedded", "device": device, "mode": cfg.runtime.mode.value,
@@ -157,7 +160,7 @@ def train(cfg, run_dir: Path) -> float:
         "final": final, "eval_history": evaluator.history, "amp": amp_summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": amp_summaries},
         "checkpoint": checkpoints.latest_ckpt_file_name, "target": OmegaConf.to_container(cfg.target),
-        "onednn": ONEDNN_NOTE,
+        "onednn": ONEDNN_NOTE, "smoke": smoke_note,
     }
     (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
     if writer is not None:

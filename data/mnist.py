@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data import register_dataset
+from data import register_dataset, workers
 from zoo.config import ConfigError
 
 IDX_FILES = {
@@ -61,8 +61,12 @@ def image_pipeline(ds, cfg, split: str, batch_size: int):
 
     mean = [m * 255 for m in (cfg.mean or [0.1307])]
     std = [s * 255 for s in (cfg.std or [0.3081])]
-    ops = [V.Resize((cfg.image_size, cfg.image_size)), V.Normalize(mean=mean, std=std), V.HWC2CHW()]
-    ds = ds.map(operations=ops, input_columns="image", num_parallel_workers=cfg.num_workers)
+    ops = [V.Resize((cfg.image_size, cfg.image_size))]
+    if cfg.channels == 3:  # grey digits for a 3-channel network (the ResNet smoke runs)
+        ops.append(V.ConvertColor(V.ConvertMode.COLOR_GRAY2RGB))
+        mean, std = mean * 3, std * 3
+    ops += [V.Normalize(mean=mean, std=std), V.HWC2CHW()]
+    ds = ds.map(operations=ops, input_columns="image", num_parallel_workers=workers(cfg))
     ds = ds.map(operations=T.TypeCast(mstype.int32), input_columns="label")
     return ds.batch(batch_size, drop_remainder=(split == "train"))
 

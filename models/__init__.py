@@ -34,4 +34,4 @@ def create_model(name: str, num_classes: int, **params):
     return MODELS[name](num_classes=num_classes, **params)
 
 
-from models import lenet  # noqa: E402,F401  (registers its models)
+from models import lenet, resnet  # noqa: E402,F401  (registers their models)

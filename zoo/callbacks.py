@@ -105,12 +105,12 @@ class Evaluator(Callback):
         self.evaluate, self.every, self.writer, self.epochs = evaluate, every, writer, epochs
         self.history: List[Dict] = []
 
-    def record(self, epoch: int, step: int, metrics: Dict[str, float]) -> None:
+    def record(self, epoch: float, step: int, metrics: Dict[str, float]) -> None:
         self.history.append({"epoch": epoch, "step": step, **metrics})
         if self.writer is not None:
             for k, v in metrics.items():
                 self.writer.add_scalar(f"eval/{k}", v, step)
-        log.info("eval epoch %d step %d: %s", epoch, step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        log.info("eval epoch %g step %d: %s", epoch, step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
 
     def on_train_epoch_end(self, run_context):
         cb = run_context.original_args()

@@ -45,8 +45,9 @@ def lr_schedule(sched_cfg, base_lr: float, steps_per_epoch: int, epochs: int) ->
 def param_groups(params, opt_cfg):
     if opt_cfg.decay_norm_and_bias or opt_cfg.weight_decay == 0:
         return [{"params": params, "weight_decay": opt_cfg.weight_decay}]
-    no_decay = [p for p in params if any(m in p.name.rsplit(".", 1)[-1] for m in NO_DECAY_MARKERS)]
-    decay = [p for p in params if p not in no_decay]
+    is_no_decay = [any(m in p.name.rsplit(".", 1)[-1] for m in NO_DECAY_MARKERS) for p in params]
+    no_decay = [p for p, skip in zip(params, is_no_decay) if skip]
+    decay = [p for p, skip in zip(params, is_no_decay) if not skip]
     return [{"params": decay, "weight_decay": opt_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -1,0 +1,86 @@
+"""CIFAR-10 (the binary version) and ImageNet-style folders, in their standard on-disk formats.
+
+Neither ships in any package: `dataset.path` is required. Recipes built on them carry a `smoke` block
+that runs on the embedded MNIST subset when the path is unset (zoo/config.apply_smoke).
+"""
+from pathlib import Path
+
+from data import register_dataset, workers
+from zoo.config import ConfigError
+
+CIFAR_RECORD = 1 + 32 * 32 * 3
+CIFAR_FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".JPEG"}
+
+
+def _require_path(cfg, what: str) -> Path:
+    if cfg.path is None:
+        raise ConfigError(f"dataset {cfg.name} needs dataset.path ({what}); it is not embedded")
+    return Path(cfg.path).expanduser()
+
+
+def check_cifar_folder(path: Path, split: str) -> None:
+    for name in CIFAR_FILES[split]:
+        f = path / name
+        if not f.is_file():
+            raise ConfigError(f"dataset.path={str(path)!r} has no {name}; CIFAR-10 needs the binary version "
+                              f"(cifar-10-batches-bin: data_batch_1..5.bin, test_batch.bin)")
+        size = f.stat().st_size
+        if size % CIFAR_RECORD or size < 10000 * CIFAR_RECORD:
+            raise ConfigError(f"{f} is not a complete CIFAR-10 batch: {size} bytes, expected 10000 records of "
+                              f"{CIFAR_RECORD} bytes ({10000 * CIFAR_RECORD}); truncated download?")
+
+
+def _finish(ds, cfg, split: str, ops):
+    import mindspore.dataset.transforms as T
+    from mindspore import dtype as mstype
+
+    train = split == "train"
+    ds = ds.map(operations=ops, input_columns="image", num_parallel_workers=workers(cfg))
+    ds = ds.map(operations=T.TypeCast(mstype.int32), input_columns="label")
+    batch_size = cfg.batch_size if train else cfg.eval_batch_size
+    return ds.batch(batch_size, drop_remainder=train)
+
+
+def _normalize(cfg):
+    import mindspore.dataset.vision as V
+    return V.Normalize(mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std])
+
+
+@register_dataset("cifar10")
+def cifar10(cfg, split: str, shard=None):
+    import mindspore.dataset as msds
+    import mindspore.dataset.vision as V
+
+    path = _require_path(cfg, "the cifar-10-batches-bin folder")
+    check_cifar_folder(path, split)
+    num_shards, shard_id = shard if shard else (None, None)
+    ds = msds.Cifar10Dataset(str(path), usage=split, shuffle=split == "train", num_shards=num_shards,
+                             shard_id=shard_id)
+    ops = [V.RandomCrop(32, padding=4), V.RandomHorizontalFlip()] if split == "train" else []
+    return _finish(ds, cfg, split, ops + [_normalize(cfg), V.HWC2CHW()])
+
+
+@register_dataset("imagenet")
+def imagenet(cfg, split: str, shard=None):
+    """path/train/<class>/*.JPEG and path/val/<class>/*.JPEG (the torchvision ImageFolder layout)."""
+    import mindspore.dataset as msds
+    import mindspore.dataset.vision as V
+
+    root = _require_path(cfg, "a folder with train/ and val/, one sub-folder of images per class")
+    folder = root / ("train" if split == "train" else "val")
+    if not folder.is_dir():
+        raise ConfigError(f"dataset.path={str(root)!r} has no {folder.name}/ folder; expected train/ and val/ "
+                          f"with one sub-folder of images per class")
+    if not any(p.suffix in IMAGE_EXTENSIONS for p in folder.glob("*/*")):
+        raise ConfigError(f"{folder} has no images in class sub-folders (looked for "
+                          f"{', '.join(sorted({e.lower() for e in IMAGE_EXTENSIONS}))})")
+    num_shards, shard_id = shard if shard else (None, None)
+    ds = msds.ImageFolderDataset(str(folder), shuffle=split == "train", decode=True, num_shards=num_shards,
+                                 shard_id=shard_id)
+    size = cfg.image_size
+    if split == "train":
+        ops = [V.RandomResizedCrop(size, scale=(0.08, 1.0)), V.RandomHorizontalFlip()]
+    else:
+        ops = [V.Resize(int(round(size * 256 / 224))), V.CenterCrop(size)]
+    return _finish(ds, cfg, split, ops + [_normalize(cfg), V.HWC2CHW()])

@@ -1,0 +1,110 @@
+"""The ResNet family (He et al. 2016): BasicBlock and Bottleneck, resnet18/34/50.
+
+ImageNet stem (7x7/2 conv and 3x3/2 max-pool) by default; `stem="cifar"` uses a 3x3/1 conv and no
+max-pool for 32x32 inputs. He (fan-out) initialisation as in torchvision; `zero_init_residual` starts each
+block's last BatchNorm at zero, so every residual block begins as the identity (Goyal et al. 2017).
+"""
+import math
+
+import mindspore.nn as nn
+import mindspore.ops as ops
+from mindspore.common.initializer import HeNormal, HeUniform, Uniform
+
+from models import register_model
+
+
+def conv(in_ch, out_ch, k, stride=1):
+    return nn.Conv2d(in_ch, out_ch, k, stride=stride, pad_mode="pad" if k > 1 else "valid", padding=k // 2,
+                     has_bias=False, weight_init=HeNormal(mode="fan_out", nonlinearity="relu"))
+
+
+def bn(ch, zero=False):
+    return nn.BatchNorm2d(ch, momentum=0.9, eps=1e-5, gamma_init="zeros" if zero else "ones")
+
+
+class BasicBlock(nn.Cell):
+    expansion = 1
+
+    def __init__(self, in_ch, ch, stride=1, zero_init_residual=False):
+        super().__init__()
+        self.conv1, self.bn1 = conv(in_ch, ch, 3, stride), bn(ch)
+        self.conv2, self.bn2 = conv(ch, ch, 3), bn(ch, zero_init_residual)
+        self.relu = nn.ReLU()
+        self.down = None
+        if stride != 1 or in_ch != ch:
+            self.down = nn.SequentialCell([conv(in_ch, ch, 1, stride), bn(ch)])
+
+    def construct(self, x):
+        identity = x if self.down is None else self.down(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class Bottleneck(nn.Cell):
+    expansion = 4
+
+    def __init__(self, in_ch, ch, stride=1, zero_init_residual=False):
+        super().__init__()
+        out_ch = ch * self.expansion
+        self.conv1, self.bn1 = conv(in_ch, ch, 1), bn(ch)
+        self.conv2, self.bn2 = conv(ch, ch, 3, stride), bn(ch)
+        self.conv3, self.bn3 = conv(ch, out_ch, 1), bn(out_ch, zero_init_residual)
+        self.relu = nn.ReLU()
+        self.down = None
+        if stride != 1 or in_ch != out_ch:
+            self.down = nn.SequentialCell([conv(in_ch, out_ch, 1, stride), bn(out_ch)])
+
+    def construct(self, x):
+        identity = x if self.down is None else self.down(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+class ResNet(nn.Cell):
+    def __init__(self, block, layers, num_classes=1000, in_channels=3, stem="imagenet", width=64,
+                 zero_init_residual=False):
+        super().__init__()
+        if stem not in ("imagenet", "cifar"):
+            from zoo.config import ConfigError
+            raise ConfigError(f"model.params.stem={stem!r} is not valid; valid: imagenet, cifar")
+        if stem == "imagenet":
+            self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2), bn(width), nn.ReLU(),
+                                           nn.MaxPool2d(3, 2, pad_mode="same")])
+        else:
+            self.stem = nn.SequentialCell([conv(in_channels, width, 3), bn(width), nn.ReLU()])
+        chans, in_ch, stages = [width, width * 2, width * 4, width * 8], width, []
+        for i, (ch, n) in enumerate(zip(chans, layers)):
+            blocks = []
+            for j in range(n):
+                blocks.append(block(in_ch, ch, 2 if (j == 0 and i > 0) else 1, zero_init_residual))
+                in_ch = ch * block.expansion
+            stages.append(nn.SequentialCell(blocks))
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.flatten = nn.Flatten()
+        bound = 1 / math.sqrt(in_ch)
+        self.fc = nn.Dense(in_ch, num_classes, weight_init=HeUniform(math.sqrt(5)), bias_init=Uniform(bound))
+
+    def construct(self, x):
+        x = self.stem(x)
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        x = ops.mean(x, (2, 3), keep_dims=False)
+        return self.fc(x)
+
+
+@register_model
+def resnet18(num_classes=1000, in_channels=3, stem="imagenet", width=64, zero_init_residual=False):
+    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, in_channels, stem, width, zero_init_residual)
+
+
+@register_model
+def resnet34(num_classes=1000, in_channels=3, stem="imagenet", width=64, zero_init_residual=False):
+    return ResNet(BasicBlock, [3, 4, 6, 3], num_classes, in_channels, stem, width, zero_init_residual)
+
+
+@register_model
+def resnet50(num_classes=1000, in_channels=3, stem="imagenet", width=64, zero_init_residual=False):
+    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, in_channels, stem, width, zero_init_residual)
+
