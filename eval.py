@@ -17,14 +17,15 @@ from zoo.config import ConfigError, apply_smoke, check_command_line, compose, fa
 
 
 def evaluate(cfg) -> dict:
-    import mindspore.nn as nn
     from mindspore.train import Model
 
     from amp.policy import apply_policy, check_device_dtype
-    from data import create_dataset
+    from data import DATASETS, create_dataset
     from models import create_model
-    from zoo.checkpoint import load_weights
-    from zoo.metrics import eval_network, metrics
+    from zoo.checkpoint import average_checkpoints, last_checkpoints, load_weights
+    from zoo.metrics import create_loss, eval_network, metrics
+    from zoo.fuse import fuse_conv_bn
+    from zoo.translate import translate
     from zoo.runtime import set_context
 
     if not cfg.checkpoint:
@@ -35,13 +36,29 @@ def evaluate(cfg) -> dict:
     device = set_context(cfg.runtime)
     check_device_dtype(device, cfg.amp)
     net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
-    load_weights(net, cfg.checkpoint, cfg.model.name)
+    averaged = None
+    if cfg.decode.average_last > 1:
+        paths = last_checkpoints(cfg.checkpoint, cfg.decode.average_last)
+        averaged = average_checkpoints(paths)
+        print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}", file=sys.stderr)
+    load_weights(net, cfg.checkpoint, cfg.model.name, averaged)
+    fused = None
+    if cfg.infer.fuse_conv_bn:
+        net, fused = fuse_conv_bn(net)
+        print(f"Conv+BN folding: {fused['fused_pairs']} pairs fused (found by {fused['found_by']})", file=sys.stderr)
     net, _ = apply_policy(net, cfg.amp)
     net.set_train(False)
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing)
+    loss_fn = create_loss(cfg.trainer)
     model = Model(net, eval_network=eval_network(net, loss_fn), metrics=metrics(), eval_indexes=[0, 1, 2])
-    result = model.eval(create_dataset(cfg.dataset, "test"), dataset_sink_mode=False)
-    return {k: float(v) for k, v in result.items()}
+    result = {k: float(v) for k, v in model.eval(create_dataset(cfg.dataset, "test"),
+                                                  dataset_sink_mode=False).items()}
+    if fused is not None:
+        result["fused_conv_bn_pairs"] = fused["fused_pairs"]
+    if getattr(DATASETS[cfg.dataset.name], "task", "") == "translation":
+        hyp_file = Path(cfg.output or f"{cfg.checkpoint}.eval.json").with_suffix(".hyp.txt")
+        result.update(translate(net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty, hyp_file))
+        result["hypotheses"] = str(hyp_file)
+    return result
 
 
 def main(argv) -> None:
@@ -57,7 +74,8 @@ def main(argv) -> None:
               **result}
     out.write_text(json.dumps(record, indent=2))
     print(json.dumps(record))
-    print(f"top-1 {result['top1'] * 100:.2f}%  top-5 {result['top5'] * 100:.2f}%  loss {result['loss']:.4f}"
+    bleu = f"  BLEU {result['bleu']:.2f} (beam {result['beam']})" if "bleu" in result else ""
+    print(f"top-1 {result['top1'] * 100:.2f}%  top-5 {result['top5'] * 100:.2f}%  loss {result['loss']:.4f}{bleu}"
           f"  (written to {out})")
 
 

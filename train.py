@@ -34,7 +34,6 @@ def main(cfg) -> float:
 
 
 def train(cfg, run_dir: Path) -> float:
-    import mindspore.nn as nn
     from mindspore.train import CheckpointConfig, Model, ModelCheckpoint
     from tensorboardX import SummaryWriter
 
@@ -43,13 +42,14 @@ def train(cfg, run_dir: Path) -> float:
     from amp.policy import apply_policy, check_device_dtype
     from amp.report import precision_report, write_report
     from amp.telemetry import AmpTelemetry
-    from data import create_dataset
+    from data import DATASETS, create_dataset
     from models import create_model
     from zoo.callbacks import Evaluator, ProgressBar, StepOffset, StepTimer, StopAtStep, TensorBoardLogger
     from zoo.checkpoint import restore_weights
-    from zoo.metrics import eval_network, metrics
+    from zoo.metrics import NetWithLoss, create_loss, eval_network, metrics
     from zoo.optim import create_optimizer, lr_schedule, scaled_lr
     from zoo.runtime import seed_everything, set_context, sink_mode
+    from zoo.translate import translate
 
     t_start = time.perf_counter()
     validate(cfg)
@@ -98,8 +98,8 @@ def train(cfg, run_dir: Path) -> float:
         # 4. Loss scale, optimizer, learning-rate schedule
         plan = plan_loss_scale(amp_cfg.loss_scale)
         optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
-        loss_fn = nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing)
-        step_cell = AmpTrainStep(nn.WithLossCell(net, loss_fn), optimizer, plan, device)
+        loss_fn = create_loss(cfg.trainer)
+        step_cell = AmpTrainStep(NetWithLoss(net, loss_fn), optimizer, plan, device)
         model = Model(step_cell, eval_network=eval_network(net, loss_fn), metrics=metrics(),
                       eval_indexes=[0, 1, 2], amp_level="O0")
         log.info("loss scale: %s (initial %g)%s", plan.kind, plan.scale,
@@ -150,6 +150,9 @@ def train(cfg, run_dir: Path) -> float:
     # 7. Final evaluation and metrics.json
     steps_done = timer.steps[-1] if timer.steps else 0
     final = evaluator.evaluate()
+    if getattr(DATASETS[cfg.dataset.name], "task", "") == "translation":
+        final.update(translate(net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty,
+                               run_dir / "hypotheses.txt"))
     evaluator.record(round(steps_done / steps_per_epoch, 2), steps_done, final)
     summary = {
         "recipe": cfg.recipe_name, "model": cfg.model.name, "dataset": cfg.dataset.name,
@@ -165,7 +168,7 @@ def train(cfg, run_dir: Path) -> float:
     (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
     if writer is not None:
         writer.close()
-    log.info("final: %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items()))
+    log.info("final: %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items() if isinstance(v, float)))
     log.info("wrote %s", run_dir / "metrics.json")
     return final.get("top1", 0.0)
 

@@ -26,4 +26,4 @@ def create_dataset(cfg, split: str, shard: Optional[Tuple[int, int]] = None):
     return DATASETS[cfg.name](cfg, split, shard)
 
 
-from data import images, mnist  # noqa: E402,F401  (registers their datasets)
+from data import images, mnist, translation  # noqa: E402,F401  (registers their datasets)

@@ -1,6 +1,7 @@
 """Model registry: `create_model("lenet5", num_classes=10)` is the only way the driver meets a model.
 
-A new model is one file here with `@register_model` on its constructor, imported below, and one recipe.
+A new model is one file here with `@register_model` on its constructor, imported below, and one recipe;
+or a module of your own named in AMP_ZOO_PLUGINS (recipes/README.md).
 """
 import inspect
 from typing import Callable, Dict
@@ -34,4 +35,21 @@ def create_model(name: str, num_classes: int, **params):
     return MODELS[name](num_classes=num_classes, **params)
 
 
-from models import lenet, resnet  # noqa: E402,F401  (registers their models)
+from models import lenet, resnet, transformer  # noqa: E402,F401  (registers their models)
+
+
+def _import_plugins() -> None:
+    """Models kept outside the repository: module names in AMP_ZOO_PLUGINS (comma-separated), which register
+    themselves with @register_model. Set by the user in the environment, never by a recipe."""
+    import importlib
+    import os
+
+    for name in filter(None, (n.strip() for n in os.environ.get("AMP_ZOO_PLUGINS", "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            from zoo.config import ConfigError
+            raise ConfigError(f"AMP_ZOO_PLUGINS names {name!r}, which cannot be imported: {e}") from None
+
+
+_import_plugins()

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
     """Run one of the project's commands as a user would, in a fresh process."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HYDRA_FULL_ERROR="0")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               HYDRA_FULL_ERROR="0")
     return subprocess.run([sys.executable, *script.split(), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -21,7 +21,7 @@ CASES = [
     (["dataset.path=/no/such/mnist"], "dataset.path='/no/such/mnist' does not exist"),
     (["dataset.batch_size=0"], "dataset.batch_size=0 must be at least 1"),
     (["dataset.batch_size=abc"], "dataset.batch_size: Value 'abc' of type 'str' could not be converted to Integer"),
-    (["model.name=lenet4"], "model.name='lenet4' is not a registered model; did you mean lenet5?"),
+    (["model.name=lenet4"], "model.name='lenet4' is not a registered model; did you mean lenet5"),
     (["+model.params.width=3"], "model.params.width is not an argument of model 'lenet5'"),
     (["amp.loss_scale.scale=-1"], "amp.loss_scale.scale=-1.0 must be positive"),
     (["-m", "recipe=lenet_o0,lenet_o9"], "recipe=lenet_o9 not found"),

@@ -109,8 +109,9 @@ class Evaluator(Callback):
         self.history.append({"epoch": epoch, "step": step, **metrics})
         if self.writer is not None:
             for k, v in metrics.items():
-                self.writer.add_scalar(f"eval/{k}", v, step)
-        log.info("eval epoch %g step %d: %s", epoch, step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+                if isinstance(v, float):
+                    self.writer.add_scalar(f"eval/{k}", v, step)
+        log.info("eval epoch %g step %d: %s", epoch, step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
 
     def on_train_epoch_end(self, run_context):
         cb = run_context.original_args()

@@ -20,9 +20,9 @@ def read_checkpoint(path) -> dict:
                           f"(truncated or corrupt?): {reason}") from None
 
 
-def load_weights(net: nn.Cell, path, model_name: str) -> dict:
-    """Load the network's parameters; every one must be in the file with the same shape."""
-    params = read_checkpoint(path)
+def load_weights(net: nn.Cell, path, model_name: str, params: dict = None) -> dict:
+    """Load the network's parameters (from `path`, or `params` already read); each must be there, same shape."""
+    params = read_checkpoint(path) if params is None else params
     missing = [name for name, _ in net.parameters_and_names() if name not in params]
     if missing:
         raise ConfigError(f"checkpoint={str(path)!r} does not fit model {model_name!r}: {len(missing)} of its "
@@ -50,3 +50,33 @@ def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False) -> i
         params = {k: v for k, v in params.items() if k not in AMP_STATE and not k.startswith("amp_")}
     ms.load_param_into_net(step_cell, params)
     return int(params["epoch_num"].asnumpy()) if "epoch_num" in params else 0
+
+
+def average_checkpoints(paths) -> dict:
+    """Element-wise mean of the float parameters of several checkpoints (Vaswani et al. average the last 5
+    or 20); integer state (steps, counters) comes from the newest."""
+    import numpy as np
+
+    params = [read_checkpoint(p) for p in paths]
+    out = dict(params[-1])
+    for name, value in params[-1].items():
+        if value.dtype in (ms.float32, ms.float16):
+            if any(name not in p or p[name].shape != value.shape for p in params):
+                raise ConfigError(f"cannot average {name}: it is missing or differs in shape among {paths}")
+            mean = np.mean([p[name].asnumpy().astype(np.float64) for p in params], axis=0)
+            out[name] = ms.Parameter(ms.Tensor(mean.astype(value.asnumpy().dtype)), name=name)
+    return out
+
+
+def last_checkpoints(path, n: int):
+    """The checkpoint `path` and the n-1 written before it in its folder (by modification time)."""
+    from pathlib import Path
+    path = Path(path).expanduser()
+    siblings = sorted(path.parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if path not in siblings:
+        read_checkpoint(path)  # names the missing file
+    upto = siblings[: siblings.index(path) + 1]
+    if len(upto) < n:
+        raise ConfigError(f"decode.average_last={n} but {path.parent} holds only {len(upto)} checkpoints up to "
+                          f"{path.name}")
+    return upto[-n:]

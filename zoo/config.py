@@ -143,12 +143,35 @@ class TrainerConfig:
     epochs: int = 1
     max_steps: int = 0                # > 0: stop after this many steps (smoke runs, benchmarks)
     label_smoothing: float = 0.0
+    ignore_index: int = -100          # label ignored by the loss (translation: 0, the padding id)
     eval_every: int = 1               # epochs; 0: only at the end
     ckpt_every: int = 1               # epochs; 0: only at the end
     keep_last: int = 3
     sink: bool = True                 # data sinking where the device supports it
     sink_size: int = -1               # steps per sink; -1: a whole epoch
     log_every: int = 10               # steps between TensorBoard points
+
+
+@dataclass
+class DecodeConfig:
+    """Translation: how eval.py (and the end of train.py) decode the test set for BLEU."""
+    beam: int = 4                     # 1: greedy
+    length_penalty: float = 0.6       # GNMT alpha
+    average_last: int = 1             # eval.py: average the last N checkpoints of the run first
+
+
+class ExportFormat(str, Enum):
+    MINDIR = "MINDIR"
+    ONNX = "ONNX"
+    AIR = "AIR"
+
+
+@dataclass
+class InferConfig:
+    """eval.py and export.py."""
+    fuse_conv_bn: bool = False        # fold Conv2d+BatchNorm2d pairs first (zoo/fuse.py)
+    format: ExportFormat = ExportFormat.MINDIR
+    batch_size: int = 1               # export: the batch dimension of the exported inputs
 
 
 @dataclass
@@ -189,6 +212,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
     smoke: Dict[str, Any] = field(default_factory=dict)  # merged over the config when dataset.path is unset
     recipe_name: str = ""

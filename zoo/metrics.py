@@ -1,11 +1,50 @@
-"""Evaluation network and metrics shared by train.py and eval.py."""
+"""Loss, training and evaluation wrappers, and metrics shared by train.py and eval.py.
+
+The network takes every input column but the last, which is the label: (image) -> label for images,
+(src, tgt_in) -> tgt_out for translation. Logits and labels are flattened, so one cross-entropy serves
+both; padding (label 0 in translation) is ignored through `ignore_index`.
+"""
 import mindspore.nn as nn
+import mindspore.ops as ops
 from mindspore.train import Loss, Top1CategoricalAccuracy, Top5CategoricalAccuracy
 
 
+class FlatCrossEntropy(nn.Cell):
+    def __init__(self, label_smoothing: float = 0.0, ignore_index: int = -100):
+        super().__init__()
+        self.ce = nn.CrossEntropyLoss(ignore_index=ignore_index, label_smoothing=label_smoothing)
+
+    def construct(self, logits, labels):
+        return self.ce(ops.cast(logits.reshape(-1, logits.shape[-1]), logits.dtype), labels.reshape(-1))
+
+
+class NetWithLoss(nn.Cell):
+    def __init__(self, net, loss_fn):
+        super().__init__(auto_prefix=False)
+        self.net, self.loss_fn = net, loss_fn
+
+    def construct(self, *inputs):
+        return self.loss_fn(self.net(*inputs[:-1]), inputs[-1])
+
+
+class NetWithEval(nn.Cell):
+    """(loss, logits, labels), flattened, for Model.eval's metrics."""
+
+    def __init__(self, net, loss_fn):
+        super().__init__(auto_prefix=False)
+        self.net, self.loss_fn = net, loss_fn
+
+    def construct(self, *inputs):
+        logits, labels = self.net(*inputs[:-1]), inputs[-1]
+        return self.loss_fn(logits, labels), logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+
+
+def create_loss(trainer_cfg) -> nn.Cell:
+    return FlatCrossEntropy(trainer_cfg.label_smoothing, trainer_cfg.ignore_index)
+
+
 def eval_network(net: nn.Cell, loss_fn: nn.Cell) -> nn.Cell:
-    """Outputs (loss, logits, label); the policy already casts the logits to fp32."""
-    return nn.WithEvalCell(net, loss_fn)
+    return NetWithEval(net, loss_fn)
 
 
 def metrics() -> dict:

@@ -1,0 +1,160 @@
+"""Parallel text for translation: files, a joint subword vocabulary, length buckets with fixed shapes.
+
+`dataset.path` holds `{prefix}.{lang}` files (one sentence per line, optionally .gz), e.g. train.en /
+train.de and newstest2014.en / newstest2014.de. With no path, the embedded data is the German translations
+of Django's own user-interface strings (the gettext catalogs inside the `django` package): a few hundred
+real human translations, enough for a smoke run, nowhere near WMT.
+
+Subwords: a joint sentencepiece model (ids: 0 pad, 1 unk, 2 bos, 3 eos) trained on the training text, or
+loaded from `dataset.params.spm_model`. Batches are padded to their length bucket's boundary, so there
+are only a few fixed shapes: graph mode compiles once per bucket and data sinking works.
+"""
+import gettext
+import gzip
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+from typing import List, Tuple
+
+import numpy as np
+
+from data import register_dataset
+from zoo.config import ConfigError
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+DEFAULTS = {"src_lang": "en", "tgt_lang": "de", "train_prefix": "train", "test_prefix": "test",
+            "vocab_size": 8000, "max_len": 64, "buckets": [16, 32, 64], "spm_model": None,
+            "cache_dir": "~/.cache/amp_zoo"}
+
+
+def params(cfg) -> dict:
+    unknown = set(cfg.params) - set(DEFAULTS)
+    if unknown:
+        raise ConfigError(f"dataset.params.{sorted(unknown)[0]} is not a translation option; "
+                          f"valid: {', '.join(DEFAULTS)}")
+    return {**DEFAULTS, **{k: v for k, v in cfg.params.items()}}
+
+
+def _read_lines(path: Path) -> List[str]:
+    for candidate in (path, path.with_name(path.name + ".gz")):
+        if candidate.is_file():
+            opener = gzip.open if candidate.suffix == ".gz" else open
+            with opener(candidate, "rt", encoding="utf-8") as f:
+                return [line.rstrip("\n") for line in f]
+    raise ConfigError(f"{path} (or {path.name}.gz) does not exist; a translation data set is "
+                      f"{{prefix}}.{{lang}} files, one sentence per line")
+
+
+def django_pairs() -> List[Tuple[str, str]]:
+    """English UI strings and their German translations from Django's compiled gettext catalogs."""
+    spec = importlib.util.find_spec("django")
+    if spec is None or spec.origin is None:
+        raise ConfigError("the embedded translation data needs the django package (its catalogs only): "
+                          "pip install --no-deps django==5.2.19, or set dataset.path to parallel text files")
+    pairs = {}
+    for mo in sorted(Path(spec.origin).parent.glob("**/locale/de/LC_MESSAGES/*.mo")):
+        with open(mo, "rb") as f:
+            for src, tgt in gettext.GNUTranslations(f)._catalog.items():  # pylint: disable=protected-access
+                if isinstance(src, str) and src.strip() and tgt.strip() and "\n" not in src + tgt:
+                    pairs[src.strip()] = tgt.strip()
+    return sorted(pairs.items())
+
+
+def read_pairs(cfg, split: str) -> List[Tuple[str, str]]:
+    p = params(cfg)
+    if cfg.path is None:
+        pairs = django_pairs()
+        test = [pair for i, pair in enumerate(pairs) if i % 8 == 0]  # fixed: every 8th pair in msgid order
+        train = [pair for i, pair in enumerate(pairs) if i % 8]
+        return test if split == "test" else train
+    root = Path(cfg.path).expanduser()
+    prefix = p["train_prefix"] if split == "train" else p["test_prefix"]
+    src = _read_lines(root / f"{prefix}.{p['src_lang']}")
+    tgt = _read_lines(root / f"{prefix}.{p['tgt_lang']}")
+    if len(src) != len(tgt):
+        raise ConfigError(f"{root / prefix}.{p['src_lang']} has {len(src)} lines but .{p['tgt_lang']} has "
+                          f"{len(tgt)}; parallel files must align line by line")
+    return list(zip(src, tgt))
+
+
+def tokenizer(cfg):
+    """The joint sentencepiece model: the given file, or one trained on the training pairs (cached by content)."""
+    import sentencepiece as spm
+
+    p = params(cfg)
+    if p["spm_model"]:
+        if not Path(p["spm_model"]).expanduser().is_file():
+            raise ConfigError(f"dataset.params.spm_model={p['spm_model']!r} does not exist")
+        return spm.SentencePieceProcessor(model_file=str(Path(p["spm_model"]).expanduser()))
+    pairs = read_pairs(cfg, "train")
+    text = "\n".join(s for pair in pairs for s in pair)
+    key = hashlib.sha1(f"{p['vocab_size']}\n{text}".encode()).hexdigest()[:16]
+    cache = Path(os.path.expanduser(p["cache_dir"]))
+    model = cache / f"spm-{key}.model"
+    if not model.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        corpus = cache / f"spm-{key}.txt"
+        corpus.write_text(text, encoding="utf-8")
+        tmp_prefix = cache / f"spm-{key}.tmp{os.getpid()}"
+        spm.SentencePieceTrainer.train(
+            input=str(corpus), model_prefix=str(tmp_prefix), vocab_size=p["vocab_size"], model_type="unigram",
+            character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, hard_vocab_limit=False,
+            num_threads=1, minloglevel=2, input_sentence_size=2_000_000, shuffle_input_sentence=False)
+        os.replace(f"{tmp_prefix}.model", model)  # atomic: a concurrent run never reads half a model
+        os.remove(f"{tmp_prefix}.vocab")
+        corpus.unlink()
+    return spm.SentencePieceProcessor(model_file=str(model))
+
+
+def encode_pairs(cfg, split: str):
+    """Token ids (src, tgt_in = BOS + y, tgt_out = y + EOS), dropping pairs longer than max_len."""
+    p = params(cfg)
+    sp = tokenizer(cfg)
+    pairs = read_pairs(cfg, split)
+    out = []
+    for src, tgt in pairs:
+        s = sp.encode(src)[: p["max_len"] - 1] + [EOS]
+        t = sp.encode(tgt)
+        if len(t) + 1 > p["max_len"] and split == "train":
+            continue
+        t = t[: p["max_len"] - 1]
+        out.append((np.array(s, np.int32), np.array([BOS] + t, np.int32), np.array(t + [EOS], np.int32)))
+    return out, pairs, sp
+
+
+@register_dataset("translation")
+def translation(cfg, split: str, shard=None):
+    import mindspore.dataset as msds
+
+    p = params(cfg)
+    buckets = sorted(p["buckets"])
+    if buckets[-1] < p["max_len"]:
+        raise ConfigError(f"dataset.params.buckets={buckets} must reach max_len={p['max_len']}")
+    examples, _, _ = encode_pairs(cfg, split)
+    train = split == "train"
+    batch_size = cfg.batch_size if train else cfg.eval_batch_size
+    if train and len(examples) < batch_size:
+        raise ConfigError(f"dataset.batch_size={batch_size} is larger than the {len(examples)} training pairs; "
+                          f"use at most {len(examples)}")
+    # Fixed batches, each padded to its bucket's length: a few static shapes. Batch order is shuffled every
+    # epoch; batch composition is fixed (as fairseq's length-sorted batches are).
+    by_bucket = {b: [] for b in buckets}
+    for ex in examples:
+        by_bucket[next(b for b in buckets if max(len(ex[0]), len(ex[1])) <= b)].append(ex)
+    rng = np.random.RandomState(0)
+    batches = []
+    for length, bucket in by_bucket.items():
+        if train:
+            bucket = [bucket[i] for i in rng.permutation(len(bucket))]
+        for i in range(0, len(bucket), batch_size):
+            chunk = bucket[i:i + batch_size]
+            if train and len(chunk) < batch_size:
+                continue
+            batches.append(tuple(np.stack([np.pad(x, (0, length - len(x))) for x in column]) for column in zip(*chunk)))
+    num_shards, shard_id = shard if shard else (None, None)
+    return msds.GeneratorDataset(batches, column_names=["src", "tgt_in", "tgt_out"], shuffle=train,
+                                 num_shards=num_shards, shard_id=shard_id)
+
+
+translation.task = "translation"

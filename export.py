@@ -1,0 +1,68 @@
+"""Export a checkpoint for deployment:  python export.py recipe=NAME checkpoint=PATH [infer.format=MINDIR|ONNX|AIR]
+[infer.fuse_conv_bn=true] [output=PATH]
+
+Builds the recipe's network under its precision policy, loads the weights, optionally folds Conv+BN, and
+writes it with `mindspore.export`; the input shapes are those of one real test batch (batch dimension
+`infer.batch_size`). Default output: next to the checkpoint, <checkpoint>.<format lower-case>.
+"""
+import sys
+
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()  # before MindSpore is imported
+quiet_mindspore()
+
+from pathlib import Path  # noqa: E402
+
+from zoo.config import ConfigError, apply_smoke, check_command_line, compose, fail  # noqa: E402
+
+
+def export(cfg) -> Path:
+    import mindspore as ms
+
+    from amp.policy import apply_policy, check_device_dtype
+    from data import create_dataset
+    from models import create_model
+    from zoo.checkpoint import load_weights
+    from zoo.fuse import fuse_conv_bn
+    from zoo.runtime import set_context
+
+    if not cfg.checkpoint:
+        raise ConfigError("checkpoint is not set; run: python export.py recipe=NAME checkpoint=PATH/TO/model.ckpt")
+    cfg, _ = apply_smoke(cfg)
+    device = set_context(cfg.runtime)
+    check_device_dtype(device, cfg.amp)
+    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    load_weights(net, cfg.checkpoint, cfg.model.name)
+    if cfg.infer.fuse_conv_bn:
+        net, fused = fuse_conv_bn(net)
+        print(f"Conv+BN folding: {fused['fused_pairs']} pairs fused (found by {fused['found_by']})", file=sys.stderr)
+    net, _ = apply_policy(net, cfg.amp)
+    net.set_train(False)
+    batch = next(create_dataset(cfg.dataset, "test").create_tuple_iterator())
+    inputs = [x[: cfg.infer.batch_size] for x in batch[:-1]]
+    fmt = cfg.infer.format.value
+    out = Path(cfg.output) if cfg.output else Path(f"{cfg.checkpoint}.{fmt.lower()}")
+    try:
+        ms.export(net, *inputs, file_name=str(out.with_suffix("")), file_format=fmt)
+    except Exception as e:
+        raise ConfigError(f"infer.format={fmt} export failed on this MindSpore build: "
+                          f"{str(e).strip().splitlines()[0]}; MINDIR is supported everywhere") from None
+    written = out.with_suffix(f".{'mindir' if fmt == 'MINDIR' else fmt.lower()}")
+    if written != out and written.exists():
+        written.replace(out)
+    return out
+
+
+def main(argv) -> None:
+    check_command_line(argv)
+    cfg = compose(argv)
+    try:
+        out = export(cfg)
+    except ConfigError as e:
+        fail(str(e))
+    print(f"exported {cfg.recipe_name} to {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,59 @@
+"""Conv+BN folding equals the unfolded network in eval mode; export writes a file MindSpore loads back."""
+import json
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+import mindspore.nn as nn
+
+from models import create_model
+from tests.conftest import run_cli
+from zoo.fuse import fuse_conv_bn
+
+
+def with_trained_like_bn_stats(net, seed=0):
+    rng = np.random.RandomState(seed)
+    for _, c in net.cells_and_names():
+        if isinstance(c, nn.BatchNorm2d):
+            n = c.gamma.shape[0]
+            c.moving_mean.set_data(ms.Tensor(rng.randn(n).astype(np.float32) * 0.1))
+            c.moving_variance.set_data(ms.Tensor(rng.rand(n).astype(np.float32) + 0.5))
+            c.gamma.set_data(ms.Tensor(rng.rand(n).astype(np.float32) + 0.5))
+            c.beta.set_data(ms.Tensor(rng.randn(n).astype(np.float32) * 0.1))
+    return net
+
+
+@pytest.mark.parametrize("name,stem,pairs", [("resnet34", "imagenet", 36), ("resnet50", "cifar", 53)])
+def test_folded_network_matches_in_eval_mode(graph_mode, name, stem, pairs):
+    net = with_trained_like_bn_stats(create_model(name, num_classes=10, stem=stem, width=8))
+    net.set_train(False)
+    x = ms.Tensor(np.random.RandomState(1).randn(2, 3, 32, 32).astype(np.float32))
+    ref = net(x).asnumpy()
+    net, info = fuse_conv_bn(net)
+    assert info["fused_pairs"] == pairs and info["found_by"] == "rewrite"
+    assert not any(isinstance(c, nn.BatchNorm2d) for _, c in net.cells_and_names())
+    out = net(x).asnumpy()
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max(), (np.abs(out - ref).max(), np.abs(ref).max())
+
+
+def test_eval_and_export_with_folding(tmp_path):
+    run = tmp_path / "run"
+    result = run_cli("train.py", "recipe=resnet34_o0", "smoke.trainer.max_steps=5", "logger.progress_bar=false",
+                     f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = json.loads((run / "metrics.json").read_text())["checkpoint"]
+    plain = run_cli("eval.py", "recipe=resnet34_o0", f"checkpoint={ckpt}", f"output={tmp_path / 'a.json'}")
+    fused = run_cli("eval.py", "recipe=resnet34_o0", f"checkpoint={ckpt}", "infer.fuse_conv_bn=true",
+                    f"output={tmp_path / 'b.json'}")
+    assert plain.returncode == 0 and fused.returncode == 0, fused.stderr[-2000:]
+    a, b = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert b["fused_conv_bn_pairs"] == 36 and "36 pairs fused" in fused.stderr
+    assert b["top1"] == pytest.approx(a["top1"], abs=2e-3) and b["loss"] == pytest.approx(a["loss"], rel=1e-3)
+    out = tmp_path / "model.mindir"
+    exported = run_cli("export.py", "recipe=resnet34_o0", f"checkpoint={ckpt}", "infer.fuse_conv_bn=true",
+                       f"output={out}")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    graph = nn.GraphCell(ms.load(str(out)))
+    y = graph(ms.Tensor(np.zeros((1, 3, 32, 32), np.float32)))
+    assert y.shape == (1, 10)

@@ -1,0 +1,181 @@
+"""Transformer: shapes, precision of the attention Cells, real optimizer steps, tokenizer, readers, beam search
+against brute force, BLEU, checkpoint averaging, and the recipe end to end with eval.py."""
+import gzip
+import itertools
+import json
+
+import numpy as np
+import pytest
+import sacrebleu
+from omegaconf import OmegaConf
+
+import mindspore as ms
+import mindspore.nn as nn
+
+from amp.loss_scale import AmpTrainStep, plan_loss_scale
+from amp.policy import apply_policy
+from amp.report import precision_report
+from data.translation import BOS, EOS, read_pairs, tokenizer
+from models import create_model
+from tests.conftest import ROOT, run_cli
+from zoo.config import ConfigError, compose
+from zoo.metrics import FlatCrossEntropy, NetWithLoss
+from zoo.translate import beam_search, bleu, greedy, length_penalty
+
+TINY = dict(d_model=32, heads=4, ffn=64, encoder_layers=1, decoder_layers=1, dropout=0.0, max_len=32)
+
+
+def tiny_batch(vocab=50, b=4, s=9, t=7):
+    rng = np.random.RandomState(0)
+    return (ms.Tensor(rng.randint(4, vocab, (b, s)).astype(np.int32)),
+            ms.Tensor(rng.randint(4, vocab, (b, t)).astype(np.int32)),
+            ms.Tensor(rng.randint(4, vocab, (b, t)).astype(np.int32)))
+
+
+def test_forward_shape(graph_mode):
+    net = create_model("transformer", num_classes=50, **TINY)
+    src, tgt_in, _ = tiny_batch()
+    assert net(src, tgt_in).shape == (4, 7, 50)
+
+
+def test_recipe_keeps_layernorm_and_softmax_fp32():
+    cfg = compose(["recipe=transformer_base_o2"])
+    net, policy = apply_policy(create_model("transformer", num_classes=100, **TINY), cfg.amp)
+    rows = precision_report(net, policy)["cells"]
+    by_class = {}
+    for r in rows:
+        by_class.setdefault(r["class"], set()).add(r["compute_dtype"])
+    assert by_class["Softmax"] == {"float32"} and by_class["LayerNorm"] == {"float32"}
+    assert by_class["BatchMatMul"] == {"float16"} and by_class["Dense"] == {"float16"}
+
+
+@pytest.mark.parametrize("level,ls", [("O0", "none"), ("O2", "dynamic")])
+def test_loss_decreases_on_a_fixed_batch(graph_mode, level, ls):
+    ms.set_seed(0)
+    amp = OmegaConf.create({"level": level, "dtype": "float16", "keep_fp32": ["LayerNorm", "Softmax"] if level != "O0"
+                            else None, "force_fp16": [],
+                            "loss_scale": {"type": ls, "scale": 1.0, "drop_overflow_update": False,
+                                           "init_scale": 1024.0, "factor": 2, "window": 1000, "min_scale": 1.0}})
+    net, _ = apply_policy(create_model("transformer", num_classes=50, **TINY), amp)
+    plan = plan_loss_scale(amp.loss_scale)
+    opt = nn.Adam(net.trainable_params(), 3e-3, loss_scale=plan.optimizer_loss_scale)
+    step = AmpTrainStep(NetWithLoss(net, FlatCrossEntropy(0.1, 0)), opt, plan, "CPU")
+    step.set_train()
+    batch = tiny_batch()
+    losses = [float(step(*batch)[0].asnumpy()) for _ in range(8)]
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_tokenizer_round_trip():
+    cfg = compose(["recipe=transformer_base_o2"])
+    smoke = OmegaConf.merge(cfg.dataset, cfg.smoke.dataset)
+    sp = tokenizer(smoke)
+    for text in ("Add another user", "Änderungen gespeichert.", "Enter a valid date."):
+        assert sp.decode(sp.encode(text)) == text
+    assert sp.piece_to_id("<s>") == BOS and sp.piece_to_id("</s>") == EOS
+
+
+def test_parallel_files_must_align(tmp_path):
+    (tmp_path / "train.en").write_text("a\nb\nc\n")
+    with gzip.open(tmp_path / "train.de.gz", "wt") as f:
+        f.write("x\ny\n")
+    cfg = OmegaConf.merge(compose(["recipe=transformer_base_o2"]).dataset, {"path": str(tmp_path)})
+    with pytest.raises(ConfigError, match="train.en has 3 lines but .de has 2"):
+        read_pairs(cfg, "train")
+
+
+def table_model(vocab=6, max_len=5, seed=3):
+    """A 'model' with fixed weights: next-token log-probs depend on the whole prefix (a hashed table)."""
+    rng = np.random.RandomState(seed)
+    cache = {}
+
+    def logp(prefix):
+        key = tuple(prefix)
+        if key not in cache:
+            x = rng.randn(vocab) * 2
+            cache[key] = x - np.log(np.exp(x).sum())
+        return cache[key]
+
+    def step(tokens, t):
+        return np.stack([logp(row[: t + 1]) for row in tokens])
+    return step, logp
+
+
+def brute_force_best(logp, vocab, max_len, alpha):
+    best, best_score = None, -np.inf
+    for length in range(0, max_len - 1):
+        for body in itertools.product([v for v in range(vocab) if v not in (0, BOS, EOS)], repeat=length):
+            seq = [BOS, *body]
+            score = sum(logp(seq[: i + 1])[seq[i + 1]] for i in range(len(seq) - 1)) + logp(seq)[EOS]
+            score /= length_penalty(length + 1, alpha)
+            if score > best_score:
+                best, best_score = list(body), score
+    return best
+
+
+def test_beam_search_finds_the_known_best_sequence():
+    """With a beam wider than every possible hypothesis (1+3+9+27 here), beam search is exhaustive: it must
+    find the brute-force optimum; a narrow beam is checked to be no better than it."""
+    vocab, max_len, alpha = 6, 5, 0.6
+    for seed in range(5):
+        step, logp = table_model(vocab, max_len, seed)
+        got = beam_search(step, batch=1, beam=40, max_len=max_len, alpha=alpha)[0]
+        assert got == brute_force_best(logp, vocab, max_len, alpha), seed
+        narrow = beam_search(step, batch=1, beam=2, max_len=max_len, alpha=alpha)[0]
+        assert all(t not in (0, BOS, EOS) for t in narrow)
+    step, logp = table_model(vocab, max_len, 1)
+    assert isinstance(greedy(step, 1, max_len)[0], list)
+
+
+def test_bleu_is_sacrebleus():
+    hyps = ["Das ist ein kleiner Test .", "Der Benutzer wurde gespeichert"]
+    refs = ["Das ist ein Test .", "Der Benutzer wurde erfolgreich gespeichert"]
+    assert bleu(hyps, refs) == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    assert bleu(refs, refs) == pytest.approx(100.0)
+
+
+def test_transformer_recipe_end_to_end_with_averaging(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli("train.py", "recipe=transformer_base_o2", "smoke.trainer.epochs=2", "decode.beam=2",
+                     "logger.progress_bar=false", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["smoke"].startswith("SMOKE RUN") and metrics["final"]["beam"] == 2
+    hyps = (run_dir / "hypotheses.txt").read_text().splitlines()
+    assert len(hyps) == metrics["final"]["sentences"] > 50
+    ckpt = metrics["checkpoint"]
+    same = run_cli("eval.py", "recipe=transformer_base_o2", f"checkpoint={ckpt}", "decode.beam=2",
+                   "decode.average_last=1", f"output={tmp_path / 'e1.json'}")
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert json.loads((tmp_path / "e1.json").read_text())["bleu"] == pytest.approx(metrics["final"]["bleu"])
+    avg = run_cli("eval.py", "recipe=transformer_base_o2", f"checkpoint={ckpt}", "decode.beam=2",
+                  "decode.average_last=2", f"output={tmp_path / 'e2.json'}")
+    assert avg.returncode == 0, avg.stderr[-2000:]
+    assert "averaged 2 checkpoints" in avg.stderr
+    assert (tmp_path / "e2.hyp.txt").is_file()
+
+
+def test_checkpoint_averaging_is_the_mean(tmp_path):
+    from zoo.checkpoint import average_checkpoints
+    nets = [create_model("lenet5", num_classes=10) for _ in range(3)]
+    for i, n in enumerate(nets):
+        ms.save_checkpoint(n, str(tmp_path / f"{i}.ckpt"))
+    avg = average_checkpoints([tmp_path / f"{i}.ckpt" for i in range(3)])
+    want = np.mean([n.fc1.weight.asnumpy() for n in nets], axis=0)
+    np.testing.assert_allclose(avg["fc1.weight"].asnumpy(), want, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT.parent / "shared/data/multi30k/train.en.gz").exists(), reason="no Multi30k here")
+def test_multi30k_real_corpus_trains(tmp_path):
+    data = ROOT.parent / "shared/data/multi30k"
+    result = run_cli("train.py", "recipe=transformer_base_o2", f"dataset.path={data}",
+                     "dataset.params.test_prefix=test_2016_flickr", "dataset.params.vocab_size=4000",
+                     "dataset.params.max_len=48", "dataset.params.buckets=[16,32,48]", "dataset.batch_size=64",
+                     "model.params.d_model=128", "model.params.heads=4", "model.params.ffn=256",
+                     "model.params.encoder_layers=2", "model.params.decoder_layers=2", "schedule.warmup_steps=200",
+                     "optimizer.lr=1.5e-3", "trainer.epochs=1", "trainer.max_steps=400", "decode.beam=1",
+                     "decode.average_last=1", "logger.progress_bar=false", f"hydra.run.dir={tmp_path}",
+                     timeout=3000)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "metrics.json").read_text())["final"]["bleu"] > 1.0
