@@ -34,7 +34,7 @@ def main(cfg) -> float:
 
 
 def train(cfg, run_dir: Path) -> float:
-    from mindspore.train import CheckpointConfig, Model, ModelCheckpoint
+    from mindspore.train import Model
     from tensorboardX import SummaryWriter
 
     from amp.fallback import DivergenceWatch, describe, ladder, last_good_checkpoint
@@ -44,8 +44,9 @@ def train(cfg, run_dir: Path) -> float:
     from amp.telemetry import AmpTelemetry
     from data import DATASETS, create_dataset
     from models import create_model
-    from zoo.callbacks import Evaluator, ProgressBar, StepOffset, StepTimer, StopAtStep, TensorBoardLogger
-    from zoo.checkpoint import restore_weights
+    from zoo.callbacks import (Evaluator, GracefulStop, ProgressBar, StepOffset, StepTimer, StopAtStep,
+                               TensorBoardLogger)
+    from zoo.checkpoint import AtomicCheckpoint, read_checkpoint, restore_weights, resume_point
     from zoo.metrics import NetWithLoss, create_loss, eval_network, metrics
     from zoo.optim import create_optimizer, lr_schedule, scaled_lr
     from zoo.runtime import seed_everything, set_context, sink_mode
@@ -54,7 +55,10 @@ def train(cfg, run_dir: Path) -> float:
     t_start = time.perf_counter()
     validate(cfg)
     cfg, smoke_note = apply_smoke(cfg)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    config_file = run_dir / "config.yaml"
+    if config_file.exists():  # resuming into this directory: keep the first config, add this one beside it
+        config_file = run_dir / f"config.resume-{len(list(run_dir.glob('config*.yaml')))}.yaml"
+    config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
     log.info(ONEDNN_NOTE)
@@ -68,25 +72,29 @@ def train(cfg, run_dir: Path) -> float:
     sink, sink_note = sink_mode(device, cfg.trainer.sink)
     log.info("device %s, %s mode; %s", device, cfg.runtime.mode.value, sink_note)
 
-    # 2. Data
-    train_ds = create_dataset(cfg.dataset, "train")
+    # 2. Data, and where training starts (resume: the checkpoint's global step; its epoch's data order)
+    ckpt_dir = run_dir / "checkpoints"
+    restart_from = None
+    if cfg.resume:
+        restart_from = resume_point(ckpt_dir)[0] if cfg.resume == "auto" else Path(cfg.resume).expanduser()
+    start_step = int(read_checkpoint(restart_from)["step_num"].asnumpy()) if restart_from else 0
     test_ds = create_dataset(cfg.dataset, "test")
-    steps_per_epoch = train_ds.get_dataset_size()
+    steps_per_epoch = create_dataset(cfg.dataset, "train").get_dataset_size()
     epochs = cfg.trainer.epochs
     log.info("data: %s, %d steps of %d per epoch", cfg.dataset.path or "embedded", steps_per_epoch,
              cfg.dataset.batch_size)
 
-    writer = SummaryWriter(str(run_dir / "tb")) if cfg.logger.tensorboard else None
-    ckpt_dir = run_dir / "checkpoints"
+    writer = None
+    if cfg.logger.tensorboard:  # on resume, TensorBoard drops the killed run's events from this step on
+        writer = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if restart_from else None)
     lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch, epochs)
     timer = StepTimer()
     evaluator = Evaluator(None, cfg.trainer.eval_every, writer, epochs)
     rungs, transitions, amp_summaries = ladder(cfg.amp), [], []
-    restart_from, initial_epoch = None, 0
+    resuming = restart_from is not None
 
     for rung, amp_cfg in enumerate(rungs):  # one pass unless amp.fallback.enabled and training diverges
-        if rung:  # MindSpore ties a dataset to the first Model that trains on it
-            train_ds = create_dataset(cfg.dataset, "train")
+        initial_epoch, skip = divmod(start_step, steps_per_epoch)
 
         # 3. Model and precision policy (applied once; Model below gets amp_level="O0")
         net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
@@ -105,21 +113,21 @@ def train(cfg, run_dir: Path) -> float:
         log.info("loss scale: %s (initial %g)%s", plan.kind, plan.scale,
                  ", overflowed steps are skipped" if plan.skip_on_overflow else "")
         if restart_from is not None:
-            initial_epoch = restore_weights(step_cell, restart_from)
-            log.info("restarted from %s (epoch %d) at %s", restart_from.name, initial_epoch, describe(amp_cfg))
+            restore_weights(step_cell, restart_from, with_amp_state=resuming, model_name=cfg.model.name)
+            log.info("%s from %s (step %d, epoch %d%s) at %s", "resumed" if resuming else "restarted",
+                     restart_from, start_step, initial_epoch, f" + {skip} steps" if skip else "", describe(amp_cfg))
+        resuming = False
 
         # 5. Callbacks
         evaluator.evaluate = lambda: {k: float(v) for k, v in model.eval(test_ds, dataset_sink_mode=False).items()}
         telemetry = AmpTelemetry(step_cell, writer, cfg.trainer.log_every, plan.kind)
         watch = DivergenceWatch(plan.kind, plan.min_scale, cfg.amp.fallback, plan.skip_on_overflow)
-        ckpt_steps = steps_per_epoch * (cfg.trainer.ckpt_every or epochs)
-        checkpoints = ModelCheckpoint(prefix=cfg.model.name, directory=str(ckpt_dir),
-                                      config=CheckpointConfig(save_checkpoint_steps=ckpt_steps,
-                                                              keep_checkpoint_max=cfg.trainer.keep_last,
-                                                              append_info=["epoch_num", "step_num"]))
-        callbacks = [StepOffset(initial_epoch * steps_per_epoch), timer, watch, telemetry, evaluator, checkpoints]
+        checkpoints = AtomicCheckpoint(ckpt_dir, cfg.model.name, cfg.trainer.ckpt_every, cfg.trainer.keep_last,
+                                       steps_per_epoch, on_save=writer.flush if writer else None)
+        stop = GracefulStop(checkpoints.save)
+        callbacks = [StepOffset(start_step), timer, watch, telemetry, evaluator, checkpoints, stop]
         if writer is not None:
-            writer.add_scalar("amp/rung", rung, initial_epoch * steps_per_epoch)
+            writer.add_scalar("amp/rung", rung, start_step)
             callbacks.append(TensorBoardLogger(writer, lambda s: float(lr[min(s, len(lr) - 1)]),
                                                cfg.dataset.batch_size, cfg.trainer.log_every, timer))
         if cfg.logger.progress_bar:
@@ -127,13 +135,25 @@ def train(cfg, run_dir: Path) -> float:
         if cfg.trainer.max_steps > 0:
             callbacks.append(StopAtStep(cfg.trainer.max_steps))
 
-        # 6. Train
+        # 6. Train: a resumed run first finishes its interrupted epoch on the batches that epoch had left
         t_train = time.perf_counter()
         sink_size = cfg.trainer.sink_size if sink else -1
-        model.train(epochs, train_ds, callbacks=callbacks, dataset_sink_mode=sink, sink_size=sink_size,
-                    initial_epoch=initial_epoch)
+        for first_epoch, skip_batches in ([(initial_epoch, skip)] if skip else []) + [(initial_epoch + bool(skip), 0)]:
+            if first_epoch >= epochs or watch.reason or stop.signal or (cfg.trainer.max_steps and timer.steps
+                                                           and timer.steps[-1] >= cfg.trainer.max_steps):
+                break
+            train_ds = create_dataset(cfg.dataset, "train", start_epoch=first_epoch, seed=cfg.runtime.seed,
+                                      skip_batches=skip_batches)
+            callbacks[0] = StepOffset(first_epoch * steps_per_epoch + skip_batches)
+            model.train(first_epoch + 1 if skip_batches else epochs, train_ds, callbacks=callbacks,
+                        dataset_sink_mode=sink, sink_size=sink_size, initial_epoch=first_epoch)
         train_time = time.perf_counter() - t_train
         amp_summaries.append({"rung": rung, "setting": describe(amp_cfg), **telemetry.summary()})
+        if stop.signal:
+            log.warning("%s: stopped after step %d and saved %s", stop.signal, stop.step, checkpoints.latest)
+            print(f"stopped by {stop.signal} at step {stop.step}; resume with: python train.py "
+                  f"recipe={cfg.recipe_name} hydra.run.dir={run_dir} resume=auto", flush=True)
+            return None
         if watch.reason is None:
             break
         if rung + 1 == len(rungs):
@@ -144,8 +164,7 @@ def train(cfg, run_dir: Path) -> float:
                             "reason": watch.reason, "restart_from": restart_from.name if restart_from else None})
         log.warning("fallback: %s; continuing at %s from %s", watch.reason, describe(rungs[rung + 1]),
                     restart_from.name if restart_from else "the initial weights")
-        if restart_from is None:
-            initial_epoch = 0
+        start_step = int(read_checkpoint(restart_from)["step_num"].asnumpy()) if restart_from else 0
 
     # 7. Final evaluation and metrics.json
     steps_done = timer.steps[-1] if timer.steps else 0
@@ -162,7 +181,7 @@ def train(cfg, run_dir: Path) -> float:
         "train_time_s": round(train_time, 2), **timer.summary(cfg.dataset.batch_size),
         "final": final, "eval_history": evaluator.history, "amp": amp_summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": amp_summaries},
-        "checkpoint": checkpoints.latest_ckpt_file_name, "target": OmegaConf.to_container(cfg.target),
+        "checkpoint": str(checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
         "onednn": ONEDNN_NOTE, "smoke": smoke_note,
     }
     (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
@@ -173,6 +192,22 @@ def train(cfg, run_dir: Path) -> float:
     return final.get("top1", 0.0)
 
 
+def resume_run_dir(argv) -> list:
+    """resume=auto without hydra.run.dir: the newest run directory of the recipe that holds a checkpoint."""
+    if "resume=auto" not in argv or any(a.startswith("hydra.run.dir=") for a in argv):
+        return []
+    recipe = next((a.split("=", 1)[1] for a in argv if a.startswith("recipe=")), None)
+    if recipe is None:
+        from zoo.config import compose
+        recipe = compose([]).recipe_name
+    found = sorted(Path("runs", recipe).glob("*/checkpoints/*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        fail(f"resume=auto found no checkpoint under runs/{recipe}/; start without resume, or give "
+             f"hydra.run.dir=RUN_DIR or resume=PATH/TO.ckpt")
+    return [f"hydra.run.dir={found[-1].parent.parent}"]
+
+
 if __name__ == "__main__":
     check_command_line(sys.argv[1:])
+    sys.argv += resume_run_dir(sys.argv[1:])
     main()

@@ -5,7 +5,7 @@ that runs on the embedded MNIST subset when the path is unset (zoo/config.apply_
 """
 from pathlib import Path
 
-from data import register_dataset, workers
+from data import register_dataset, sampling, workers
 from zoo.config import ConfigError
 
 CIFAR_RECORD = 1 + 32 * 32 * 3
@@ -48,21 +48,23 @@ def _normalize(cfg):
 
 
 @register_dataset("cifar10")
-def cifar10(cfg, split: str, shard=None):
+def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
+            skip_batches: int = 0):
     import mindspore.dataset as msds
     import mindspore.dataset.vision as V
 
     path = _require_path(cfg, "the cifar-10-batches-bin folder")
     check_cifar_folder(path, split)
-    num_shards, shard_id = shard if shard else (None, None)
-    ds = msds.Cifar10Dataset(str(path), usage=split, shuffle=split == "train", num_shards=num_shards,
-                             shard_id=shard_id)
+    n = msds.Cifar10Dataset(str(path), usage=split).get_dataset_size()
+    ds = msds.Cifar10Dataset(str(path), usage=split, **sampling(n, split, shard, seed, start_epoch,
+                                                                 skip_batches * cfg.batch_size))
     ops = [V.RandomCrop(32, padding=4), V.RandomHorizontalFlip()] if split == "train" else []
     return _finish(ds, cfg, split, ops + [_normalize(cfg), V.HWC2CHW()])
 
 
 @register_dataset("imagenet")
-def imagenet(cfg, split: str, shard=None):
+def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
+            skip_batches: int = 0):
     """path/train/<class>/*.JPEG and path/val/<class>/*.JPEG (the torchvision ImageFolder layout)."""
     import mindspore.dataset as msds
     import mindspore.dataset.vision as V
@@ -75,9 +77,9 @@ def imagenet(cfg, split: str, shard=None):
     if not any(p.suffix in IMAGE_EXTENSIONS for p in folder.glob("*/*")):
         raise ConfigError(f"{folder} has no images in class sub-folders (looked for "
                           f"{', '.join(sorted({e.lower() for e in IMAGE_EXTENSIONS}))})")
-    num_shards, shard_id = shard if shard else (None, None)
-    ds = msds.ImageFolderDataset(str(folder), shuffle=split == "train", decode=True, num_shards=num_shards,
-                                 shard_id=shard_id)
+    n = msds.ImageFolderDataset(str(folder)).get_dataset_size()
+    ds = msds.ImageFolderDataset(str(folder), decode=True, **sampling(n, split, shard, seed, start_epoch,
+                                                                 skip_batches * cfg.batch_size))
     size = cfg.image_size
     if split == "train":
         ops = [V.RandomResizedCrop(size, scale=(0.08, 1.0)), V.RandomHorizontalFlip()]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data import register_dataset, workers
+from data import register_dataset, sampling, workers
 from zoo.config import ConfigError
 
 IDX_FILES = {
@@ -72,21 +72,23 @@ def image_pipeline(ds, cfg, split: str, batch_size: int):
 
 
 @register_dataset("mnist")
-def mnist(cfg, split: str, shard=None):
+def mnist(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
+            skip_batches: int = 0):
     import mindspore.dataset as msds
 
-    num_shards, shard_id = shard if shard else (None, None)
     train = split == "train"
     batch_size = cfg.batch_size if train else cfg.eval_batch_size
     if cfg.path is None:
         images, labels = load_embedded_mnist(split, cfg.test_fraction)
-        ds = msds.NumpySlicesDataset({"image": images, "label": labels}, shuffle=train,
-                                     num_shards=num_shards, shard_id=shard_id)
+        ds = msds.NumpySlicesDataset({"image": images, "label": labels},
+                                     **sampling(len(labels), split, shard, seed, start_epoch,
+                                                                 skip_batches * cfg.batch_size))
     else:
         path = Path(cfg.path).expanduser()
         check_idx_folder(path, split)
-        ds = msds.MnistDataset(str(path), usage=split, shuffle=train,
-                               num_shards=num_shards, shard_id=shard_id)
+        n = msds.MnistDataset(str(path), usage=split).get_dataset_size()
+        ds = msds.MnistDataset(str(path), usage=split, **sampling(n, split, shard, seed, start_epoch,
+                                                                 skip_batches * cfg.batch_size))
     size = ds.get_dataset_size()
     if train and size < batch_size:
         raise ConfigError(f"dataset.batch_size={batch_size} is larger than the {size} training images "

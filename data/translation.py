@@ -19,7 +19,7 @@ from typing import List, Tuple
 
 import numpy as np
 
-from data import register_dataset
+from data import register_dataset, sampling
 from zoo.config import ConfigError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -124,7 +124,8 @@ def encode_pairs(cfg, split: str):
 
 
 @register_dataset("translation")
-def translation(cfg, split: str, shard=None):
+def translation(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
+            skip_batches: int = 0):
     import mindspore.dataset as msds
 
     p = params(cfg)
@@ -152,9 +153,8 @@ def translation(cfg, split: str, shard=None):
             if train and len(chunk) < batch_size:
                 continue
             batches.append(tuple(np.stack([np.pad(x, (0, length - len(x))) for x in column]) for column in zip(*chunk)))
-    num_shards, shard_id = shard if shard else (None, None)
-    return msds.GeneratorDataset(batches, column_names=["src", "tgt_in", "tgt_out"], shuffle=train,
-                                 num_shards=num_shards, shard_id=shard_id)
+    return msds.GeneratorDataset(batches, column_names=["src", "tgt_in", "tgt_out"],
+                                 **sampling(len(batches), split, shard, seed, start_epoch, skip_batches))
 
 
 translation.task = "translation"

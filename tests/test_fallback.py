@@ -15,8 +15,8 @@ NAN_BATCH = 130  # epoch 2, step 5
 @pytest.fixture
 def nan_mnist():
     """MNIST with one training batch turned to NaN, registered like any dataset."""
-    def build(cfg, split, shard=None):
-        ds = mnist(cfg, split, shard)
+    def build(cfg, split, shard=None, start_epoch=0, seed=0, skip_batches=0):
+        ds = mnist(cfg, split, shard, start_epoch, seed, skip_batches)
         if split != "train":
             return ds
         seen = {"n": 0}

@@ -4,6 +4,7 @@ Every callback counts real steps from `cb_params.cur_step_num`, which MindSpore 
 in sink mode and by one otherwise (on CPU the driver never asks to sink; see zoo/runtime.sink_mode).
 """
 import logging
+import signal
 import time
 from typing import Callable, Dict, List
 
@@ -136,3 +137,28 @@ class StepOffset(Callback):
 
     def on_train_begin(self, run_context):
         run_context.original_args().cur_step_num = self.offset
+
+
+class GracefulStop(Callback):
+    """SIGTERM or SIGINT: finish the current step, save a checkpoint, stop; the driver then exits 0."""
+
+    def __init__(self, save: Callable[[object, int], object]):
+        self.save, self.signal, self.step, self.previous = save, None, None, {}
+
+    def _handler(self, signum, frame):
+        self.signal = signal.Signals(signum).name
+
+    def on_train_begin(self, run_context):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.previous[sig] = signal.signal(sig, self._handler)
+
+    def on_train_step_end(self, run_context):
+        if self.signal and self.step is None:
+            cb = run_context.original_args()
+            self.step = cb.cur_step_num
+            self.save(cb.train_network, cb.cur_step_num)
+            run_context.request_stop()
+
+    def on_train_end(self, run_context):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

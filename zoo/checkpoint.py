@@ -1,10 +1,16 @@
-"""Loading checkpoints with errors that say which file is wrong and how."""
+"""Checkpoints: atomic writes, resume points, loading with errors that say which file is wrong and how."""
+import logging
+import os
 from pathlib import Path
+from typing import List, Optional, Tuple
 
 import mindspore as ms
 import mindspore.nn as nn
+from mindspore.train import Callback
 
 from zoo.config import ConfigError
+
+log = logging.getLogger("amp_zoo")
 
 
 def read_checkpoint(path) -> dict:
@@ -40,16 +46,25 @@ def load_weights(net: nn.Cell, path, model_name: str, params: dict = None) -> di
 AMP_STATE = ("scale_sense", "current_iterator_step", "last_overflow_iterator_step")
 
 
-def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False) -> int:
-    """Load weights and optimizer state into a train step; returns the checkpoint's epoch.
+def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, model_name: str = "") -> int:
+    """Load weights and optimizer state into a train step; returns the checkpoint's global step.
 
     Without `with_amp_state`, the loss-scale state and AMP counters are left as the new step set them
     (a lower fallback rung starts its own scale)."""
     params = read_checkpoint(path)
+    params.pop("learning_rate", None)  # the schedule comes from the config; its position is global_step
     if not with_amp_state:
         params = {k: v for k, v in params.items() if k not in AMP_STATE and not k.startswith("amp_")}
-    ms.load_param_into_net(step_cell, params)
-    return int(params["epoch_num"].asnumpy()) if "epoch_num" in params else 0
+    names = [p.name for p in step_cell.get_parameters() if p.name != "learning_rate"]
+    missing = [n for n in names if n not in params and (with_amp_state or (n not in AMP_STATE and not n.startswith("amp_")))]
+    if missing:
+        raise ConfigError(f"{path} does not fit model {model_name!r}: {len(missing)} parameters are missing "
+                          f"(e.g. {', '.join(missing[:3])}); was it written by another model or recipe?")
+    try:
+        ms.load_param_into_net(step_cell, params)
+    except RuntimeError as e:
+        raise ConfigError(f"{path} does not fit this recipe: {str(e).splitlines()[0]}") from None
+    return int(params["step_num"].asnumpy()) if "step_num" in params else 0
 
 
 def average_checkpoints(paths) -> dict:
@@ -80,3 +95,74 @@ def last_checkpoints(path, n: int):
         raise ConfigError(f"decode.average_last={n} but {path.parent} holds only {len(upto)} checkpoints up to "
                           f"{path.name}")
     return upto[-n:]
+
+
+def _fsync_dir(path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AtomicCheckpoint(Callback):
+    """Checkpoints of the whole train step (weights, optimizer moments, LR position, loss-scale state, AMP
+    counters) with the completed epochs and global step, written atomically: to a temporary file, fsynced,
+    then renamed. A process killed mid-save leaves the previous checkpoint the newest complete one."""
+
+    def __init__(self, directory, prefix: str, every_epochs: int, keep_last: int, steps_per_epoch: int,
+                 on_save=None):
+        self.dir, self.prefix, self.on_save = Path(directory), prefix, on_save
+        self.every, self.keep_last, self.steps_per_epoch = every_epochs, keep_last, steps_per_epoch
+        self.latest: Optional[Path] = None
+        self.saved_step = -1
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def save(self, train_network, step: int) -> Path:
+        epochs_done = step // self.steps_per_epoch
+        final = self.dir / f"{self.prefix}-e{epochs_done:04d}-s{step:08d}.ckpt"
+        tmp = self.dir / ".partial" / final.name  # same filesystem: the rename below is atomic
+        tmp.parent.mkdir(exist_ok=True)
+        ms.save_checkpoint(train_network, str(tmp), append_dict={"epoch_num": epochs_done, "step_num": step})
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(self.dir)
+        self.latest, self.saved_step = final, step
+        if self.on_save is not None:  # e.g. flush TensorBoard: whatever a resume will not redo is on disk
+            self.on_save()
+        for old in checkpoints(self.dir)[: -self.keep_last]:
+            old.unlink()
+        return final
+
+    def on_train_epoch_end(self, run_context):
+        cb = run_context.original_args()
+        if self.every and cb.cur_epoch_num % self.every == 0:
+            self.save(cb.train_network, cb.cur_step_num)
+
+    def on_train_end(self, run_context):
+        cb = run_context.original_args()
+        if cb.cur_step_num != self.saved_step:
+            self.save(cb.train_network, cb.cur_step_num)
+
+
+def checkpoints(directory) -> List[Path]:
+    """Complete checkpoints (partial ones live in .partial/), oldest first by global step."""
+    return sorted(Path(directory).glob("*-e*-s*.ckpt"), key=lambda p: int(p.stem.rsplit("-s", 1)[-1]))
+
+
+def resume_point(directory) -> Tuple[Path, dict]:
+    """The newest checkpoint in `directory` that reads and fits; corrupt ones are skipped and named."""
+    found = checkpoints(directory)
+    if not found:
+        raise ConfigError(f"resume: no checkpoint in {directory}; start without resume")
+    for path in reversed(found):
+        try:
+            params = read_checkpoint(path)
+        except ConfigError as e:
+            log.warning("resume: skipping %s: %s", path.name, e)
+            continue
+        if "step_num" not in params:
+            raise ConfigError(f"resume: {path} has no step_num: it was not written by train.py")
+        return path, params
+    raise ConfigError(f"resume: every checkpoint in {directory} is corrupt: {', '.join(p.name for p in found)}")

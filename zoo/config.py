@@ -218,6 +218,7 @@ class Config:
     smoke: Dict[str, Any] = field(default_factory=dict)  # merged over the config when dataset.path is unset
     recipe_name: str = ""
     description: str = ""
+    resume: Optional[str] = None      # train.py: "auto" (newest good checkpoint of the run directory) or a path
     checkpoint: Optional[str] = None  # eval.py: the checkpoint to evaluate
     output: Optional[str] = None      # eval.py: where to write metrics JSON
 
