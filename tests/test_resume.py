@@ -101,6 +101,6 @@ def test_corrupt_newest_checkpoint_is_skipped(uninterrupted, tmp_path):
 
 
 def test_resume_auto_without_checkpoints_is_a_clear_error(tmp_path):
-    result = run_cli("train.py", "recipe=lenet_o0", "resume=auto", cwd=tmp_path)
+    result = run_cli(str(ROOT / "train.py"), "recipe=lenet_o0", "resume=auto", cwd=tmp_path)
     assert result.returncode == 2
     assert "resume=auto found no checkpoint under runs/lenet_o0/" in result.stderr
