@@ -49,16 +49,12 @@ def train(cfg, run_dir: Path) -> float:
     from zoo.checkpoint import AtomicCheckpoint, read_checkpoint, restore_weights, resume_point
     from zoo.metrics import NetWithLoss, create_loss, eval_network, metrics
     from zoo.optim import create_optimizer, lr_schedule, scaled_lr
-    from zoo.runtime import seed_everything, set_context, sink_mode
+    from zoo.runtime import init_distributed, parameter_checksum, seed_everything, set_context, sink_mode
     from zoo.translate import translate
 
     t_start = time.perf_counter()
     validate(cfg)
     cfg, smoke_note = apply_smoke(cfg)
-    config_file = run_dir / "config.yaml"
-    if config_file.exists():  # resuming into this directory: keep the first config, add this one beside it
-        config_file = run_dir / f"config.resume-{len(list(run_dir.glob('config*.yaml')))}.yaml"
-    config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
     log.info(ONEDNN_NOTE)
@@ -68,6 +64,17 @@ def train(cfg, run_dir: Path) -> float:
     # 1. Context and seeds
     device = set_context(cfg.runtime)
     check_device_dtype(device, cfg.amp)
+    rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
+    shard = (world, rank) if world > 1 else None
+    is_main = rank == 0  # rank 0 alone writes logs, TensorBoard, checkpoints and metrics
+    if is_main:
+        config_file = run_dir / "config.yaml"
+        if config_file.exists():  # resuming into this directory: keep the first config, add this one beside it
+            config_file = run_dir / f"config.resume-{len(list(run_dir.glob('config*.yaml')))}.yaml"
+        config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    else:
+        for handler in [h for h in logging.root.handlers if isinstance(h, logging.FileHandler)]:
+            logging.root.removeHandler(handler)
     seed_everything(cfg.runtime.seed)
     sink, sink_note = sink_mode(device, cfg.trainer.sink)
     log.info("device %s, %s mode; %s", device, cfg.runtime.mode.value, sink_note)
@@ -79,15 +86,16 @@ def train(cfg, run_dir: Path) -> float:
         restart_from = resume_point(ckpt_dir)[0] if cfg.resume == "auto" else Path(cfg.resume).expanduser()
     start_step = int(read_checkpoint(restart_from)["step_num"].asnumpy()) if restart_from else 0
     test_ds = create_dataset(cfg.dataset, "test")
-    steps_per_epoch = create_dataset(cfg.dataset, "train").get_dataset_size()
+    steps_per_epoch = create_dataset(cfg.dataset, "train", shard).get_dataset_size()
+    global_batch = cfg.dataset.batch_size * world
     epochs = cfg.trainer.epochs
     log.info("data: %s, %d steps of %d per epoch", cfg.dataset.path or "embedded", steps_per_epoch,
              cfg.dataset.batch_size)
 
     writer = None
-    if cfg.logger.tensorboard:  # on resume, TensorBoard drops the killed run's events from this step on
+    if cfg.logger.tensorboard and is_main:  # on resume, TensorBoard drops the killed run's events from this step on
         writer = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if restart_from else None)
-    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch, epochs)
+    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, global_batch), steps_per_epoch, epochs)
     timer = StepTimer()
     evaluator = Evaluator(None, cfg.trainer.eval_every, writer, epochs)
     rungs, transitions, amp_summaries = ladder(cfg.amp), [], []
@@ -100,7 +108,8 @@ def train(cfg, run_dir: Path) -> float:
         net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
         net, policy = apply_policy(net, amp_cfg)
         report = precision_report(net, policy)
-        write_report(report, run_dir, writer)
+        if is_main:
+            write_report(report, run_dir, writer)
         log.info("precision: %s", report["summary"])
 
         # 4. Loss scale, optimizer, learning-rate schedule
@@ -125,12 +134,14 @@ def train(cfg, run_dir: Path) -> float:
         checkpoints = AtomicCheckpoint(ckpt_dir, cfg.model.name, cfg.trainer.ckpt_every, cfg.trainer.keep_last,
                                        steps_per_epoch, on_save=writer.flush if writer else None)
         stop = GracefulStop(checkpoints.save)
-        callbacks = [StepOffset(start_step), timer, watch, telemetry, evaluator, checkpoints, stop]
+        callbacks = [StepOffset(start_step), timer, watch, telemetry, evaluator, stop]
+        if is_main:
+            callbacks.append(checkpoints)
         if writer is not None:
             writer.add_scalar("amp/rung", rung, start_step)
             callbacks.append(TensorBoardLogger(writer, lambda s: float(lr[min(s, len(lr) - 1)]),
-                                               cfg.dataset.batch_size, cfg.trainer.log_every, timer))
-        if cfg.logger.progress_bar:
+                                               global_batch, cfg.trainer.log_every, timer))
+        if cfg.logger.progress_bar and is_main:
             callbacks.append(ProgressBar(steps_per_epoch, cfg.trainer.log_every))
         if cfg.trainer.max_steps > 0:
             callbacks.append(StopAtStep(cfg.trainer.max_steps))
@@ -142,7 +153,7 @@ def train(cfg, run_dir: Path) -> float:
             if first_epoch >= epochs or watch.reason or stop.signal or (cfg.trainer.max_steps and timer.steps
                                                            and timer.steps[-1] >= cfg.trainer.max_steps):
                 break
-            train_ds = create_dataset(cfg.dataset, "train", start_epoch=first_epoch, seed=cfg.runtime.seed,
+            train_ds = create_dataset(cfg.dataset, "train", shard, start_epoch=first_epoch, seed=cfg.runtime.seed,
                                       skip_batches=skip_batches)
             callbacks[0] = StepOffset(first_epoch * steps_per_epoch + skip_batches)
             model.train(first_epoch + 1 if skip_batches else epochs, train_ds, callbacks=callbacks,
@@ -177,13 +188,17 @@ def train(cfg, run_dir: Path) -> float:
         "recipe": cfg.recipe_name, "model": cfg.model.name, "dataset": cfg.dataset.name,
         "data": cfg.dataset.path or "embedded", "device": device, "mode": cfg.runtime.mode.value,
         "sink": sink, "amp_level": policy.level, "amp_dtype": policy.dtype, "batch_size": cfg.dataset.batch_size,
+        "world_size": world, "global_batch": global_batch,
         "epochs": epochs, "steps": steps_done, "wall_time_s": round(time.perf_counter() - t_start, 2),
-        "train_time_s": round(train_time, 2), **timer.summary(cfg.dataset.batch_size),
+        "train_time_s": round(train_time, 2), **timer.summary(global_batch),
         "final": final, "eval_history": evaluator.history, "amp": amp_summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": amp_summaries},
         "checkpoint": str(checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
         "onednn": ONEDNN_NOTE, "smoke": smoke_note,
     }
+    log.info("rank %d of %d: parameter checksum %s", rank, world, parameter_checksum(net))
+    if not is_main:
+        return final.get("top1", 0.0)
     (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
     if writer is not None:
         writer.close()

@@ -25,6 +25,7 @@ CASES = [
     (["+model.params.width=3"], "model.params.width is not an argument of model 'lenet5'"),
     (["amp.loss_scale.scale=-1"], "amp.loss_scale.scale=-1.0 must be positive"),
     (["-m", "recipe=lenet_o0,lenet_o9"], "recipe=lenet_o9 not found"),
+    (["hydra.run.dir=/etc/hostname"], "hydra.run.dir=/etc/hostname is a file; give a directory"),
 ]
 
 

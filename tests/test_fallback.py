@@ -48,7 +48,7 @@ def test_ladder_steps_down_and_finishes_with_finite_weights(nan_mnist, tmp_path,
     [transition] = metrics["fallback"]["transitions"]
     assert transition["from"] == "O2 with fixed scale 1024" and transition["to"] == "O2 with fixed scale 128"
     assert transition["step"] == NAN_BATCH and "are not finite and the update was applied" in transition["reason"]
-    assert transition["restart_from"] == "lenet5-1_125.ckpt"
+    assert transition["restart_from"] == "lenet5-e0001-s00000125.ckpt"
     assert metrics["amp"]["setting"] == "O2 with fixed scale 128" and metrics["steps"] == 250
     ckpt = ms.load_checkpoint(metrics["checkpoint"])
     assert all(np.isfinite(p.asnumpy()).all() for p in ckpt.values())

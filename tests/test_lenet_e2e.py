@@ -29,7 +29,7 @@ def test_run_directory_holds_everything(trained):
     for name in ("config.yaml", "metrics.json", "precision_report.md", "precision_report.json", "train.log"):
         assert (run_dir / name).is_file(), name
     ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"))
-    assert ckpts and metrics["checkpoint"].endswith(f"lenet5-{EPOCHS}_125.ckpt")
+    assert ckpts and metrics["checkpoint"].endswith(f"lenet5-e{EPOCHS:04d}-s{EPOCHS * 125:08d}.ckpt")
     assert "final:" in (run_dir / "train.log").read_text()
 
 

@@ -1,6 +1,7 @@
 """Checkpoints: atomic writes, resume points, loading with errors that say which file is wrong and how."""
 import logging
 import os
+import re
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -147,8 +148,9 @@ class AtomicCheckpoint(Callback):
 
 
 def checkpoints(directory) -> List[Path]:
-    """Complete checkpoints (partial ones live in .partial/), oldest first by global step."""
-    return sorted(Path(directory).glob("*-e*-s*.ckpt"), key=lambda p: int(p.stem.rsplit("-s", 1)[-1]))
+    """Complete checkpoints (partial ones live in .partial/), oldest first by global step; other files ignored."""
+    steps = {p: re.fullmatch(r".+-e\d+-s(\d+)\.ckpt", p.name) for p in Path(directory).glob("*.ckpt")}
+    return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
 
 
 def resume_point(directory) -> Tuple[Path, dict]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
@@ -362,6 +363,14 @@ def check_command_line(argv: List[str], config_name: str = "config") -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     overrides = [a for a in argv if not a.startswith("-")]
+    for a in overrides:
+        if a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
+            out = Path(a.split("=", 1)[1]).expanduser()
+            existing = next((p for p in [out, *out.parents] if p.exists()), None)
+            if out.exists() and not out.is_dir():
+                fail(f"{a.split('=', 1)[0]}={out} is a file; give a directory for the run's files")
+            if existing is not None and not os.access(existing, os.W_OK):
+                fail(f"{a.split('=', 1)[0]}={out}: {existing} is not writable; give a directory you can write to")
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return  # Hydra's own flags (--help, --cfg, ...): let Hydra handle them
     try:

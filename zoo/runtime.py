@@ -76,3 +76,24 @@ def sink_mode(device: str, requested: bool):
         return False, ("data sinking off: MindSpore's CPU backend does not sink datasets "
                        "(it would fall back to non-sink silently); steps are fed one by one")
     return True, f"data sinking on ({device})"
+
+
+def init_distributed():
+    """Data parallel across the processes msrun started: gradients averaged over ranks, each rank reading its
+    own shard. Returns (rank, world size)."""
+    import mindspore as ms
+    from mindspore.communication import get_group_size, get_rank, init
+
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    return get_rank(), get_group_size()
+
+
+def parameter_checksum(net) -> str:
+    """sha1 of every parameter's bytes, in name order: equal on every rank after data-parallel training."""
+    import hashlib
+    digest = hashlib.sha1()
+    for p in sorted(net.get_parameters(), key=lambda p: p.name):
+        digest.update(p.name.encode())
+        digest.update(p.asnumpy().tobytes())
+    return digest.hexdigest()
