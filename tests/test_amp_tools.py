@@ -10,7 +10,7 @@ import mindspore.nn as nn
 
 from amp.audit import audit
 from amp.names import register_cell
-from amp.report import build_report, diff
+from amp.report import build_report
 from tests.conftest import run_cli
 
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))

@@ -1,6 +1,5 @@
 """The functional AMP path trains LeNet-5 at O2 with a dynamic loss scale, in a hand-written loop."""
 import numpy as np
-from omegaconf import OmegaConf
 
 import mindspore as ms
 import mindspore.nn as nn

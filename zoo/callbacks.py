@@ -112,7 +112,8 @@ class Evaluator(Callback):
             for k, v in metrics.items():
                 if isinstance(v, float):
                     self.writer.add_scalar(f"eval/{k}", v, step)
-        log.info("eval epoch %g step %d: %s", epoch, step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+        log.info("eval epoch %g step %d: %s", epoch, step, shown)
 
     def on_train_epoch_end(self, run_context):
         cb = run_context.original_args()

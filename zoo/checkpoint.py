@@ -54,10 +54,11 @@ def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, mode
     (a lower fallback rung starts its own scale)."""
     params = read_checkpoint(path)
     params.pop("learning_rate", None)  # the schedule comes from the config; its position is global_step
+    is_amp_state = lambda n: n in AMP_STATE or n.startswith("amp_")  # noqa: E731
     if not with_amp_state:
-        params = {k: v for k, v in params.items() if k not in AMP_STATE and not k.startswith("amp_")}
+        params = {k: v for k, v in params.items() if not is_amp_state(k)}
     names = [p.name for p in step_cell.get_parameters() if p.name != "learning_rate"]
-    missing = [n for n in names if n not in params and (with_amp_state or (n not in AMP_STATE and not n.startswith("amp_")))]
+    missing = [n for n in names if n not in params and (with_amp_state or not is_amp_state(n))]
     if missing:
         raise ConfigError(f"{path} does not fit model {model_name!r}: {len(missing)} parameters are missing "
                           f"(e.g. {', '.join(missing[:3])}); was it written by another model or recipe?")
