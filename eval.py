@@ -13,41 +13,20 @@ quiet_mindspore()
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from zoo.config import ConfigError, apply_smoke, check_command_line, compose, fail  # noqa: E402
+from zoo.config import ConfigError, check_command_line, compose, fail  # noqa: E402
 
 
 def evaluate(cfg) -> dict:
     from mindspore.train import Model
 
-    from amp.policy import apply_policy, check_device_dtype
     from data import DATASETS, create_dataset
-    from models import create_model
-    from zoo.checkpoint import average_checkpoints, last_checkpoints, load_weights
+    from zoo.checkpoint import inference_network
     from zoo.metrics import create_loss, eval_network, metrics
-    from zoo.fuse import fuse_conv_bn
     from zoo.translate import translate
-    from zoo.runtime import set_context
 
-    if not cfg.checkpoint:
-        raise ConfigError("checkpoint is not set; run: python eval.py recipe=NAME checkpoint=PATH/TO/model.ckpt")
-    cfg, smoke_note = apply_smoke(cfg)
-    if smoke_note:
-        print(smoke_note, file=sys.stderr)
-    device = set_context(cfg.runtime)
-    check_device_dtype(device, cfg.amp)
-    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
-    averaged = None
-    if cfg.decode.average_last > 1:
-        paths = last_checkpoints(cfg.checkpoint, cfg.decode.average_last)
-        averaged = average_checkpoints(paths)
-        print(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}", file=sys.stderr)
-    load_weights(net, cfg.checkpoint, cfg.model.name, averaged)
-    fused = None
-    if cfg.infer.fuse_conv_bn:
-        net, fused = fuse_conv_bn(net)
-        print(f"Conv+BN folding: {fused['fused_pairs']} pairs fused (found by {fused['found_by']})", file=sys.stderr)
-    net, _ = apply_policy(net, cfg.amp)
-    net.set_train(False)
+    net, cfg, notes, fused = inference_network(cfg, "eval.py")
+    for note in notes:
+        print(note, file=sys.stderr)
     loss_fn = create_loss(cfg.trainer)
     model = Model(net, eval_network=eval_network(net, loss_fn), metrics=metrics(), eval_indexes=[0, 1, 2])
     result = {k: float(v) for k, v in model.eval(create_dataset(cfg.dataset, "test"),

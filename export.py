@@ -14,31 +14,18 @@ quiet_mindspore()
 
 from pathlib import Path  # noqa: E402
 
-from zoo.config import ConfigError, apply_smoke, check_command_line, compose, fail  # noqa: E402
+from zoo.config import ConfigError, check_command_line, compose, fail  # noqa: E402
 
 
 def export(cfg) -> Path:
     import mindspore as ms
 
-    from amp.policy import apply_policy, check_device_dtype
     from data import create_dataset
-    from models import create_model
-    from zoo.checkpoint import load_weights
-    from zoo.fuse import fuse_conv_bn
-    from zoo.runtime import set_context
+    from zoo.checkpoint import inference_network
 
-    if not cfg.checkpoint:
-        raise ConfigError("checkpoint is not set; run: python export.py recipe=NAME checkpoint=PATH/TO/model.ckpt")
-    cfg, _ = apply_smoke(cfg)
-    device = set_context(cfg.runtime)
-    check_device_dtype(device, cfg.amp)
-    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
-    load_weights(net, cfg.checkpoint, cfg.model.name)
-    if cfg.infer.fuse_conv_bn:
-        net, fused = fuse_conv_bn(net)
-        print(f"Conv+BN folding: {fused['fused_pairs']} pairs fused (found by {fused['found_by']})", file=sys.stderr)
-    net, _ = apply_policy(net, cfg.amp)
-    net.set_train(False)
+    net, cfg, notes, _ = inference_network(cfg, "export.py")
+    for note in notes:
+        print(note, file=sys.stderr)
     batch = next(create_dataset(cfg.dataset, "test").create_tuple_iterator())
     inputs = [x[: cfg.infer.batch_size] for x in batch[:-1]]
     fmt = cfg.infer.format.value

@@ -169,3 +169,34 @@ def resume_point(directory) -> Tuple[Path, dict]:
             raise ConfigError(f"resume: {path} has no step_num: it was not written by train.py")
         return path, params
     raise ConfigError(f"resume: every checkpoint in {directory} is corrupt: {', '.join(p.name for p in found)}")
+
+
+def inference_network(cfg, script: str):
+    """eval.py and export.py: the recipe's network under its policy, in eval mode, with the checkpoint's
+    weights (averaged over decode.average_last checkpoints, Conv+BN folded when infer.fuse_conv_bn).
+    Returns (network, the effective config, notes for the user, fused pairs or None)."""
+    from amp.policy import apply_policy, check_device_dtype
+    from models import create_model
+    from zoo.config import apply_smoke
+    from zoo.fuse import fuse_conv_bn
+    from zoo.runtime import set_context
+
+    if not cfg.checkpoint:
+        raise ConfigError(f"checkpoint is not set; run: python {script} recipe=NAME checkpoint=PATH/TO/model.ckpt")
+    cfg, smoke_note = apply_smoke(cfg)
+    notes = [smoke_note] if smoke_note else []
+    check_device_dtype(set_context(cfg.runtime), cfg.amp)
+    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    averaged = None
+    if cfg.decode.average_last > 1:
+        paths = last_checkpoints(cfg.checkpoint, cfg.decode.average_last)
+        averaged = average_checkpoints(paths)
+        notes.append(f"averaged {len(paths)} checkpoints: {', '.join(p.name for p in paths)}")
+    load_weights(net, cfg.checkpoint, cfg.model.name, averaged)
+    fused = None
+    if cfg.infer.fuse_conv_bn:
+        net, fused = fuse_conv_bn(net)
+        notes.append(f"Conv+BN folding: {fused['fused_pairs']} pairs fused (found by {fused['found_by']})")
+    net, _ = apply_policy(net, cfg.amp)
+    net.set_train(False)
+    return net, cfg, notes, fused
