@@ -20,7 +20,7 @@ from mindspore.amp import DynamicLossScaleManager, FixedLossScaleManager, all_fi
 from mindspore.nn.wrap.loss_scale import _grad_scale
 
 TELEMETRY = ("amp_steps", "amp_overflow_steps", "amp_skipped_steps", "amp_steps_since_overflow",
-             "amp_floor_overflows", "amp_nonfinite_losses")
+             "amp_floor_overflows", "amp_nonfinite_losses", "amp_nonfinite_inputs")
 
 
 @dataclass
@@ -50,7 +50,8 @@ def plan_loss_scale(ls_cfg) -> LossScalePlan:
 
 
 class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
-    """One training step: forward, scaled backward, unscale, overflow check, (skipped) update, telemetry.
+    """One training step: input check, forward, scaled backward, unscale, overflow check, (skipped) update,
+    telemetry.
 
     Returns (loss, overflow, loss scale used for this step)."""
 
@@ -68,6 +69,7 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         self.amp_steps_since_overflow = Parameter(zero(), name="amp_steps_since_overflow", requires_grad=False)
         self.amp_floor_overflows = Parameter(zero(), name="amp_floor_overflows", requires_grad=False)
         self.amp_nonfinite_losses = Parameter(zero(), name="amp_nonfinite_losses", requires_grad=False)
+        self.amp_nonfinite_inputs = Parameter(zero(), name="amp_nonfinite_inputs", requires_grad=False)
 
     def overflow_of(self, grads):
         if self.use_all_finite:
@@ -79,6 +81,8 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
 
     def construct(self, *inputs):
         weights = self.weights
+        # A batch with NaN/Inf in its inputs is a data problem: never trained on, and no reason to move the scale.
+        bad_input = ops.logical_not(all_finite(tuple(ops.cast(x, mstype.float32) for x in inputs)))
         loss = self.network(*inputs)
         scale = self.scale_sense * 1.0  # the scale this step uses, before the update cell changes it
         sens = ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss))
@@ -86,23 +90,26 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         if self.unscale_in_step:
             grads = self.hyper_map(ops.partial(_grad_scale, scale), grads)
         grads = self.grad_reducer(grads)
-        overflow = self.overflow_of(grads)
+        overflow = ops.logical_and(self.overflow_of(grads), ops.logical_not(bad_input))
         overflow = self.process_loss_scale(overflow)
         if self.skip_on_overflow:
-            if not overflow:
+            if not ops.logical_or(overflow, bad_input):
                 loss = ops.depend(loss, self.optimizer(grads))
         else:
-            loss = ops.depend(loss, self.optimizer(grads))
+            if not bad_input:
+                loss = ops.depend(loss, self.optimizer(grads))
         ov = ops.cast(overflow, mstype.int32)
-        skipped = ov if self.skip_on_overflow else ov * 0
+        bad = ops.cast(bad_input, mstype.int32)
+        skipped = ops.cast(ops.logical_or(overflow, bad_input), mstype.int32) if self.skip_on_overflow else bad
         at_floor = ops.cast(ops.logical_and(overflow, scale.reshape(()) <= self.min_scale), mstype.int32)
-        nonfinite = ops.cast(ops.logical_not(ops.isfinite(loss)), mstype.int32)
+        nonfinite = ops.cast(ops.logical_not(ops.isfinite(loss)), mstype.int32) * (1 - bad)
         ops.assign_add(self.amp_steps, Tensor(1, mstype.int32))
         ops.assign_add(self.amp_overflow_steps, ov)
         ops.assign_add(self.amp_skipped_steps, skipped)
         ops.assign(self.amp_steps_since_overflow, (self.amp_steps_since_overflow + 1) * (1 - ov))
         ops.assign_add(self.amp_floor_overflows, at_floor)
         ops.assign_add(self.amp_nonfinite_losses, nonfinite)
+        ops.assign_add(self.amp_nonfinite_inputs, bad)
         return loss, overflow, scale
 
     def telemetry(self) -> dict:

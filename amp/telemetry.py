@@ -42,6 +42,10 @@ class AmpTelemetry(Callback):
 
     def log_point(self, step: int) -> Dict:
         t = self.read(step)
+        new_bad = t["amp_nonfinite_inputs"] - self.last["amp_nonfinite_inputs"]
+        if new_bad:
+            log.warning("by step %d: %d batch(es) with NaN/Inf inputs skipped, not trained on (%d so far); "
+                        "check the data", step, new_bad, t["amp_nonfinite_inputs"])
         steps = t["amp_steps"] - self.last["amp_steps"]
         rate = (t["amp_overflow_steps"] - self.last["amp_overflow_steps"]) / steps if steps else 0.0
         t["overflow_rate"] = rate
@@ -64,5 +68,6 @@ class AmpTelemetry(Callback):
             "overflow_rate": t["amp_overflow_steps"] / steps,
             "steps_since_overflow": t["amp_steps_since_overflow"],
             "nonfinite_losses": t["amp_nonfinite_losses"],
+            "nonfinite_input_batches": t["amp_nonfinite_inputs"],
             "scale_changes": self.scale_changes,
         }
