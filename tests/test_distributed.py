@@ -1,5 +1,6 @@
 """Data-parallel training with MindSpore's msrun, 2 workers over loopback: every rank ends with identical
 parameters, and they match one process that trains on the same global batch."""
+import os
 import re
 import socket
 import subprocess
@@ -24,11 +25,14 @@ def free_port() -> int:
 def test_two_workers_match_each_other_and_one_process(tmp_path):
     msrun = Path(sys.executable).parent / "msrun"
     run_dir, logs = tmp_path / "dp", tmp_path / "logs"
+    # msrun starts its workers with the `python` on PATH: make it this environment's
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONPATH=str(ROOT))
     result = subprocess.run(
         [str(msrun), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
          f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}", "train.py", *COMMON,
          "runtime.distributed=true", "dataset.batch_size=32", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     worker_logs = "".join(p.read_text() for p in sorted(logs.glob("worker_*.log")))
     assert result.returncode == 0, (result.stdout + worker_logs)[-4000:]
     sums = dict(re.findall(r"rank (\d) of 2: parameter checksum (\w+)", worker_logs))
