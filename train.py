@@ -46,7 +46,7 @@ def train(cfg, run_dir: Path) -> float:
     from models import create_model
     from zoo.callbacks import (Evaluator, GracefulStop, ProgressBar, StepOffset, StepTimer, StopAtStep,
                                TensorBoardLogger)
-    from zoo.checkpoint import AtomicCheckpoint, read_checkpoint, restore_weights, resume_point
+    from zoo.checkpoint import AtomicCheckpoint, check_disk_space, read_checkpoint, restore_weights, resume_point
     from zoo.metrics import NetWithLoss, create_loss, eval_network, metrics
     from zoo.optim import create_optimizer, lr_schedule, scaled_lr
     from zoo.runtime import init_distributed, parameter_checksum, seed_everything, set_context, sink_mode
@@ -117,6 +117,8 @@ def train(cfg, run_dir: Path) -> float:
         optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
         loss_fn = create_loss(cfg.trainer)
         step_cell = AmpTrainStep(NetWithLoss(net, loss_fn), optimizer, plan, device)
+        if is_main:
+            check_disk_space(ckpt_dir, step_cell)
         model = Model(step_cell, eval_network=eval_network(net, loss_fn), metrics=metrics(),
                       eval_indexes=[0, 1, 2], amp_level="O0")
         log.info("loss scale: %s (initial %g)%s", plan.kind, plan.scale,

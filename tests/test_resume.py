@@ -104,3 +104,44 @@ def test_resume_auto_without_checkpoints_is_a_clear_error(tmp_path):
     result = run_cli(str(ROOT / "train.py"), "recipe=lenet_o0", "resume=auto", cwd=tmp_path)
     assert result.returncode == 2
     assert "resume=auto found no checkpoint under runs/lenet_o0/" in result.stderr
+
+
+def test_kill_during_a_save_leaves_the_previous_checkpoint_and_resumes_exactly(uninterrupted, tmp_path):
+    """SIGKILL the moment a checkpoint is being written (it sits in checkpoints/.partial/ until renamed)."""
+    for attempt in range(3):
+        run_dir = tmp_path / f"run{attempt}"
+        partial = run_dir / "checkpoints" / ".partial"
+        proc = start(run_dir)
+        wait_for("lenet5-e0001-*.ckpt", run_dir / "checkpoints")  # the second save is the one to interrupt
+        deadline = time.time() + 120
+        while time.time() < deadline and not (partial.exists() and any(partial.iterdir())):
+            pass
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if partial.exists() and any(partial.iterdir()):
+            break
+    else:
+        pytest.skip("could not land a kill inside a save in 3 tries")
+    complete = sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt"))
+    assert complete == ["lenet5-e0001-s00000125.ckpt"], complete  # the interrupted one never became visible
+    resumed = run_cli("train.py", *ARGS, f"hydra.run.dir={run_dir}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = weights(uninterrupted / "checkpoints" / "lenet5-e0003-s00000375.ckpt")
+    b = weights(run_dir / "checkpoints" / "lenet5-e0003-s00000375.ckpt")
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_a_disk_too_small_for_two_checkpoints_is_refused_before_training(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from models import create_model
+    from zoo.checkpoint import check_disk_space
+    from zoo.config import ConfigError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * 2**20, 10 * 2**20 - 2**19, 2**19))
+    with pytest.raises(ConfigError, match=r"not enough disk space for checkpoints in .*: 0 MiB free, two "
+                                          r"checkpoints of this run need 163 MiB"):
+        check_disk_space(tmp_path / "checkpoints", create_model("resnet34", num_classes=10))

@@ -200,3 +200,18 @@ def inference_network(cfg, script: str):
     net, _ = apply_policy(net, cfg.amp)
     net.set_train(False)
     return net, cfg, notes, fused
+
+
+def check_disk_space(directory, step_cell: nn.Cell) -> None:
+    """Refuse to start when the disk cannot hold two checkpoints (the new one is written beside the last)."""
+    import shutil
+
+    need = 2 * sum(p.size * p.itemsize for p in step_cell.get_parameters())
+    where = Path(directory)
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if free < need:
+        raise ConfigError(f"not enough disk space for checkpoints in {directory}: {free / 2**20:.0f} MiB free, "
+                          f"two checkpoints of this run need {need / 2**20:.0f} MiB; free space or set "
+                          f"hydra.run.dir elsewhere")
