@@ -58,3 +58,51 @@ def test_eval_bad_checkpoints(tmp_path):
     assert corrupt.returncode == 2
     assert "is not a readable MindSpore checkpoint" in corrupt.stderr
     assert "Traceback" not in corrupt.stderr
+
+
+def _idx(folder, n=96, magic=2051):
+    import struct
+
+    import numpy as np
+    for prefix, count in (("train", n), ("t10k", 16)):
+        with open(folder / f"{prefix}-images-idx3-ubyte", "wb") as f:
+            f.write(struct.pack(">IIII", magic, count, 28, 28) + bytes(count * 784))
+        with open(folder / f"{prefix}-labels-idx1-ubyte", "wb") as f:
+            f.write(struct.pack(">II", 2049, count) + (np.arange(count) % 10).astype(np.uint8).tobytes())
+
+
+def _empty_image_folder(folder):
+    (folder / "train" / "n01").mkdir(parents=True)
+    (folder / "val" / "n01").mkdir(parents=True)
+
+
+def _cifar_truncated(folder):
+    (folder / "test_batch.bin").write_bytes(bytes(3073 * 100))
+
+
+def _misaligned_text(folder):
+    (folder / "train.en").write_text("one\ntwo\nthree\n")
+    (folder / "train.de").write_text("eins\nzwei\n")
+
+
+DATA_CASES = [
+    ("lenet_o0", lambda d: _idx(d, magic=1234), [],
+     "-images-idx3-ubyte is not an MNIST idx images file: magic number 1234, expected 2051"),
+    ("lenet_o0", lambda d: _idx(d, n=96), ["dataset.batch_size=128"],
+     "dataset.batch_size=128 is larger than the 96 training images of this shard; use at most 96"),
+    ("resnet34_cifar10_o2", _cifar_truncated, [], "test_batch.bin is not a complete CIFAR-10 batch"),
+    ("resnet34_o2", _empty_image_folder, [], "has no images in class sub-folders"),
+    ("transformer_base_o2", _misaligned_text, [], "train.en has 3 lines but .de has 2; parallel files must align"),
+]
+
+
+@pytest.mark.parametrize("recipe,make,extra,message", DATA_CASES, ids=[c[3][:40] for c in DATA_CASES])
+def test_bad_data_files(tmp_path, recipe, make, extra, message):
+    data = tmp_path / "data"
+    data.mkdir()
+    make(data)
+    result = run_cli("train.py", f"recipe={recipe}", f"dataset.path={data}", *extra, f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
