@@ -135,7 +135,7 @@ def train(cfg, run_dir: Path) -> float:
         watch = DivergenceWatch(plan.kind, plan.min_scale, cfg.amp.fallback, plan.skip_on_overflow)
         checkpoints = AtomicCheckpoint(ckpt_dir, cfg.model.name, cfg.trainer.ckpt_every, cfg.trainer.keep_last,
                                        steps_per_epoch, on_save=writer.flush if writer else None)
-        stop = GracefulStop(checkpoints.save)
+        stop = GracefulStop(checkpoints.save if is_main else lambda network, step: None)
         callbacks = [StepOffset(start_step), timer, watch, telemetry, evaluator, stop]
         if is_main:
             callbacks.append(checkpoints)
@@ -148,18 +148,21 @@ def train(cfg, run_dir: Path) -> float:
         if cfg.trainer.max_steps > 0:
             callbacks.append(StopAtStep(cfg.trainer.max_steps))
 
-        # 6. Train: a resumed run first finishes its interrupted epoch on the batches that epoch had left
+        # 6. Train. Resuming mid-epoch, the batches that epoch had left run as a pass of their own first
+        #    (MindSpore wants every pass over a dataset to have the same length).
         t_train = time.perf_counter()
         sink_size = cfg.trainer.sink_size if sink else -1
-        for first_epoch, skip_batches in ([(initial_epoch, skip)] if skip else []) + [(initial_epoch + bool(skip), 0)]:
-            if first_epoch >= epochs or watch.reason or stop.signal or (cfg.trainer.max_steps and timer.steps
-                                                           and timer.steps[-1] >= cfg.trainer.max_steps):
+        passes = [(initial_epoch, skip, initial_epoch + 1)] if skip else []
+        passes.append((initial_epoch + bool(skip), 0, epochs))
+        for first_epoch, skip_batches, end_epoch in passes:
+            budget_spent = cfg.trainer.max_steps and timer.steps and timer.steps[-1] >= cfg.trainer.max_steps
+            if first_epoch >= epochs or watch.reason or stop.signal or budget_spent:
                 break
             train_ds = create_dataset(cfg.dataset, "train", shard, start_epoch=first_epoch, seed=cfg.runtime.seed,
                                       skip_batches=skip_batches)
             callbacks[0] = StepOffset(first_epoch * steps_per_epoch + skip_batches)
-            model.train(first_epoch + 1 if skip_batches else epochs, train_ds, callbacks=callbacks,
-                        dataset_sink_mode=sink, sink_size=sink_size, initial_epoch=first_epoch)
+            model.train(end_epoch, train_ds, callbacks=callbacks, dataset_sink_mode=sink, sink_size=sink_size,
+                        initial_epoch=first_epoch)
         train_time = time.perf_counter() - t_train
         amp_summaries.append({"rung": rung, "setting": describe(amp_cfg), **telemetry.summary()})
         if stop.signal:
