@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 RECIPE ?= lenet_o2
 
-.PHONY: demo test test-all bench install clean
+.PHONY: demo test test-all bench bench-quick install clean
 
 $(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 2; }
@@ -30,8 +30,15 @@ test: install
 test-all: install
 	$(PY) -m pytest -q -m "slow or not slow"
 
-bench: install
+$(VENV)/.bench-installed: requirements-bench.txt $(VENV)/.installed
+	$(PY) -m pip install --quiet -r requirements-bench.txt
+	@touch $@
+
+bench: $(VENV)/.bench-installed
 	$(PY) -m bench.run
+
+bench-quick: $(VENV)/.bench-installed
+	$(PY) -m bench.run --quick
 
 clean:
 	rm -rf runs outputs rewritten_network .pytest_cache

@@ -105,9 +105,11 @@ class Evaluator(Callback):
     def __init__(self, evaluate: Callable[[], Dict[str, float]], every: int, writer, epochs: int):
         self.evaluate, self.every, self.writer, self.epochs = evaluate, every, writer, epochs
         self.history: List[Dict] = []
+        self.t0 = time.perf_counter()  # eval times are seconds since the driver started training
 
     def record(self, epoch: float, step: int, metrics: Dict[str, float]) -> None:
-        self.history.append({"epoch": epoch, "step": step, **metrics})
+        self.history.append({"epoch": epoch, "step": step, "time_s": round(time.perf_counter() - self.t0, 3),
+                             **metrics})
         if self.writer is not None:
             for k, v in metrics.items():
                 if isinstance(v, float):

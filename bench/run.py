@@ -1,0 +1,140 @@
+"""The FP32-vs-AMP matrix: every recipe at each amp level and loss-scale type, on the embedded data.
+
+    python -m bench.run [--quick] [--out DIR]        (make bench / make bench-quick)
+
+Each cell of the matrix is one `train.py` run in its own process (a fresh MindSpore per run, so no compile
+cache or allocator state leaks between cells), with a fixed budget. Results go to
+bench/results/<device>-<date>/: results.json (one record per run), BENCHMARKS.md (the table), and PNG plots.
+A killed bench picks up where it stopped: finished runs in results.json are not run again.
+"""
+import json
+import platform
+import subprocess
+import sys
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import psutil
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (recipe, level, loss scale, extra overrides); the recipe's own loss-scale settings are used for "recipe".
+LENET = [("lenet_o0", "O0", "none"), ("lenet_o2", "O1", "dynamic"), ("lenet_o2", "O2", "fixed"),
+         ("lenet_o2", "O2", "dynamic"), ("lenet_o3", "O3", "dynamic"), ("lenet_o3", "O3", "none")]
+RESNET = [("resnet34_o0", "O0", "none"), ("resnet34_o2", "O2", "fixed"), ("resnet34_o3", "O3", "fixed")]
+TRANSFORMER = [("transformer_base_o0", "O0", "none"), ("transformer_base_o2", "O2", "dynamic")]
+TARGETS = {"lenet": ("top1", 0.90), "resnet34": ("top1", 0.30), "transformer_base": ("bleu", 2.0)}
+
+MATRICES = {
+    # name: [(cells, seeds, budget overrides)]
+    "default": [(LENET, [1, 2, 3], ["trainer.epochs=5"]),
+                (RESNET, [1], ["smoke.trainer.max_steps=40"]),
+                (TRANSFORMER, [1], ["smoke.trainer.epochs=6", "decode.beam=1"])],
+    "quick": [(LENET, [1], ["trainer.epochs=2"]),
+              (RESNET[:2], [1], ["smoke.trainer.max_steps=8"]),
+              (TRANSFORMER, [1], ["smoke.trainer.epochs=2", "decode.beam=1"])],
+}
+
+
+def family(recipe: str) -> str:
+    return recipe.rsplit("_", 1)[0] if not recipe.startswith("resnet34") else "resnet34"
+
+
+def run_id(recipe, level, ls, seed) -> str:
+    return f"{recipe}-{level}-{ls}-s{seed}"
+
+
+def train(run_dir: Path, args) -> dict:
+    """One train.py run; returns its metrics.json plus the peak resident memory of the process tree."""
+    proc = subprocess.Popen([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}",
+                             "logger.progress_bar=false"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    peak = [0]
+
+    def watch():
+        p = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            try:
+                rss = p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
+                peak[0] = max(peak[0], rss)
+            except psutil.Error:
+                pass
+            time.sleep(0.1)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    _, err = proc.communicate()
+    thread.join()
+    if proc.returncode != 0:
+        return {"status": "failed", "error": err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"}
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return {"status": "ok", "peak_host_mb": round(peak[0] / 2**20, 1), **metrics}
+
+
+def time_to_target(metrics: dict, metric: str, value: float):
+    for point in metrics.get("eval_history", []):
+        if point.get(metric, -1) >= value:
+            return point["time_s"], point["step"]
+    return None, None
+
+
+def record(recipe, level, ls, seed, m: dict) -> dict:
+    metric, target = TARGETS[family(recipe)]
+    t_target, s_target = time_to_target(m, metric, target)
+    amp = m.get("amp", {})
+    return {
+        "id": run_id(recipe, level, ls, seed), "recipe": recipe, "family": family(recipe), "level": level,
+        "dtype": m.get("amp_dtype"), "loss_scale": ls, "seed": seed, "device": m.get("device"),
+        "status": m["status"], "error": m.get("error"), "steps": m.get("steps"), "metric": metric,
+        "final_metric": m.get("final", {}).get(metric), "target": target, "time_to_target_s": t_target,
+        "steps_to_target": s_target, "samples_per_s": m.get("samples_per_s"),
+        "compile_and_first_step_s": m.get("compile_and_first_step_s"),
+        "step_time_median_ms": m.get("step_time_median_ms"), "step_time_iqr_ms": m.get("step_time_iqr_ms"),
+        "peak_host_mb": m.get("peak_host_mb"), "device_memory_mb": None,  # CPU: MindSpore reports none
+        "overflow_steps": amp.get("overflow_steps"), "final_loss_scale": amp.get("final_loss_scale"),
+        "run_dir": m.get("run_dir"), "smoke": bool(m.get("smoke")),
+    }
+
+
+def machine() -> dict:
+    import mindspore
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    return {"cpu": cpu, "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30),
+            "mindspore": mindspore.__version__, "python": platform.python_version()}
+
+
+def main(argv) -> Path:
+    quick = "--quick" in argv
+    device = "cpu"
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else (
+        ROOT / "bench" / "results" / f"{device}-{date.today().isoformat()}{'-quick' if quick else ''}")
+    out.mkdir(parents=True, exist_ok=True)
+    results_file = out / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {"runs": []}
+    done = {r["id"] for r in results["runs"] if r["status"] == "ok"}
+    results["runs"] = [r for r in results["runs"] if r["id"] in done]
+    results["machine"] = machine()
+    results["matrix"] = "quick" if quick else "default"
+    cells = [(recipe, level, ls, seed, budget) for group, seeds, budget in MATRICES[results["matrix"]]
+             for recipe, level, ls in group for seed in seeds]
+    todo = [c for c in cells if run_id(*c[:4]) not in done]
+    for recipe, level, ls, seed, budget in tqdm(todo, desc="bench", unit="run", initial=len(cells) - len(todo),
+                                                total=len(cells)):
+        run_dir = out / "raw" / run_id(recipe, level, ls, seed)
+        args = [f"recipe={recipe}", f"amp.level={level}", f"amp.loss_scale.type={ls}", f"runtime.seed={seed}",
+                *budget]
+        m = train(run_dir, args)
+        m["run_dir"] = str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir)
+        results["runs"].append(record(recipe, level, ls, seed, m))
+        results_file.write_text(json.dumps(results, indent=2))  # after every run: a killed bench resumes here
+    from bench.report import write_report
+    write_report(results, out)
+    print(f"wrote {out / 'BENCHMARKS.md'}")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
