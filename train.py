@@ -132,7 +132,7 @@ def train(cfg, run_dir: Path) -> float:
         # 5. Callbacks
         evaluator.evaluate = lambda: {k: float(v) for k, v in model.eval(test_ds, dataset_sink_mode=False).items()}
         telemetry = AmpTelemetry(step_cell, writer, cfg.trainer.log_every, plan.kind)
-        watch = DivergenceWatch(plan.kind, plan.min_scale, cfg.amp.fallback, plan.skip_on_overflow)
+        watch = DivergenceWatch(step_cell, plan.kind, plan.min_scale, cfg.amp.fallback, cfg.trainer.log_every)
         checkpoints = AtomicCheckpoint(ckpt_dir, cfg.model.name, cfg.trainer.ckpt_every, cfg.trainer.keep_last,
                                        steps_per_epoch, on_save=writer.flush if writer else None)
         stop = GracefulStop(checkpoints.save if is_main else lambda network, step: None)

@@ -61,32 +61,43 @@ def ladder(amp_cfg) -> List:
 
 
 class DivergenceWatch(Callback):
-    """Stops training when it diverges; `reason` says why and at which step."""
+    """Stops training when it diverges; `reason` says why and by which step.
 
-    def __init__(self, kind: str, min_scale: float, fallback_cfg, skip_on_overflow: bool):
-        self.kind, self.min_scale, self.skip = kind, min_scale, skip_on_overflow
+    It reads the train step's in-graph counters every `every` steps rather than the outputs of every step:
+    a host read per step would stall MindSpore's asynchronous execution, and the counters miss nothing."""
+
+    def __init__(self, step_cell, kind: str, min_scale: float, fallback_cfg, every: int):
+        self.step_cell, self.kind, self.min_scale, self.every = step_cell, kind, min_scale, every
         self.enabled = bool(fallback_cfg.enabled)
         self.rate, self.window = fallback_cfg.overflow_rate, fallback_cfg.window
-        self.recent = collections.deque(maxlen=self.window)
+        self.history = collections.deque()  # (steps, overflow steps) at each check
+        self.last = None
         self.reason: Optional[str] = None
         self.step: Optional[int] = None
 
+    def on_train_begin(self, run_context):
+        self.last = self.step_cell.telemetry()
+        self.history.append((self.last["amp_steps"], self.last["amp_overflow_steps"]))
+
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
-        loss, overflow, scale = (o.asnumpy() for o in cb.net_outputs)
-        overflow = bool(overflow)
-        self.recent.append(overflow)
+        if cb.cur_step_num % self.every:
+            return
+        t, last = self.step_cell.telemetry(), self.last
+        self.last = t
+        self.history.append((t["amp_steps"], t["amp_overflow_steps"]))
+        while len(self.history) > 1 and t["amp_steps"] - self.history[1][0] >= self.window:
+            self.history.popleft()
+        span, overflows = t["amp_steps"] - self.history[0][0], t["amp_overflow_steps"] - self.history[0][1]
         reason = None
-        if (overflow or not np.isfinite(loss).all()) and not self.skip:
-            what = "gradients" if np.isfinite(loss).all() else f"loss ({float(loss)}) and gradients"
-            reason = (f"step {cb.cur_step_num}: the {what} are not finite and the update was applied "
+        if t["amp_nonfinite_updates"] > last["amp_nonfinite_updates"]:
+            reason = (f"by step {cb.cur_step_num}: non-finite gradients were applied to the weights "
                       f"(no overflow skipping), so the weights are no longer finite")
-        elif self.kind == "dynamic" and overflow and float(scale) <= self.min_scale:
-            reason = (f"step {cb.cur_step_num} overflowed at the minimum loss scale "
+        elif self.kind == "dynamic" and t["amp_floor_overflows"] > last["amp_floor_overflows"]:
+            reason = (f"by step {cb.cur_step_num}: a step overflowed at the minimum loss scale "
                       f"(amp.loss_scale.min_scale={self.min_scale:g}): the loss is exploding, not underflowing")
-        elif (self.enabled and len(self.recent) == self.window
-              and sum(self.recent) / self.window > self.rate):
-            reason = (f"step {cb.cur_step_num}: {sum(self.recent)} of the last {self.window} steps overflowed "
+        elif self.enabled and span >= self.window and overflows / span > self.rate:
+            reason = (f"by step {cb.cur_step_num}: {overflows} of the last {span} steps overflowed "
                       f"(above amp.fallback.overflow_rate={self.rate:g})")
         if reason:
             self.reason, self.step = reason, cb.cur_step_num

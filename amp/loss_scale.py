@@ -20,7 +20,7 @@ from mindspore.amp import DynamicLossScaleManager, FixedLossScaleManager, all_fi
 from mindspore.nn.wrap.loss_scale import _grad_scale
 
 TELEMETRY = ("amp_steps", "amp_overflow_steps", "amp_skipped_steps", "amp_steps_since_overflow",
-             "amp_floor_overflows", "amp_nonfinite_losses", "amp_nonfinite_inputs")
+             "amp_floor_overflows", "amp_nonfinite_losses", "amp_nonfinite_inputs", "amp_nonfinite_updates")
 
 
 @dataclass
@@ -70,6 +70,8 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         self.amp_floor_overflows = Parameter(zero(), name="amp_floor_overflows", requires_grad=False)
         self.amp_nonfinite_losses = Parameter(zero(), name="amp_nonfinite_losses", requires_grad=False)
         self.amp_nonfinite_inputs = Parameter(zero(), name="amp_nonfinite_inputs", requires_grad=False)
+        # non-finite gradients or loss that were applied to the weights (no overflow skipping): divergence
+        self.amp_nonfinite_updates = Parameter(zero(), name="amp_nonfinite_updates", requires_grad=False)
 
     def overflow_of(self, grads):
         if self.use_all_finite:
@@ -110,6 +112,8 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         ops.assign_add(self.amp_floor_overflows, at_floor)
         ops.assign_add(self.amp_nonfinite_losses, nonfinite)
         ops.assign_add(self.amp_nonfinite_inputs, bad)
+        applied = (1 - skipped) * ops.cast(ops.logical_or(overflow, ops.logical_not(ops.isfinite(loss))), mstype.int32)
+        ops.assign_add(self.amp_nonfinite_updates, applied)
         return loss, overflow, scale
 
     def telemetry(self) -> dict:

@@ -28,20 +28,23 @@ class AmpTelemetry(Callback):
         self.scale = self.last["loss_scale"]
 
     def on_train_step_end(self, run_context):
-        cb = run_context.original_args()
-        step = cb.cur_step_num
-        new_scale = float(self.step_cell.scale_sense.asnumpy().reshape(()))
-        if new_scale != self.scale:
-            direction = "down" if new_scale < self.scale else "up"
-            reason = "after an overflow" if direction == "down" else "after a window of clean steps"
-            log.info("step %d: loss scale %g -> %g (%s %s)", step, self.scale, new_scale, direction, reason)
-            self.scale_changes.append({"step": step, "from": self.scale, "to": new_scale})
-            self.scale = new_scale
+        step = run_context.original_args().cur_step_num
         if step % self.log_every == 0 or step == 1:
             self.log_point(step)
 
+    def on_train_end(self, run_context):
+        self.log_point(run_context.original_args().cur_step_num)
+
     def log_point(self, step: int) -> Dict:
+        """Counters and scale since the last point (read every log_every steps, not every step: a host read
+        per step stalls MindSpore's asynchronous execution)."""
         t = self.read(step)
+        if t["loss_scale"] != self.scale:
+            direction = "down" if t["loss_scale"] < self.scale else "up"
+            reason = "after an overflow" if direction == "down" else "after a window of clean steps"
+            log.info("by step %d: loss scale %g -> %g (%s %s)", step, self.scale, t["loss_scale"], direction, reason)
+            self.scale_changes.append({"step": step, "from": self.scale, "to": t["loss_scale"]})
+            self.scale = t["loss_scale"]
         new_bad = t["amp_nonfinite_inputs"] - self.last["amp_nonfinite_inputs"]
         if new_bad:
             log.warning("by step %d: %d batch(es) with NaN/Inf inputs skipped, not trained on (%d so far); "

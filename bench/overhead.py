@@ -47,6 +47,7 @@ def bare_step_ms(cfg) -> float:
 
 def ours_step_ms(cfg, run_dir: Path) -> float:
     from train import train
+    run_dir.mkdir(parents=True)
     train(cfg, run_dir)
     return json.loads((run_dir / "metrics.json").read_text())["step_time_median_ms"]
 
