@@ -105,7 +105,7 @@ def plot(results, out: Path) -> list:
                 values.append(r["samples_per_s"] / base)
     ax.bar(range(len(values)), values)
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(values)), labels, fontsize=7)
+    ax.set_xticks(range(len(values)), labels, fontsize=7, rotation=30, ha="right")
     ax.set(title="Throughput relative to O0 of the same recipe (this CPU)", ylabel="x O0")
     fig.tight_layout()
     path = out / "throughput_vs_o0.png"
