@@ -21,14 +21,14 @@ def evaluate(cfg) -> dict:
 
     from data import DATASETS, create_dataset
     from zoo.checkpoint import inference_network
-    from zoo.metrics import create_loss, eval_network, metrics
+    from zoo.metrics import NetWithEval, create_loss, metrics
     from zoo.translate import translate
 
     net, cfg, notes, fused = inference_network(cfg, "eval.py")
     for note in notes:
         print(note, file=sys.stderr)
     loss_fn = create_loss(cfg.trainer)
-    model = Model(net, eval_network=eval_network(net, loss_fn), metrics=metrics(), eval_indexes=[0, 1, 2])
+    model = Model(net, eval_network=NetWithEval(net, loss_fn), metrics=metrics(), eval_indexes=[0, 1, 2])
     result = {k: float(v) for k, v in model.eval(create_dataset(cfg.dataset, "test"),
                                                   dataset_sink_mode=False).items()}
     if fused is not None:

@@ -47,7 +47,7 @@ def train(cfg, run_dir: Path) -> float:
     from zoo.callbacks import (Evaluator, GracefulStop, ProgressBar, StepOffset, StepTimer, StopAtStep,
                                TensorBoardLogger)
     from zoo.checkpoint import AtomicCheckpoint, check_disk_space, read_checkpoint, restore_weights, resume_point
-    from zoo.metrics import NetWithLoss, create_loss, eval_network, metrics
+    from zoo.metrics import NetWithEval, NetWithLoss, create_loss, metrics
     from zoo.optim import create_optimizer, lr_schedule, scaled_lr
     from zoo.runtime import init_distributed, parameter_checksum, seed_everything, set_context, sink_mode
     from zoo.translate import translate
@@ -119,7 +119,7 @@ def train(cfg, run_dir: Path) -> float:
         step_cell = AmpTrainStep(NetWithLoss(net, loss_fn), optimizer, plan, device)
         if is_main:
             check_disk_space(ckpt_dir, step_cell)
-        model = Model(step_cell, eval_network=eval_network(net, loss_fn), metrics=metrics(),
+        model = Model(step_cell, eval_network=NetWithEval(net, loss_fn), metrics=metrics(),
                       eval_indexes=[0, 1, 2], amp_level="O0")
         log.info("loss scale: %s (initial %g)%s", plan.kind, plan.scale,
                  ", overflowed steps are skipped" if plan.skip_on_overflow else "")
@@ -132,7 +132,7 @@ def train(cfg, run_dir: Path) -> float:
         # 5. Callbacks
         evaluator.evaluate = lambda: {k: float(v) for k, v in model.eval(test_ds, dataset_sink_mode=False).items()}
         telemetry = AmpTelemetry(step_cell, writer, cfg.trainer.log_every, plan.kind)
-        watch = DivergenceWatch(step_cell, plan.kind, plan.min_scale, cfg.amp.fallback, cfg.trainer.log_every)
+        watch = DivergenceWatch(telemetry.read, plan.kind, plan.min_scale, cfg.amp.fallback, cfg.trainer.log_every)
         checkpoints = AtomicCheckpoint(ckpt_dir, cfg.model.name, cfg.trainer.ckpt_every, cfg.trainer.keep_last,
                                        steps_per_epoch, on_save=writer.flush if writer else None)
         stop = GracefulStop(checkpoints.save if is_main else lambda network, step: None)

@@ -64,10 +64,11 @@ class DivergenceWatch(Callback):
     """Stops training when it diverges; `reason` says why and by which step.
 
     It reads the train step's in-graph counters every `every` steps rather than the outputs of every step:
-    a host read per step would stall MindSpore's asynchronous execution, and the counters miss nothing."""
+    a host read per step would stall MindSpore's asynchronous execution, and the counters miss nothing.
+    `read(step)` is AmpTelemetry.read, so the watch and the telemetry share one read per step."""
 
-    def __init__(self, step_cell, kind: str, min_scale: float, fallback_cfg, every: int):
-        self.step_cell, self.kind, self.min_scale, self.every = step_cell, kind, min_scale, every
+    def __init__(self, read, kind: str, min_scale: float, fallback_cfg, every: int):
+        self.read, self.kind, self.min_scale, self.every = read, kind, min_scale, every
         self.enabled = bool(fallback_cfg.enabled)
         self.rate, self.window = fallback_cfg.overflow_rate, fallback_cfg.window
         self.history = collections.deque()  # (steps, overflow steps) at each check
@@ -76,14 +77,14 @@ class DivergenceWatch(Callback):
         self.step: Optional[int] = None
 
     def on_train_begin(self, run_context):
-        self.last = self.step_cell.telemetry()
+        self.last = self.read(run_context.original_args().cur_step_num)
         self.history.append((self.last["amp_steps"], self.last["amp_overflow_steps"]))
 
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
         if cb.cur_step_num % self.every:
             return
-        t, last = self.step_cell.telemetry(), self.last
+        t, last = self.read(cb.cur_step_num), self.last
         self.last = t
         self.history.append((t["amp_steps"], t["amp_overflow_steps"]))
         while len(self.history) > 1 and t["amp_steps"] - self.history[1][0] >= self.window:

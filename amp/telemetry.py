@@ -17,11 +17,13 @@ class AmpTelemetry(Callback):
         self.last: Optional[Dict] = None
         self.scale = None
         self.scale_changes: List[Dict] = []
+        self._read_at: Optional[tuple] = None  # (step, counters): callbacks reading at one step share one read
 
     def read(self, step: int) -> Dict:
-        t = self.step_cell.telemetry()
-        t["step"] = step
-        return t
+        """The counters at `step`, read from the device once however many callbacks ask."""
+        if self._read_at is None or self._read_at[0] != step:
+            self._read_at = (step, {**self.step_cell.telemetry(), "step": step})
+        return dict(self._read_at[1])
 
     def on_train_begin(self, run_context):
         self.last = self.read(run_context.original_args().cur_step_num)

@@ -43,9 +43,5 @@ def create_loss(trainer_cfg) -> nn.Cell:
     return FlatCrossEntropy(trainer_cfg.label_smoothing, trainer_cfg.ignore_index)
 
 
-def eval_network(net: nn.Cell, loss_fn: nn.Cell) -> nn.Cell:
-    return NetWithEval(net, loss_fn)
-
-
 def metrics() -> dict:
     return {"top1": Top1CategoricalAccuracy(), "top5": Top5CategoricalAccuracy(), "loss": Loss()}
