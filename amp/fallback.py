@@ -78,7 +78,7 @@ class DivergenceWatch(Callback):
 
     def on_train_begin(self, run_context):
         self.last = self.read(run_context.original_args().cur_step_num)
-        self.history.append((self.last["amp_steps"], self.last["amp_overflow_steps"]))
+        self.history.append((self.last["step"], self.last["amp_overflow_steps"]))
 
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
@@ -86,10 +86,10 @@ class DivergenceWatch(Callback):
             return
         t, last = self.read(cb.cur_step_num), self.last
         self.last = t
-        self.history.append((t["amp_steps"], t["amp_overflow_steps"]))
-        while len(self.history) > 1 and t["amp_steps"] - self.history[1][0] >= self.window:
+        self.history.append((t["step"], t["amp_overflow_steps"]))
+        while len(self.history) > 1 and t["step"] - self.history[1][0] >= self.window:
             self.history.popleft()
-        span, overflows = t["amp_steps"] - self.history[0][0], t["amp_overflow_steps"] - self.history[0][1]
+        span, overflows = t["step"] - self.history[0][0], t["amp_overflow_steps"] - self.history[0][1]
         reason = None
         if t["amp_nonfinite_updates"] > last["amp_nonfinite_updates"]:
             reason = (f"by step {cb.cur_step_num}: non-finite gradients were applied to the weights "

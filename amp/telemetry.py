@@ -1,7 +1,8 @@
 """AMP telemetry: loss scale, overflow rate and skipped steps in TensorBoard, metrics.json and the console.
 
 The counters live in the graph (`AmpTrainStep`), so a sink that returns only every N-th step loses
-nothing: rates are computed from counter differences between two reads.
+nothing: rates are counter differences between two reads over the steps between them (the host's step count,
+exact in sink mode too: MindSpore advances it by the sink size).
 """
 import logging
 from typing import Dict, List, Optional
@@ -51,7 +52,7 @@ class AmpTelemetry(Callback):
         if new_bad:
             log.warning("by step %d: %d batch(es) with NaN/Inf inputs skipped, not trained on (%d so far); "
                         "check the data", step, new_bad, t["amp_nonfinite_inputs"])
-        steps = t["amp_steps"] - self.last["amp_steps"]
+        steps = t["step"] - self.last["step"]
         rate = (t["amp_overflow_steps"] - self.last["amp_overflow_steps"]) / steps if steps else 0.0
         t["overflow_rate"] = rate
         if self.writer is not None:
@@ -62,12 +63,12 @@ class AmpTelemetry(Callback):
         return t
 
     def summary(self) -> Dict:
-        t = self.step_cell.telemetry()
-        steps = max(t["amp_steps"], 1)
+        t = self.last  # read at the last step (on_train_end)
+        steps = max(t["step"], 1)
         return {
             "loss_scale_type": self.kind,
             "final_loss_scale": t["loss_scale"],
-            "steps": t["amp_steps"],
+            "steps": t["step"],
             "overflow_steps": t["amp_overflow_steps"],
             "skipped_steps": t["amp_skipped_steps"],
             "overflow_rate": t["amp_overflow_steps"] / steps,

@@ -64,9 +64,10 @@ def test_overflow_skips_the_update_and_halves_the_scale(graph_mode):
     assert (t["amp_skipped_steps"], t["amp_overflow_steps"], t["amp_steps_since_overflow"]) == (1, 1, 0)
 
 
-@pytest.mark.parametrize("kind", ["none", "dynamic"])
-def test_nan_or_inf_in_the_inputs_is_never_trained_on(graph_mode, kind):
-    net, step = make_step(loss_scale(type=kind, init_scale=8.0))
+@pytest.mark.parametrize("ls", [dict(type="dynamic", init_scale=8.0),
+                                dict(type="fixed", scale=8.0, drop_overflow_update=True)])
+def test_nan_or_inf_in_the_inputs_is_never_trained_on(graph_mode, ls):
+    net, step = make_step(loss_scale(**ls))
     run(step)
     before = weights(net)
     for bad in (np.inf, np.nan):
@@ -77,9 +78,25 @@ def test_nan_or_inf_in_the_inputs_is_never_trained_on(graph_mode, kind):
         assert all(np.array_equal(before[k], v) for k, v in weights(net).items())
     t = step.telemetry()
     assert t["amp_nonfinite_inputs"] == 2 and t["amp_skipped_steps"] == 2 and t["amp_overflow_steps"] == 0
-    assert t["loss_scale"] == (8.0 if kind == "dynamic" else 1.0), "the scale does not move for bad data"
+    assert t["loss_scale"] == 8.0, "the scale does not move for bad data"
     run(step)
     assert any(not np.array_equal(before[k], v) for k, v in weights(net).items()), "clean steps update again"
+
+
+@pytest.mark.parametrize("ls", [dict(type="none"), dict(type="fixed", scale=1024.0, drop_overflow_update=False)])
+def test_without_skipping_a_nonfinite_update_shows_at_the_next_read(graph_mode, ls):
+    """The plain step (bare MindSpore's) checks nothing per step; the next telemetry read finds the weights."""
+    _, step = make_step(loss_scale(**ls))
+    for _ in range(3):
+        run(step)
+    assert step.telemetry()["amp_nonfinite_updates"] == 0
+    x = X.copy()
+    x[3, 5] = np.nan
+    run(step, x=x)
+    run(step)
+    t = step.telemetry()
+    assert t["amp_nonfinite_updates"] == 1
+    assert step.telemetry()["amp_nonfinite_updates"] == 1, "counted once, not at every read"
 
 
 def test_window_of_clean_steps_doubles_the_scale(graph_mode):
