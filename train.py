@@ -33,7 +33,8 @@ def main(cfg) -> float:
         fail(str(e))
 
 
-def train(cfg, run_dir: Path) -> float:
+def train(cfg, run_dir: Path, extra_callbacks=()) -> float:
+    """extra_callbacks: appended to the driver's own (bench/overhead.py uses it to interleave a bare run)."""
     from mindspore.train import Model
     from tensorboardX import SummaryWriter
 
@@ -147,6 +148,10 @@ def train(cfg, run_dir: Path) -> float:
             callbacks.append(ProgressBar(steps_per_epoch, cfg.trainer.log_every))
         if cfg.trainer.max_steps > 0:
             callbacks.append(StopAtStep(cfg.trainer.max_steps))
+        if cfg.runtime.profile and is_main and rung == 0:
+            from amp.profile import ProfileSteps
+            callbacks.append(ProfileSteps(run_dir, report, device, start=start_step + 2))
+        callbacks.extend(extra_callbacks)
 
         # 6. Train. Resuming mid-epoch, the batches that epoch had left run as a pass of their own first
         #    (MindSpore wants every pass over a dataset to have the same length).
