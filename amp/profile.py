@@ -1,0 +1,134 @@
+"""runtime.profile=true: MindSpore's Profiler over a few steps, summarised for the "why is AMP not faster?"
+question: the time share of ops in low-precision Cells, in fp32 Cells, outside the network (loss, optimizer,
+loss scaling), and of Cast ops, and the slowest ops, written to profile.md / profile.json in the run directory.
+
+Each op's precision comes from the Cell it was generated for: MindSpore names every op by its scope
+(`.../net-CastOutput/cell-LeNet5/conv1-Conv2d/Conv2D-op3`, gradients under `Gradients/...`), and the
+precision report says which dtype each Cell path computes in. On CPU the Profiler writes per-op times to
+FRAMEWORK/cpu_op_detail_info_*.csv; on Ascend to ASCEND_PROFILER_OUTPUT/kernel_details.csv (read here by its
+Name and Duration(us) columns; not run on Ascend by us).
+"""
+import csv
+import json
+import logging
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from mindspore.train import Callback
+
+log = logging.getLogger("amp_zoo")
+SEGMENT = re.compile(r"^([^-]+)-([A-Za-z_]\w*)$")  # attribute-Class
+
+
+def cell_path(scope: str) -> Optional[str]:
+    """The precision report's Cell path for an op's scope name: '' at the model's root, None outside it."""
+    parts = scope.split("/")[:-1]  # the last part is the op itself
+    names, after_cast_output, inside = [], False, False
+    for part in parts:
+        m = SEGMENT.match(part)
+        if not m:
+            continue
+        name, cls = m.groups()
+        if not inside:  # network-NetWithLoss / net-<model or CastOutput> lead to the model
+            inside = name == "net"
+            after_cast_output = cls == "CastOutput"
+            continue
+        if after_cast_output and name == "cell":
+            after_cast_output = cls == "CastOutput"
+            continue
+        after_cast_output = cls == "CastOutput"
+        names.append(name)
+    return ".".join(names) if inside else None
+
+
+def op_times(profile_dir: Path) -> List[Tuple[str, str, float]]:
+    """(scope name, op type, total ms) for every op the Profiler timed."""
+    rows = []
+    for path in profile_dir.rglob("cpu_op_detail_info_*.csv"):
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                rows.append((r["full_op_name"], r["op_type"], float(r["op_total_time(ms)"])))
+    if rows:
+        return rows
+    for path in profile_dir.rglob("kernel_details.csv"):  # Ascend
+        with open(path) as f:
+            for r in csv.DictReader(f):
+                rows.append((r["Name"], r.get("Type", r["Name"].split("/")[-1].split("-")[0]),
+                             float(r["Duration(us)"]) / 1e3))
+    return rows
+
+
+def summarise(rows: List[Tuple[str, str, float]], dtypes: Dict[str, str], steps: int) -> Dict:
+    by_class, slow = defaultdict(float), defaultdict(float)
+    total = sum(t for _, _, t in rows) or 1e-12
+    for scope, op_type, ms in rows:
+        path = cell_path(scope)
+        if path is None:
+            group, path = "outside the network (loss, optimizer, loss scaling)", "-"
+        else:
+            while path and path not in dtypes:
+                path = path.rpartition(".")[0]
+            path = path or "(root)"
+            group = "Cast" if op_type == "Cast" else f"{dtypes.get(path, 'float32')} Cells"
+        if op_type == "Cast":
+            group = "Cast"
+        by_class[group] += ms
+        slow[(op_type, path, group)] += ms
+    top = sorted(slow.items(), key=lambda kv: -kv[1])[:15]
+    return {
+        "steps": steps, "total_ms_per_step": total / max(steps, 1),
+        "share": {k: v / total for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
+        "slowest": [{"op": op, "cell": cell, "group": group, "ms_per_step": ms / max(steps, 1), "share": ms / total}
+                    for (op, cell, group), ms in top],
+    }
+
+
+def write_summary(summary: Dict, run_dir: Path) -> Path:
+    (run_dir / "profile.json").write_text(json.dumps(summary, indent=2))
+    lines = [f"# Profile: {summary['steps']} steps, {summary['total_ms_per_step']:.2f} ms of op time per step", "",
+             "| ops | share of op time |", "|---|---:|",
+             *[f"| {k} | {100 * v:.1f}% |" for k, v in summary["share"].items()], "",
+             "| op | Cell | precision | ms/step | share |", "|---|---|---|---:|---:|",
+             *[f"| {r['op']} | {r['cell']} | {r['group']} | {r['ms_per_step']:.3f} | {100 * r['share']:.1f}% |"
+               for r in summary["slowest"]]]
+    path = run_dir / "profile.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class ProfileSteps(Callback):
+    """Profiles `steps` steps from step `start` on (after compilation), then writes the summary."""
+
+    def __init__(self, run_dir: Path, report: Dict, device: str, start: int = 2, steps: int = 5):
+        self.run_dir, self.start, self.steps, self.device = run_dir, start, steps, device
+        self.dtypes = {r["path"]: r["compute_dtype"] for r in report["cells"]}
+        self.profiler, self.done, self.seen = None, False, 0
+
+    def on_train_step_begin(self, run_context):
+        from mindspore.profiler import Profiler, ProfilerActivity
+        step = run_context.original_args().cur_step_num + 1
+        if self.profiler is None and not self.done and step >= self.start:
+            device = {"Ascend": [ProfilerActivity.NPU], "GPU": [ProfilerActivity.GPU]}.get(self.device, [])
+            self.profiler = Profiler(output_path=str(self.run_dir / "profiler"),
+                                     activities=[ProfilerActivity.CPU, *device])
+
+    def on_train_step_end(self, run_context):
+        if self.profiler is not None:
+            self.seen += 1
+            if self.seen == self.steps:
+                self.finish()
+
+    def on_train_end(self, run_context):
+        if self.profiler is not None:
+            self.finish()
+
+    def finish(self):
+        self.profiler.stop()
+        self.profiler.analyse()
+        self.profiler, self.done = None, True
+        summary = summarise(op_times(self.run_dir / "profiler"), self.dtypes, self.seen)
+        path = write_summary(summary, self.run_dir)
+        log.info("profile of %d steps: %s; %s", self.seen,
+                 ", ".join(f"{k} {100 * v:.0f}%" for k, v in summary["share"].items()), path)

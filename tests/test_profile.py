@@ -1,0 +1,37 @@
+"""runtime.profile=true: the Profiler's op times, attributed to the precision each Cell runs in."""
+import json
+
+import pytest
+
+from amp.profile import cell_path
+
+
+@pytest.mark.parametrize("scope, path", [
+    ("Default/network-NetWithLoss/net-CastOutput/cell-LeNet5/conv1-Conv2d/Conv2D-op3", "conv1"),
+    ("Gradients/Default/network-NetWithLoss/net-CastOutput/cell-LeNet5/conv1-Conv2d/Grad_Conv2D/Cast-op0", "conv1"),
+    ("Default/network-NetWithLoss/net-CastOutput/cell-ResNet/layer1-SequentialCell/0-BasicBlock/bn1-CastOutput/"
+     "cell-BatchNorm2d/BatchNorm-op1", "layer1.0.bn1"),
+    ("Default/network-NetWithLoss/net-LeNet5/fc1-Dense/MatMul-op2", "fc1"),
+    ("Default/network-NetWithLoss/net-CastOutput/Cast-op9", ""),
+    ("Default/optimizer-Momentum/ApplyMomentum-op7", None),
+    ("Default/network-NetWithLoss/loss_fn-FlatCrossEntropy/ce-CrossEntropyLoss/Log-op1", None),
+])
+def test_ops_are_attributed_to_their_cell(scope, path):
+    assert cell_path(scope) == path
+
+
+@pytest.mark.parametrize("recipe, low", [("lenet_o0", False), ("lenet_o2", True)])
+def test_profile_writes_the_precision_time_shares(tmp_path, graph_mode, recipe, low):
+    from train import train
+    from zoo.config import compose
+    cfg = compose([f"recipe={recipe}", "trainer.epochs=1", "trainer.max_steps=12", "runtime.profile=true",
+                   "logger.progress_bar=false"])
+    train(cfg, tmp_path)
+    summary = json.loads((tmp_path / "profile.json").read_text())
+    assert summary["steps"] == 5
+    assert sum(summary["share"].values()) == pytest.approx(1.0)
+    assert ("float16 Cells" in summary["share"]) == low
+    assert (summary["share"].get("Cast", 0) > 0.01) == low, "O2 casts at Cell edges; O0 next to nothing"
+    conv = [r for r in summary["slowest"] if r["cell"] in ("conv1", "conv2") and r["op"] != "Cast"]
+    assert conv and all(r["group"] == ("float16 Cells" if low else "float32 Cells") for r in conv)
+    assert "| ops | share of op time |" in (tmp_path / "profile.md").read_text()
