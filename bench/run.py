@@ -25,17 +25,20 @@ ROOT = Path(__file__).resolve().parent.parent
 LENET = [("lenet_o0", "O0", "none"), ("lenet_o2", "O1", "dynamic"), ("lenet_o2", "O2", "fixed"),
          ("lenet_o2", "O2", "dynamic"), ("lenet_o3", "O3", "dynamic"), ("lenet_o3", "O3", "none")]
 RESNET = [("resnet34_o0", "O0", "none"), ("resnet34_o2", "O2", "fixed"), ("resnet34_o3", "O3", "fixed")]
-TRANSFORMER = [("transformer_base_o0", "O0", "none"), ("transformer_base_o2", "O2", "dynamic")]
+TRANSFORMER = [("transformer_base_o0", "O0", "none"), ("transformer_base_o2", "O2", "dynamic"),
+               ("transformer_base_o2", "O3", "none"), ("transformer_base_o2", "O3", "dynamic")]  # the ablation
 TARGETS = {"lenet": ("top1", 0.90), "resnet34": ("top1", 0.30), "transformer_base": ("bleu", 2.0)}
+# Parity: an AMP level's mean final metric within this of O0's (top-1 in points, BLEU in points).
+TOLERANCE = {"lenet": 1.0, "resnet34": 5.0, "transformer_base": 1.5}
 
 MATRICES = {
     # name: [(cells, seeds, budget overrides)]
     "default": [(LENET, [1, 2, 3], ["trainer.epochs=5"]),
-                (RESNET, [1], ["smoke.trainer.max_steps=40"]),
-                (TRANSFORMER, [1], ["smoke.trainer.epochs=6", "decode.beam=1"])],
+                (RESNET, [1, 2], ["smoke.trainer.max_steps=40"]),
+                (TRANSFORMER, [1, 2, 3], ["smoke.trainer.epochs=6", "decode.beam=1"])],
     "quick": [(LENET, [1], ["trainer.epochs=2"]),
               (RESNET[:2], [1], ["smoke.trainer.max_steps=8"]),
-              (TRANSFORMER, [1], ["smoke.trainer.epochs=2", "decode.beam=1"])],
+              (TRANSFORMER[:2], [1], ["smoke.trainer.epochs=2", "decode.beam=1"])],
 }
 
 
@@ -98,6 +101,18 @@ def record(recipe, level, ls, seed, m: dict) -> dict:
     }
 
 
+def underflow(results, quick: bool) -> None:
+    """bench.underflow for LeNet and the Transformer: initial weights, and the seed-1 O0 run's final ones."""
+    for recipe, o0 in (("lenet_o2", "lenet_o0"), ("transformer_base_o2", "transformer_base_o0")):
+        run = next((r for r in results["runs"] if r["recipe"] == o0 and r["seed"] == 1 and r["status"] == "ok"),
+                   None)
+        ckpts = sorted((ROOT / run["run_dir"] / "checkpoints").glob("*.ckpt")) if run and not quick else []
+        for extra in ([], ["--checkpoint", str(ckpts[-1])] if ckpts else None):
+            if extra is not None:
+                subprocess.run([sys.executable, "-m", "bench.underflow", f"recipe={recipe}", *extra], cwd=ROOT,
+                               check=False, stderr=subprocess.DEVNULL)
+
+
 def machine() -> dict:
     import mindspore
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
@@ -130,6 +145,7 @@ def main(argv) -> Path:
         m["run_dir"] = str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir)
         results["runs"].append(record(recipe, level, ls, seed, m))
         results_file.write_text(json.dumps(results, indent=2))  # after every run: a killed bench resumes here
+    underflow(results, quick)
     from bench.report import write_report
     write_report(results, out)
     print(f"wrote {out / 'BENCHMARKS.md'}")
