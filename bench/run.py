@@ -101,16 +101,30 @@ def record(recipe, level, ls, seed, m: dict) -> dict:
     }
 
 
-def underflow(results, quick: bool) -> None:
-    """bench.underflow for LeNet and the Transformer: initial weights, and the seed-1 O0 run's final ones."""
+def side_benchmarks(results, out: Path, quick: bool) -> None:
+    """The single-process measurements, each in its own process, their JSON copied next to results.json:
+    driver overhead, data-pipeline efficiency, jit settings, and fp16 gradient underflow (initial weights,
+    and the seed-1 O0 run's trained ones)."""
+    jobs = [["bench.overhead", "recipe=lenet_o2", f"trainer.epochs={4 if quick else 20}"],
+            ["bench.settings", "recipe=lenet_o2", *(["--rounds", "8"] if quick else [])]]
+    jobs += [["bench.pipeline", f"recipe={r}", *(["--blocks", "4"] if quick else [])]
+             for r in ("lenet_o2", "resnet34_o2", "transformer_base_o2")]
     for recipe, o0 in (("lenet_o2", "lenet_o0"), ("transformer_base_o2", "transformer_base_o0")):
         run = next((r for r in results["runs"] if r["recipe"] == o0 and r["seed"] == 1 and r["status"] == "ok"),
                    None)
-        ckpts = sorted((ROOT / run["run_dir"] / "checkpoints").glob("*.ckpt")) if run and not quick else []
-        for extra in ([], ["--checkpoint", str(ckpts[-1])] if ckpts else None):
-            if extra is not None:
-                subprocess.run([sys.executable, "-m", "bench.underflow", f"recipe={recipe}", *extra], cwd=ROOT,
-                               check=False, stderr=subprocess.DEVNULL)
+        ckpts = sorted((ROOT / run["run_dir"] / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime) \
+            if run and not quick else []
+        jobs.append(["bench.underflow", f"recipe={recipe}"])
+        if ckpts:
+            jobs.append(["bench.underflow", f"recipe={recipe}", "--checkpoint", str(ckpts[-1])])
+    for job in tqdm(jobs, desc="single-process benchmarks", unit="job"):
+        before = time.time()
+        proc = subprocess.run([sys.executable, "-m", *job], cwd=ROOT, capture_output=True, text=True)
+        print(proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else
+              f"{' '.join(job)} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        for path in (ROOT / "bench" / "results").glob("*.json"):
+            if path.stat().st_mtime >= before:
+                (out / path.name).write_text(path.read_text())
 
 
 def machine() -> dict:
@@ -145,7 +159,7 @@ def main(argv) -> Path:
         m["run_dir"] = str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir)
         results["runs"].append(record(recipe, level, ls, seed, m))
         results_file.write_text(json.dumps(results, indent=2))  # after every run: a killed bench resumes here
-    underflow(results, quick)
+    side_benchmarks(results, out, quick)
     from bench.report import write_report
     write_report(results, out)
     print(f"wrote {out / 'BENCHMARKS.md'}")

@@ -1,0 +1,88 @@
+"""Which MindSpore speed settings help here? Variants of one train step, interleaved in one process.
+
+    python -m bench.settings recipe=lenet_o2 [key=value ...] [--rounds 30]
+
+The recipe's network under its policy and loss scale (AmpTrainStep), on one real batch, compiled once per
+variant: MindSpore's default, and `JitConfig(jit_level=...)` O0 and O1 set on the train step. Rounds of 15
+steps per variant, in turn; the ratio to the default is the median of per-round ratios. Settings that are
+process-wide are measured elsewhere: the oneDNN ISA cap (bench.onednn_isa), dataset workers
+(bench.pipeline dataset.num_workers=N); graph-kernel fusion (`enable_graph_kernel=True`) did not finish
+compiling LeNet within 9 minutes on this CPU build, so it is not offered.
+"""
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()  # before MindSpore is imported
+quiet_mindspore()
+
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def main(argv) -> dict:
+    import mindspore as ms
+    from mindspore import JitConfig
+
+    from amp.loss_scale import AmpTrainStep, plan_loss_scale
+    from amp.policy import apply_policy
+    from data import create_dataset
+    from models import create_model
+    from zoo.config import apply_smoke, check_command_line, compose
+    from zoo.metrics import NetWithLoss, create_loss
+    from zoo.optim import create_optimizer, lr_schedule, scaled_lr
+
+    rounds = 30
+    if "--rounds" in argv:
+        i = argv.index("--rounds")
+        rounds, argv = int(argv[i + 1]), argv[:i] + argv[i + 2:]
+    check_command_line(argv)
+    cfg, _ = apply_smoke(compose(argv))
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ds = create_dataset(cfg.dataset, "train", seed=cfg.runtime.seed)
+    batch = next(ds.create_tuple_iterator())
+    plan = plan_loss_scale(cfg.amp.loss_scale)
+    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), ds.get_dataset_size(),
+                     cfg.trainer.epochs)
+
+    def step(jit_level):
+        net, _ = apply_policy(create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params),
+                              cfg.amp)
+        opt = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
+        cell = AmpTrainStep(NetWithLoss(net, create_loss(cfg.trainer)), opt, plan, "CPU")
+        cell.set_train()
+        if jit_level:
+            cell.set_jit_config(JitConfig(jit_level=jit_level))
+        t0 = time.perf_counter()
+        cell(*batch)[0].asnumpy()
+        return cell, time.perf_counter() - t0
+
+    variants, compile_s = {}, {}
+    for name, level in (("default", None), ("jit_level O0", "O0"), ("jit_level O1", "O1")):
+        variants[name], compile_s[name] = step(level)
+    times = {k: [] for k in variants}
+    for _ in range(rounds):
+        for name, cell in variants.items():
+            ts = []
+            for _ in range(15):
+                t0 = time.perf_counter()
+                cell(*batch)[0].asnumpy()
+                ts.append(time.perf_counter() - t0)
+            times[name].append(statistics.median(ts) * 1e3)
+    result = {"recipe": cfg.recipe_name, "rounds": rounds, "variants": {}}
+    for name, ts in times.items():
+        ratio = statistics.median(a / b for a, b in zip(ts, times["default"]))
+        result["variants"][name] = {"step_ms": statistics.median(ts), "ratio_to_default": ratio,
+                                    "compile_s": compile_s[name]}
+        print(f"{cfg.recipe_name} {name:13s}: {statistics.median(ts):.2f} ms/step, {ratio:.3f}x the default "
+              f"(compile {compile_s[name]:.1f} s)")
+    out = Path(__file__).resolve().parent / "results" / f"settings-{cfg.recipe_name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
