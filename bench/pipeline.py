@@ -50,8 +50,8 @@ def main(argv) -> dict:
                           cfg.amp)
     ds = create_dataset(cfg.dataset, "train", seed=cfg.runtime.seed)
     plan = plan_loss_scale(cfg.amp.loss_scale)
-    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), ds.get_dataset_size(),
-                     cfg.trainer.epochs)
+    epochs = max(cfg.trainer.epochs, -(-(2 * blocks * block + block + 1) // ds.get_dataset_size()))  # an lr for every step
+    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), ds.get_dataset_size(), epochs)
     optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
     step = AmpTrainStep(NetWithLoss(net, create_loss(cfg.trainer)), optimizer, plan, "CPU")
     step.set_train()

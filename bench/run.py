@@ -107,8 +107,9 @@ def side_benchmarks(results, out: Path, quick: bool) -> None:
     and the seed-1 O0 run's trained ones)."""
     jobs = [["bench.overhead", "recipe=lenet_o2", f"trainer.epochs={4 if quick else 20}"],
             ["bench.settings", "recipe=lenet_o2", *(["--rounds", "8"] if quick else [])]]
-    jobs += [["bench.pipeline", f"recipe={r}", *(["--blocks", "4"] if quick else [])]
-             for r in ("lenet_o2", "resnet34_o2", "transformer_base_o2")]
+    jobs += [["bench.pipeline", "recipe=lenet_o2", *(["--blocks", "4"] if quick else [])],
+             ["bench.pipeline", "recipe=resnet34_o2", "--blocks", "3" if quick else "5", "--block", "5"],
+             ["bench.pipeline", "recipe=transformer_base_o2", "--blocks", "4" if quick else "8", "--block", "10"]]
     for recipe, o0 in (("lenet_o2", "lenet_o0"), ("transformer_base_o2", "transformer_base_o0")):
         run = next((r for r in results["runs"] if r["recipe"] == o0 and r["seed"] == 1 and r["status"] == "ok"),
                    None)

@@ -44,8 +44,8 @@ def main(argv) -> dict:
     ds = create_dataset(cfg.dataset, "train", seed=cfg.runtime.seed)
     batch = next(ds.create_tuple_iterator())
     plan = plan_loss_scale(cfg.amp.loss_scale)
-    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), ds.get_dataset_size(),
-                     cfg.trainer.epochs)
+    epochs = max(cfg.trainer.epochs, -(-(rounds * 15 + 1) // ds.get_dataset_size()))  # an lr for every step
+    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), ds.get_dataset_size(), epochs)
 
     def step(jit_level):
         net, _ = apply_policy(create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params),
