@@ -47,6 +47,35 @@ class EpochShuffle:
         return _EpochShuffle(*args, **kwargs)
 
 
+class EpochBatches:
+    """Whole batches from arrays already in memory, in EpochShuffle's order (the same samples in the same
+    batches), for `GeneratorDataset`: one Python call per batch instead of one per sample. A per-sample Python
+    source holds the GIL 32 times a batch while the train step waits; on 2 cores that cost LeNet 13%."""
+
+    def __init__(self, arrays, batch_size: int, split: str, seed: int, start_epoch: int = 0, shard=None,
+                 skip: int = 0):
+        self.arrays, self.batch_size, self.train = arrays, batch_size, split == "train"
+        self.num_shards, self.shard_id = shard if shard else (1, 0)
+        n = len(arrays[0])
+        self.n = n - n % self.num_shards
+        self.seed, self.epoch, self.skip = seed, start_epoch, skip
+
+    def __iter__(self):
+        if self.train:
+            order = np.random.RandomState(self.seed + self.epoch).permutation(self.n)
+            self.epoch += 1
+        else:
+            order = np.arange(self.n)
+        order = order[self.shard_id::self.num_shards][self.skip:]
+        for b in range(len(self)):
+            take = order[b * self.batch_size:(b + 1) * self.batch_size]
+            yield tuple(a[take] for a in self.arrays)
+
+    def __len__(self):
+        samples = self.n // self.num_shards - self.skip
+        return samples // self.batch_size if self.train else -(-samples // self.batch_size)
+
+
 def sampling(n: int, split: str, shard, seed: int, start_epoch: int, skip: int = 0) -> dict:
     """Keyword arguments for a mindspore.dataset source: EpochShuffle for training, file order for test."""
     if split == "train":
