@@ -198,10 +198,12 @@ def write_report(results, out: Path) -> None:
         "before the run (bench/run.py TOLERANCE) from the seed-to-seed spread we expect at that budget.", "",
         parity(results), "",
         "## Ablation: loss scaling", "",
-        "The Transformer at O3 (everything fp16, LayerNorm and Softmax too) with no loss scale against a dynamic "
-        "one: the rows `transformer_base_o2 | O3 | none` and `| O3 | dynamic` above. The mechanism loss scaling "
-        "guards against, gradient values too small for fp16 (below 2^-24) flushing to zero, measured directly "
-        "on one real batch by `python -m bench.underflow` (fp32 gradients as reference, O3 at each scale):", "",
+        "O3 (every Cell fp16, LayerNorm and Softmax too) with no loss scale against a dynamic one, trained: the "
+        "rows `lenet_o3 | O3 | none` / `| O3 | dynamic` and `transformer_base_o2 | O3 | none` / `| O3 | dynamic` "
+        "above, and the Parity table. The mechanism loss scaling guards against, gradient values too small for "
+        "fp16 (below 2^-24) flushing to zero, measured directly on one real batch by `python -m bench.underflow` "
+        "(fp32 gradients as the reference, O3 at each scale; trained weights are the seed-1 O0 run's last "
+        "checkpoint):", "",
         *(underflow_section(out) or ["- not measured (run `python -m bench.underflow recipe=...`)"]), "",
         *speed_sections(out),
         "Command: `python -m bench.run" + (" --quick" if results["matrix"] == "quick" else "") + "`",

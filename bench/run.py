@@ -110,7 +110,8 @@ def side_benchmarks(results, out: Path, quick: bool) -> None:
     jobs += [["bench.pipeline", "recipe=lenet_o2", *(["--blocks", "4"] if quick else [])],
              ["bench.pipeline", "recipe=resnet34_o2", "--blocks", "3" if quick else "5", "--block", "5"],
              ["bench.pipeline", "recipe=transformer_base_o2", "--blocks", "4" if quick else "8", "--block", "10"]]
-    for recipe, o0 in (("lenet_o2", "lenet_o0"), ("transformer_base_o2", "transformer_base_o0")):
+    for recipe, o0 in (("lenet_o2", "lenet_o0"), ("resnet34_o2", "resnet34_o0"),
+                       ("transformer_base_o2", "transformer_base_o0")):
         run = next((r for r in results["runs"] if r["recipe"] == o0 and r["seed"] == 1 and r["status"] == "ok"),
                    None)
         ckpts = sorted((ROOT / run["run_dir"] / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime) \
