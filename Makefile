@@ -30,14 +30,10 @@ test: install
 test-all: install
 	$(PY) -m pytest -q -m "slow or not slow"
 
-$(VENV)/.bench-installed: requirements-bench.txt $(VENV)/.installed
-	$(PY) -m pip install --quiet -r requirements-bench.txt
-	@touch $@
-
-bench: $(VENV)/.bench-installed
+bench: install
 	$(PY) -m bench.run
 
-bench-quick: $(VENV)/.bench-installed
+bench-quick: install
 	$(PY) -m bench.run --quick
 
 clean:

@@ -131,8 +131,10 @@ def plot(results, out: Path) -> list:
             by_family[r["family"]].append(r)
 
     def scalars(run, tag):
-        ea = EventAccumulator(str(ROOT / run["run_dir"] / "tb") if not Path(run["run_dir"]).is_absolute()
-                              else str(Path(run["run_dir"]) / "tb"))
+        tb = ROOT / run["run_dir"] / "tb"  # ROOT / an absolute path is that path
+        if not tb.is_dir():  # raw runs are not committed: a report rebuilt elsewhere has no curves
+            return []
+        ea = EventAccumulator(str(tb))
         ea.Reload()
         return [(e.step, e.value) for e in ea.Scalars(tag)] if tag in ea.Tags()["scalars"] else []
 

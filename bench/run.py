@@ -129,6 +129,12 @@ def side_benchmarks(results, out: Path, quick: bool) -> None:
                 (out / path.name).write_text(path.read_text())
 
 
+def finished(results) -> set:
+    """Runs not to run again: finished, and their run directory still here (a fresh clone has results.json
+    but not the raw runs, which the plots read)."""
+    return {r["id"] for r in results["runs"] if r["status"] == "ok" and (ROOT / r["run_dir"]).exists()}
+
+
 def machine() -> dict:
     import mindspore
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
@@ -145,7 +151,7 @@ def main(argv) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {"runs": []}
-    done = {r["id"] for r in results["runs"] if r["status"] == "ok"}
+    done = finished(results)
     results["runs"] = [r for r in results["runs"] if r["id"] in done]
     results["machine"] = machine()
     results["matrix"] = "quick" if quick else "default"
