@@ -23,56 +23,63 @@ def workers(cfg) -> int:
     return max(1, min(cfg.num_workers, os.cpu_count() or 1))
 
 
+def epoch_order(n: int, seed: int, epoch: int, shard=None, skip: int = 0, shuffle: bool = True) -> np.ndarray:
+    """The sample indices one process trains on in `epoch`: RandomState(seed + epoch).permutation of the n
+    samples (n trimmed to a multiple of the shard count), every k-th of them for shard (k, id), less the first
+    `skip` (already trained on: resume mid-epoch). The same in every process, so a resumed run sees exactly
+    the order the uninterrupted run saw."""
+    num_shards, shard_id = shard if shard else (1, 0)
+    n -= n % num_shards
+    order = np.random.RandomState(seed + epoch).permutation(n) if shuffle else np.arange(n)
+    return order[shard_id::num_shards][skip:]
+
+
+def epoch_length(n: int, shard=None, skip: int = 0) -> int:
+    num_shards = shard[0] if shard else 1
+    return n // num_shards - skip
+
+
 class EpochShuffle:
-    """Training order: epoch e is RandomState(seed + e).permutation, the same in every process, so a run
-    resumed at epoch e sees exactly the data order the uninterrupted run saw. Sharded: every k-th index."""
+    """Training order as a mindspore.dataset Sampler: `epoch_order`, one epoch after another."""
 
     def __new__(cls, *args, **kwargs):  # a mindspore.dataset.Sampler, imported lazily
         import mindspore.dataset as msds
 
         class _EpochShuffle(msds.Sampler):
             def __init__(self, n, seed, start_epoch=0, shard=None, skip=0):
-                self.num_shards, self.shard_id = shard if shard else (1, 0)
-                self.n, self.seed, self.epoch = n - n % self.num_shards, seed, start_epoch
-                self.skip = skip  # samples already trained on: a one-epoch dataset of the rest (resume mid-epoch)
+                self.n, self.seed, self.epoch, self.shard, self.skip = n, seed, start_epoch, shard, skip
                 super().__init__()
 
             def __iter__(self):
-                order = np.random.RandomState(self.seed + self.epoch).permutation(self.n)
+                order = epoch_order(self.n, self.seed, self.epoch, self.shard, self.skip)
                 self.epoch += 1
-                return iter(order[self.shard_id::self.num_shards][self.skip:].tolist())
+                return iter(order.tolist())
 
             def __len__(self):
-                return self.n // self.num_shards - self.skip
+                return epoch_length(self.n, self.shard, self.skip)
         return _EpochShuffle(*args, **kwargs)
 
 
 class EpochBatches:
-    """Whole batches from arrays already in memory, in EpochShuffle's order (the same samples in the same
-    batches), for `GeneratorDataset`: one Python call per batch instead of one per sample. A per-sample Python
-    source holds the GIL 32 times a batch while the train step waits; on 2 cores that cost LeNet 13%."""
+    """Whole batches from arrays already in memory, in `epoch_order` (the same samples in the same batches as
+    EpochShuffle plus batch), for `GeneratorDataset`: one Python call per batch instead of one per sample. A
+    per-sample Python source holds the GIL 32 times a batch while the train step waits; on 2 cores that cost
+    LeNet 13%. Test split: file order, last batch kept."""
 
     def __init__(self, arrays, batch_size: int, split: str, seed: int, start_epoch: int = 0, shard=None,
                  skip: int = 0):
         self.arrays, self.batch_size, self.train = arrays, batch_size, split == "train"
-        self.num_shards, self.shard_id = shard if shard else (1, 0)
-        n = len(arrays[0])
-        self.n = n - n % self.num_shards
-        self.seed, self.epoch, self.skip = seed, start_epoch, skip
+        self.seed, self.epoch, self.shard, self.skip = seed, start_epoch, shard, skip
 
     def __iter__(self):
-        if self.train:
-            order = np.random.RandomState(self.seed + self.epoch).permutation(self.n)
-            self.epoch += 1
-        else:
-            order = np.arange(self.n)
-        order = order[self.shard_id::self.num_shards][self.skip:]
+        order = epoch_order(len(self.arrays[0]), self.seed, self.epoch, self.shard, self.skip, shuffle=self.train)
+        self.epoch += self.train
         for b in range(len(self)):
             take = order[b * self.batch_size:(b + 1) * self.batch_size]
             yield tuple(a[take] for a in self.arrays)
 
     def __len__(self):
-        samples = self.n // self.num_shards - self.skip
+        samples = epoch_length(len(self.arrays[0]), self.shard, self.skip)
         return samples // self.batch_size if self.train else -(-samples // self.batch_size)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data import EpochBatches, register_dataset, sampling, workers
+from data import EpochBatches, epoch_length, register_dataset, sampling, workers
 from zoo.config import ConfigError
 
 IDX_FILES = {
@@ -55,13 +55,13 @@ def check_idx_folder(path: Path, split: str) -> None:
                               f"expected {IDX_MAGIC[kind]}")
 
 
-def transforms(cfg) -> list:
+def transforms(image_size: int, channels: int, mean, std) -> list:
     import mindspore.dataset.vision as V
 
-    mean = [m * 255 for m in (cfg.mean or [0.1307])]
-    std = [s * 255 for s in (cfg.std or [0.3081])]
-    ops = [V.Resize((cfg.image_size, cfg.image_size))]
-    if cfg.channels == 3:  # grey digits for a 3-channel network (the ResNet smoke runs)
+    mean = [m * 255 for m in (mean or [0.1307])]
+    std = [s * 255 for s in (std or [0.3081])]
+    ops = [V.Resize((image_size, image_size))]
+    if channels == 3:  # grey digits for a 3-channel network (the ResNet smoke runs)
         ops.append(V.ConvertColor(V.ConvertMode.COLOR_GRAY2RGB))
         mean, std = mean * 3, std * 3
     return ops + [V.Normalize(mean=mean, std=std), V.HWC2CHW()]
@@ -71,7 +71,8 @@ def image_pipeline(ds, cfg, split: str, batch_size: int):
     import mindspore.dataset.transforms as T
     from mindspore import dtype as mstype
 
-    ds = ds.map(operations=transforms(cfg), input_columns="image", num_parallel_workers=workers(cfg))
+    ds = ds.map(operations=transforms(cfg.image_size, cfg.channels, cfg.mean, cfg.std), input_columns="image",
+                num_parallel_workers=workers(cfg))
     ds = ds.map(operations=T.TypeCast(mstype.int32), input_columns="label")
     return ds.batch(batch_size, drop_remainder=(split == "train"))
 
@@ -82,12 +83,10 @@ def preprocessed_embedded(split: str, test_fraction: float, image_size: int, cha
     idx pipeline runs per epoch: 4,000 images are 16 MB as 32x32 fp32, and per-image work every epoch cost
     13-15% of LeNet's training throughput on 2 cores (bench.pipeline)."""
     import mindspore.dataset as msds
-    from omegaconf import OmegaConf
 
     images, labels = load_embedded_mnist(split, test_fraction)
-    cfg = OmegaConf.create({"image_size": image_size, "channels": channels, "mean": list(mean) if mean else None,
-                            "std": list(std) if std else None})
-    ds = msds.NumpySlicesDataset({"image": images}, shuffle=False).map(transforms(cfg), input_columns="image")
+    ops = transforms(image_size, channels, list(mean), list(std))
+    ds = msds.NumpySlicesDataset({"image": images}, shuffle=False).map(ops, input_columns="image")
     return next(ds.batch(len(labels)).create_tuple_iterator(output_numpy=True))[0], labels
 
 
@@ -101,10 +100,9 @@ def mnist(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     if cfg.path is None:  # transforms already applied (preprocessed_embedded)
         images, labels = preprocessed_embedded(split, cfg.test_fraction, cfg.image_size, cfg.channels,
                                                tuple(cfg.mean or ()), tuple(cfg.std or ()))
-        if train and len(labels) // (shard[0] if shard else 1) < batch_size:
-            raise ConfigError(f"dataset.batch_size={batch_size} is larger than the "
-                              f"{len(labels) // (shard[0] if shard else 1)} training images of this shard; "
-                              f"use at most {len(labels) // (shard[0] if shard else 1)}")
+        if train and epoch_length(len(labels), shard) < batch_size:
+            raise ConfigError(f"dataset.batch_size={batch_size} is larger than the {epoch_length(len(labels), shard)} "
+                              f"training images of this shard; use at most {epoch_length(len(labels), shard)}")
         return msds.GeneratorDataset(EpochBatches((images, labels), batch_size, split, seed, start_epoch, shard,
                                                   skip_batches * cfg.batch_size),
                                      column_names=["image", "label"], shuffle=False)
