@@ -69,7 +69,7 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         self.skip_on_overflow = plan.skip_on_overflow
         self.sens = plan.scale
         self.no_overflow = Tensor(False)
-        self.use_all_finite = device == "CPU"
+        self.on_cpu = device == "CPU"  # MindSpore's overflow check is NPU/GPU-only
         self.min_scale = Tensor(plan.min_scale, mstype.float32)
         zero = lambda: Tensor(0, mstype.int32)  # noqa: E731
         self.amp_steps = Parameter(zero(), name="amp_steps", requires_grad=False)
@@ -83,7 +83,7 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         self.amp_nonfinite_updates = Parameter(zero(), name="amp_nonfinite_updates", requires_grad=False)
 
     def overflow_of(self, grads):
-        if self.use_all_finite:
+        if self.on_cpu:
             overflow = ops.logical_not(finite_sum(grads))
             if self.is_distributed:
                 overflow = ops.cast(self.allreduce(ops.cast(overflow, mstype.float32)), mstype.bool_)
@@ -133,9 +133,10 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
     def telemetry(self) -> dict:
         """Host-side snapshot of the in-graph counters and the current scale. Without skipping, it first checks
         the weights: non-finite weights mean a non-finite update was applied since the last check."""
-        if not self.skip_on_overflow and not int(self.amp_nonfinite_updates.asnumpy()) and not self.weights_finite():
-            self.amp_nonfinite_updates.set_data(Tensor(1, mstype.int32))
         out = {name: int(getattr(self, name).asnumpy()) for name in TELEMETRY}
+        if not self.skip_on_overflow and not out["amp_nonfinite_updates"] and not self.weights_finite():
+            self.amp_nonfinite_updates.set_data(Tensor(1, mstype.int32))
+            out["amp_nonfinite_updates"] = 1
         out["loss_scale"] = float(self.scale_sense.asnumpy().reshape(()))
         return out
 

@@ -65,17 +65,18 @@ def summarise(rows: List[Tuple[str, str, float]], dtypes: Dict[str, str], steps:
     total = sum(t for _, _, t in rows) or 1e-12
     for scope, op_type, ms in rows:
         path = cell_path(scope)
-        if path is None:
-            group, path = "outside the network (loss, optimizer, loss scaling)", "-"
-        else:
+        if path is not None:  # the nearest Cell the precision report knows
             while path and path not in dtypes:
                 path = path.rpartition(".")[0]
             path = path or "(root)"
-            group = "Cast" if op_type == "Cast" else f"{dtypes.get(path, 'float32')} Cells"
         if op_type == "Cast":
             group = "Cast"
+        elif path is None:
+            group = "outside the network (loss, optimizer, loss scaling)"
+        else:
+            group = f"{dtypes.get(path, 'float32')} Cells"
         by_class[group] += ms
-        slow[(op_type, path, group)] += ms
+        slow[(op_type, path or "-", group)] += ms
     top = sorted(slow.items(), key=lambda kv: -kv[1])[:15]
     return {
         "steps": steps, "total_ms_per_step": total / max(steps, 1),
