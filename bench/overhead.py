@@ -15,7 +15,6 @@ Pairing block by block matters on a shared 2-core machine: whole runs a minute a
 for the same code, and single epochs by 10%. Bare MindSpore accepts only a fixed loss scale without overflow
 skipping (or none) on CPU, so the recipe must use one of those.
 """
-import json
 import random
 import statistics
 import sys
@@ -50,7 +49,8 @@ class BareBlocks(Callback):
     def __init__(self, cfg, block: int):
         from data import create_dataset
 
-        self.bare, self.bare2 = bare_model(cfg), bare_model(cfg)
+        steps_per_epoch = create_dataset(cfg.dataset, "train").get_dataset_size()
+        self.bare, self.bare2 = bare_model(cfg, steps_per_epoch), bare_model(cfg, steps_per_epoch)
         self.data = {id(m): create_dataset(cfg.dataset, "train", seed=cfg.runtime.seed).take(block)
                      for m in (self.bare, self.bare2)}  # MindSpore wants one dataset per Model
         self.block = block
@@ -79,7 +79,7 @@ class BareBlocks(Callback):
         self.last = time.perf_counter()
 
 
-def bare_model(cfg):
+def bare_model(cfg, steps_per_epoch: int):
     import mindspore.nn as nn
     from mindspore.amp import FixedLossScaleManager
     from mindspore.train import Model
@@ -90,7 +90,8 @@ def bare_model(cfg):
     ls = cfg.amp.loss_scale
     scale = float(ls.scale) if ls.type.value == "fixed" else 1.0
     net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
-    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), 125, cfg.trainer.epochs)
+    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch,
+                     cfg.trainer.epochs)  # as many steps as ours: the bare Models run one block per block of ours
     opt = create_optimizer(net.trainable_params(), cfg.optimizer, lr, scale)
     manager = FixedLossScaleManager(scale, drop_overflow_update=False) if ls.type.value == "fixed" else None
     return Model(net, nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing), opt,
@@ -112,13 +113,11 @@ def bootstrap_ci(ratios, n=2000, seed=0):
 def main(argv) -> dict:
     import mindspore as ms
 
+    from bench.common import pop_option, save_result
     from train import train
     from zoo.config import check_command_line, compose, fail
 
-    block = 25
-    if "--block" in argv:
-        i = argv.index("--block")
-        block, argv = int(argv[i + 1]), argv[:i] + argv[i + 2:]
+    block, argv = pop_option(argv, "--block", 25)
     check_command_line(argv)
     cfg = compose([*argv, "logger.progress_bar=false"])
     ls = cfg.amp.loss_scale
@@ -142,9 +141,7 @@ def main(argv) -> dict:
           f"{result['bare_step_ms']:.2f} ms/step, {len(ratios)} interleaved blocks of {block} steps: overhead "
           f"{pct(ratio)} (95% CI {pct(low)} to {pct(high)}); bare against bare (noise floor) {pct(aa)} "
           f"({pct(aa_low)} to {pct(aa_high)})")
-    out = Path(__file__).resolve().parent / "results" / f"overhead-{cfg.recipe_name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    save_result(f"overhead-{cfg.recipe_name}", result)
     return result
 
 

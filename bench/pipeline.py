@@ -15,46 +15,26 @@ from zoo.runtime import cap_onednn_isa, quiet_mindspore
 cap_onednn_isa()  # before MindSpore is imported
 quiet_mindspore()
 
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-
-def option(argv, name, default):
-    if name in argv:
-        i = argv.index(name)
-        return int(argv[i + 1]), argv[:i] + argv[i + 2:]
-    return default, argv
 
 
 def main(argv) -> dict:
     import mindspore as ms
 
-    from amp.loss_scale import AmpTrainStep, plan_loss_scale
-    from amp.policy import apply_policy
+    from bench.common import pop_option, save_result, train_step
     from data import create_dataset
-    from models import create_model
     from zoo.config import apply_smoke, check_command_line, compose
-    from zoo.metrics import NetWithLoss, create_loss
-    from zoo.optim import create_optimizer, lr_schedule, scaled_lr
 
-    blocks, argv = option(argv, "--blocks", 12)
-    block, argv = option(argv, "--block", 20)
+    blocks, argv = pop_option(argv, "--blocks", 12)
+    block, argv = pop_option(argv, "--block", 20)
     check_command_line(argv)
     cfg, _ = apply_smoke(compose(argv))
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    net, _ = apply_policy(create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params),
-                          cfg.amp)
     ds = create_dataset(cfg.dataset, "train", seed=cfg.runtime.seed)
-    plan = plan_loss_scale(cfg.amp.loss_scale)
-    epochs = max(cfg.trainer.epochs, -(-(2 * blocks * block + block + 1) // ds.get_dataset_size()))  # an lr for every step
-    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), ds.get_dataset_size(), epochs)
-    optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
-    step = AmpTrainStep(NetWithLoss(net, create_loss(cfg.trainer)), optimizer, plan, "CPU")
-    step.set_train()
+    step = train_step(cfg, ds.get_dataset_size(), 2 * blocks * block + block + 1)
     stream = [ds.create_tuple_iterator()]
 
     def next_batch():  # epoch after epoch, as Model.train iterates
@@ -97,9 +77,7 @@ def main(argv) -> dict:
     print(f"{cfg.recipe_name}: {result['steps_per_s_pipeline']:.1f} steps/s from the pipeline, "
           f"{result['steps_per_s_memory']:.1f} from memory: efficiency {100 * result['efficiency']:.1f}% "
           f"({verdict} the 97% target){why}")
-    out = Path(__file__).resolve().parent / "results" / f"pipeline-{cfg.recipe_name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    save_result(f"pipeline-{cfg.recipe_name}", result)
     return result
 
 

@@ -14,45 +14,29 @@ from zoo.runtime import cap_onednn_isa, quiet_mindspore
 cap_onednn_isa()  # before MindSpore is imported
 quiet_mindspore()
 
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 
 def main(argv) -> dict:
     import mindspore as ms
     from mindspore import JitConfig
 
-    from amp.loss_scale import AmpTrainStep, plan_loss_scale
-    from amp.policy import apply_policy
+    from bench.common import pop_option, save_result, train_step
     from data import create_dataset
-    from models import create_model
     from zoo.config import apply_smoke, check_command_line, compose
-    from zoo.metrics import NetWithLoss, create_loss
-    from zoo.optim import create_optimizer, lr_schedule, scaled_lr
 
-    rounds = 30
-    if "--rounds" in argv:
-        i = argv.index("--rounds")
-        rounds, argv = int(argv[i + 1]), argv[:i] + argv[i + 2:]
+    rounds, argv = pop_option(argv, "--rounds", 30)
     check_command_line(argv)
     cfg, _ = apply_smoke(compose(argv))
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     ds = create_dataset(cfg.dataset, "train", seed=cfg.runtime.seed)
     batch = next(ds.create_tuple_iterator())
-    plan = plan_loss_scale(cfg.amp.loss_scale)
-    epochs = max(cfg.trainer.epochs, -(-(rounds * 15 + 1) // ds.get_dataset_size()))  # an lr for every step
-    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), ds.get_dataset_size(), epochs)
 
     def step(jit_level):
-        net, _ = apply_policy(create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params),
-                              cfg.amp)
-        opt = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
-        cell = AmpTrainStep(NetWithLoss(net, create_loss(cfg.trainer)), opt, plan, "CPU")
-        cell.set_train()
+        cell = train_step(cfg, ds.get_dataset_size(), rounds * 15 + 1)
         if jit_level:
             cell.set_jit_config(JitConfig(jit_level=jit_level))
         t0 = time.perf_counter()
@@ -78,9 +62,7 @@ def main(argv) -> dict:
                                     "compile_s": compile_s[name]}
         print(f"{cfg.recipe_name} {name:13s}: {statistics.median(ts):.2f} ms/step, {ratio:.3f}x the default "
               f"(compile {compile_s[name]:.1f} s)")
-    out = Path(__file__).resolve().parent / "results" / f"settings-{cfg.recipe_name}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    save_result(f"settings-{cfg.recipe_name}", result)
     return result
 
 

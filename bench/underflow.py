@@ -15,7 +15,6 @@ from zoo.runtime import cap_onednn_isa, quiet_mindspore
 cap_onednn_isa()  # before MindSpore is imported
 quiet_mindspore()
 
-import json  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -46,18 +45,14 @@ def gradients(cfg, level: str, scale: float, params, batch) -> dict:
 def main(argv) -> dict:
     import mindspore as ms
 
+    from bench.common import pop_option, save_result
     from data import create_dataset
     from models import create_model
     from zoo.config import apply_smoke, check_command_line, compose
 
-    scales = [1.0, 1024.0, 65536.0]
-    if "--scales" in argv:
-        i = argv.index("--scales")
-        scales, argv = [float(s) for s in argv[i + 1].split(",")], argv[:i] + argv[i + 2:]
-    checkpoint = None
-    if "--checkpoint" in argv:
-        i = argv.index("--checkpoint")
-        checkpoint, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+    scales, argv = pop_option(argv, "--scales", [1.0, 1024.0, 65536.0],
+                              lambda v: [float(x) for x in v.split(",")])
+    checkpoint, argv = pop_option(argv, "--checkpoint", None, str)
     check_command_line(argv)
     cfg, _ = apply_smoke(compose(argv))
     ms.set_device("CPU")
@@ -87,10 +82,7 @@ def main(argv) -> dict:
         print(f"{cfg.recipe_name} O3 ({'trained' if checkpoint else 'initial'} weights), loss scale {scale:g}: {100 * zeroed / total:.2f}% of the non-zero fp32 gradient "
               f"values come back as 0; relative error {err:.3g}{'' if finite else ' (inf/NaN: overflow)'}")
     result = {"recipe": cfg.recipe_name, "weights": checkpoint or "initial", "values": total, "rows": rows}
-    name = f"underflow-{cfg.recipe_name}{'-trained' if checkpoint else ''}.json"
-    out = Path(__file__).resolve().parent / "results" / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    save_result(f"underflow-{cfg.recipe_name}{'-trained' if checkpoint else ''}", result)
     return result
 
 

@@ -1,0 +1,47 @@
+"""What the single-process benchmarks share: their own command-line options, the recipe's train step, and
+where their JSON goes (bench/results/<name>.json; bench.run copies it next to its results.json)."""
+import json
+from pathlib import Path
+from typing import Callable, List, Tuple
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def pop_option(argv: List[str], name: str, default, convert: Callable = int) -> Tuple[object, List[str]]:
+    """`--name VALUE` taken out of argv (the rest are Hydra overrides); a missing or bad value is one error line."""
+    from zoo.config import fail
+
+    if name not in argv:
+        return default, argv
+    i = argv.index(name)
+    try:
+        return convert(argv[i + 1]), argv[:i] + argv[i + 2:]
+    except (IndexError, ValueError):
+        fail(f"{name} needs a value like {default!r}; got {argv[i + 1] if i + 1 < len(argv) else 'nothing'}")
+
+
+def train_step(cfg, steps_per_epoch: int, steps: int):
+    """The driver's AmpTrainStep for the recipe (network under its policy, loss scale, optimizer), with a
+    learning rate for each of `steps` steps; set to train."""
+    from amp.loss_scale import AmpTrainStep, plan_loss_scale
+    from amp.policy import apply_policy
+    from models import create_model
+    from zoo.metrics import NetWithLoss, create_loss
+    from zoo.optim import create_optimizer, lr_schedule, scaled_lr
+
+    net, _ = apply_policy(create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params),
+                          cfg.amp)
+    plan = plan_loss_scale(cfg.amp.loss_scale)
+    epochs = max(cfg.trainer.epochs, -(-steps // steps_per_epoch))
+    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch, epochs)
+    optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
+    step = AmpTrainStep(NetWithLoss(net, create_loss(cfg.trainer)), optimizer, plan, "CPU")
+    step.set_train()
+    return step
+
+
+def save_result(name: str, result: dict) -> Path:
+    out = RESULTS / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    return out
