@@ -123,6 +123,34 @@ def encode_pairs(cfg, split: str):
     return out, pairs, sp
 
 
+def bucket_of(example, buckets) -> int:
+    return next(b for b in buckets if max(len(example[0]), len(example[1])) <= b)
+
+
+def make_batches(examples, buckets, max_tokens: int, batch_size: int, train: bool):
+    """Fixed batches, each padded to its length bucket: a few static shapes, so graph mode compiles once per
+    bucket. With max_tokens > 0 (fairseq's --max-tokens) a bucket of length L holds max_tokens // L sentences
+    per batch, so every batch carries about the same number of (padded) tokens; otherwise batch_size sentences.
+    Training: each bucket shuffled once (seed 0) and partial batches dropped; composition is fixed, and the
+    sampler shuffles batch order every epoch (as fairseq's length-sorted batches). Test: file order within a
+    bucket, nothing dropped."""
+    by_bucket = {b: [] for b in buckets}
+    for ex in examples:
+        by_bucket[bucket_of(ex, buckets)].append(ex)
+    rng = np.random.RandomState(0)
+    batches = []
+    for length, bucket in by_bucket.items():
+        if train:
+            bucket = [bucket[i] for i in rng.permutation(len(bucket))]
+        size = max(1, max_tokens // length) if max_tokens > 0 else batch_size
+        for i in range(0, len(bucket), size):
+            chunk = bucket[i:i + size]
+            if train and len(chunk) < size:
+                continue
+            batches.append(tuple(np.stack([np.pad(x, (0, length - len(x))) for x in column]) for column in zip(*chunk)))
+    return batches
+
+
 @register_dataset("translation")
 def translation(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
@@ -135,24 +163,13 @@ def translation(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0
     examples, _, _ = encode_pairs(cfg, split)
     train = split == "train"
     batch_size = cfg.batch_size if train else cfg.eval_batch_size
-    if train and len(examples) < batch_size:
+    if train and cfg.max_tokens <= 0 and len(examples) < batch_size:
         raise ConfigError(f"dataset.batch_size={batch_size} is larger than the {len(examples)} training pairs; "
                           f"use at most {len(examples)}")
-    # Fixed batches, each padded to its bucket's length: a few static shapes. Batch order is shuffled every
-    # epoch; batch composition is fixed (as fairseq's length-sorted batches are).
-    by_bucket = {b: [] for b in buckets}
-    for ex in examples:
-        by_bucket[next(b for b in buckets if max(len(ex[0]), len(ex[1])) <= b)].append(ex)
-    rng = np.random.RandomState(0)
-    batches = []
-    for length, bucket in by_bucket.items():
-        if train:
-            bucket = [bucket[i] for i in rng.permutation(len(bucket))]
-        for i in range(0, len(bucket), batch_size):
-            chunk = bucket[i:i + batch_size]
-            if train and len(chunk) < batch_size:
-                continue
-            batches.append(tuple(np.stack([np.pad(x, (0, length - len(x))) for x in column]) for column in zip(*chunk)))
+    if train and 0 < cfg.max_tokens < buckets[-1]:
+        raise ConfigError(f"dataset.max_tokens={cfg.max_tokens} cannot hold one sentence of the longest bucket "
+                          f"({buckets[-1]} tokens); use at least {buckets[-1]}, or 0 for dataset.batch_size sentences")
+    batches = make_batches(examples, buckets, cfg.max_tokens if train else 0, batch_size, train)
     return msds.GeneratorDataset(batches, column_names=["src", "tgt_in", "tgt_out"],
                                  **sampling(len(batches), split, shard, seed, start_epoch, skip_batches))
 

@@ -6,7 +6,17 @@ and under O2 all of its attention runs in fp16. Here Softmax, LayerNorm and the 
 [BatchMatMul]` puts the attention matmuls in fp16 at O1.
 
 Shared source/target embeddings (a joint subword vocabulary), tied to the output projection; sinusoidal
-positions; post-norm as in the paper, or pre-norm (`norm_first`). Token id 0 is padding.
+positions; post-norm as in the paper, or pre-norm (`norm_first`). Token id 0 is padding. Dropout as in
+fairseq: `dropout` on embeddings and sublayer outputs, `attention_dropout` on attention weights and
+`activation_dropout` after the FFN's ReLU (0 by default, as fairseq's).
+
+Speed (bench/transformer_speed.py measured each choice on a CPU step): every matmul is 2-D (a 3-D activation
+times a 2-D weight makes MindSpore broadcast the weight to every sentence, and reduce it again in the
+backward); self-attention projects Q, K and V in one matmul; masks are additive biases built once.
+
+Decoding (`zoo/translate.py`) runs `decode_step`: one target position per call, with the keys and values of
+earlier positions in a fixed-shape cache (layers, 2, rows, heads, max_len, head dim), so graph mode compiles
+once per source shape, and only the top candidates of the last position leave the device.
 """
 import math
 
@@ -21,7 +31,7 @@ from mindspore.common.initializer import Normal, XavierUniform
 from amp.names import register_cell
 from models import register_model
 
-PAD = 0
+PAD, BOS = 0, 2
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
 
 
@@ -37,40 +47,138 @@ class BatchMatMul(nn.Cell):
         return self.op(a, b)
 
 
-def dense(d_in, d_out):
-    return nn.Dense(d_in, d_out, weight_init=XavierUniform())
+def row_sum(x):
+    """Sum over all leading axes as a matmul with ones: 2.4x faster than ReduceSum/BiasAddGrad on this CPU."""
+    x = x.reshape(-1, x.shape[-1])
+    return ops.matmul(ops.ones((1, x.shape[0]), x.dtype), x).reshape(-1)
+
+
+class AffineFunction(nn.Cell):
+    """x @ w.T + b with its backward written out (weights come in as inputs, so the Cell holding them keeps
+    them): the bias gradient as a matmul instead of MindSpore's BiasAddGrad."""
+
+    def __init__(self):
+        super().__init__()
+        self.matmul, self.bias_add = ops.MatMul(transpose_b=True), ops.BiasAdd()
+        self.matmul_nn, self.matmul_tn = ops.MatMul(), ops.MatMul(transpose_a=True)
+
+    def construct(self, x, w, b):
+        return self.bias_add(self.matmul(x, w), b)
+
+    def bprop(self, x, w, b, out, dout):
+        return self.matmul_nn(dout, w), self.matmul_tn(dout, x), row_sum(dout)
+
+
+class Dense(nn.Dense):
+    """nn.Dense (a subclass: keep-lists naming Dense reach it; same parameters) as one 2-D affine map."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__(d_in, d_out, weight_init=XavierUniform())
+        self.affine = AffineFunction()
+
+    def construct(self, x):
+        y = self.affine(x.reshape(-1, self.in_channels), ops.cast(self.weight, x.dtype), ops.cast(self.bias, x.dtype))
+        return y.reshape(x.shape[:-1] + (self.out_channels,))
+
+
+class NormFunction(nn.Cell):
+    """(x - mean) / std * gamma + beta over the last axis: MindSpore's LayerNorm kernel forward, the backward
+    written out. Its CPU LayerNormGrad kernel took ~23 ms per call at 4,096 x 128, and a Transformer-Tiny step
+    has 20 of them (bench/transformer_parts.py)."""
+
+    def __init__(self, epsilon: float):
+        super().__init__()
+        self.epsilon = epsilon
+        self.norm = ops.LayerNorm(-1, -1, epsilon)
+
+    def construct(self, x, gamma, beta):
+        return self.norm(x, gamma, beta)  # (y, mean, variance)
+
+    def bprop(self, x, gamma, beta, out, dout):
+        g, inv_std = dout[0], ops.rsqrt(out[2] + self.epsilon)
+        x_hat = (x - out[1]) * inv_std
+        dx_hat = g * gamma
+        dx = inv_std * (dx_hat - dx_hat.mean(-1, keep_dims=True) - x_hat * (dx_hat * x_hat).mean(-1, keep_dims=True))
+        return dx, row_sum(g * x_hat), row_sum(g)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm over the last axis through NormFunction: still a LayerNorm for keep-lists (a subclass),
+    with the same parameters (gamma, beta)."""
+
+    def __init__(self, d_model: int, epsilon: float = 1e-5):
+        super().__init__((d_model,), epsilon=epsilon)
+        self.function = NormFunction(epsilon)
+
+    def construct(self, x):
+        return self.function(x, ops.cast(self.gamma, x.dtype), ops.cast(self.beta, x.dtype))[0]
+
+
+class Dropout(nn.Cell):
+    """nn.Dropout that is not in the graph at all when p is 0."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+        self.drop = nn.Dropout(p=p) if p > 0 else None
+
+    def construct(self, x):
+        if self.p > 0:  # a Python constant: the graph holds one branch
+            return self.drop(x)
+        return x
 
 
 @register_cell
 class MultiHeadAttention(nn.Cell):
-    def __init__(self, d_model: int, heads: int, dropout: float):
+    """Self-attention projects Q, K, V in one matmul (`qkv`); cross-attention Q alone and K, V together (`kv`)."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float, self_attention: bool = True):
         super().__init__()
-        self.h, self.dh = heads, d_model // heads
+        self.h, self.dh, self.self_attention = heads, d_model // heads, self_attention
         self.scale = 1.0 / math.sqrt(self.dh)
-        self.q, self.k, self.v, self.o = (dense(d_model, d_model) for _ in range(4))
+        if self_attention:
+            self.qkv = Dense(d_model, 3 * d_model)
+        else:
+            self.q, self.kv = Dense(d_model, d_model), Dense(d_model, 2 * d_model)
+        self.o = Dense(d_model, d_model)
         self.scores = BatchMatMul(transpose_b=True)
         self.context = BatchMatMul()
         self.softmax = nn.Softmax(axis=-1)
-        self.dropout = nn.Dropout(p=dropout)
+        self.dropout = Dropout(dropout)
 
-    def split(self, x):
+    def heads(self, x, parts):
+        """(B, T, parts*d) -> parts x (B, h, T, dh). ops.split, not slicing a head-major tensor: MindSpore's
+        CPU StridedSlice made that 2.3x slower."""
         b, t, _ = x.shape
-        return x.reshape(b, t, self.h, self.dh).transpose(0, 2, 1, 3)
+        split = ops.split(x, self.h * self.dh, -1) if parts > 1 else (x,)
+        out = tuple(y.reshape(b, t, self.h, self.dh).transpose(0, 2, 1, 3) for y in split)
+        return out if parts > 1 else out[0]
 
-    def construct(self, x, memory, bias):
-        b, t, d = x.shape
-        q, k, v = self.split(self.q(x)), self.split(self.k(memory)), self.split(self.v(memory))
+    def project_kv(self, memory):
+        """Cross-attention keys and values of the encoder output: (2, B, h, S, dh), once per sentence."""
+        return ops.stack(self.heads(self.kv(memory), 2))
+
+    def attend(self, q, k, v, bias):
         scores = self.scores(q, k) * self.scale + ops.cast(bias, q.dtype)
         probs = self.dropout(self.softmax(scores))
-        out = self.context(ops.cast(probs, v.dtype), v).transpose(0, 2, 1, 3).reshape(b, t, d)
+        b, _, t, _ = q.shape
+        out = self.context(ops.cast(probs, v.dtype), v).transpose(0, 2, 1, 3).reshape(b, t, self.h * self.dh)
         return self.o(out)
+
+    def construct(self, x, memory, bias):
+        if self.self_attention:
+            q, k, v = self.heads(self.qkv(x), 3)
+        else:
+            q = self.heads(self.q(x), 1)
+            k, v = self.heads(self.kv(memory), 2)
+        return self.attend(q, k, v, bias)
 
 
 class FeedForward(nn.Cell):
-    def __init__(self, d_model, ffn, dropout):
+    def __init__(self, d_model, ffn, activation_dropout):
         super().__init__()
-        self.fc1, self.fc2 = dense(d_model, ffn), dense(ffn, d_model)
-        self.relu, self.dropout = nn.ReLU(), nn.Dropout(p=dropout)
+        self.fc1, self.fc2 = Dense(d_model, ffn), Dense(ffn, d_model)
+        self.relu, self.dropout = nn.ReLU(), Dropout(activation_dropout)
 
     def construct(self, x):
         return self.fc2(self.dropout(self.relu(self.fc1(x))))
@@ -81,44 +189,54 @@ class Sublayer(nn.Cell):
 
     def __init__(self, d_model, dropout, norm_first):
         super().__init__()
-        self.norm = nn.LayerNorm((d_model,), epsilon=1e-6)
-        self.dropout = nn.Dropout(p=dropout)
+        self.norm = LayerNorm(d_model)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def construct(self, x, fx):
         return x + self.dropout(fx) if self.norm_first else self.norm(x + self.dropout(fx))
 
+    def pre(self, x):
+        return self.norm(x) if self.norm_first else x
+
 
 class EncoderLayer(nn.Cell):
-    def __init__(self, d_model, heads, ffn, dropout, norm_first):
+    def __init__(self, d_model, heads, ffn, dropout, attention_dropout, activation_dropout, norm_first):
         super().__init__()
-        self.attn, self.ff = MultiHeadAttention(d_model, heads, dropout), FeedForward(d_model, ffn, dropout)
+        self.attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.ff = FeedForward(d_model, ffn, activation_dropout)
         self.res1, self.res2 = Sublayer(d_model, dropout, norm_first), Sublayer(d_model, dropout, norm_first)
-        self.norm_first = norm_first
 
     def construct(self, x, src_bias):
-        h = self.res1.norm(x) if self.norm_first else x
+        h = self.res1.pre(x)
         x = self.res1(x, self.attn(h, h, src_bias))
-        h = self.res2.norm(x) if self.norm_first else x
-        return self.res2(x, self.ff(h))
+        return self.res2(x, self.ff(self.res2.pre(x)))
 
 
 class DecoderLayer(nn.Cell):
-    def __init__(self, d_model, heads, ffn, dropout, norm_first):
+    def __init__(self, d_model, heads, ffn, dropout, attention_dropout, activation_dropout, norm_first):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, heads, dropout)
-        self.cross_attn = MultiHeadAttention(d_model, heads, dropout)
-        self.ff = FeedForward(d_model, ffn, dropout)
+        self.self_attn = MultiHeadAttention(d_model, heads, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, heads, attention_dropout, self_attention=False)
+        self.ff = FeedForward(d_model, ffn, activation_dropout)
         self.res1, self.res2, self.res3 = (Sublayer(d_model, dropout, norm_first) for _ in range(3))
-        self.norm_first = norm_first
 
     def construct(self, x, memory, tgt_bias, src_bias):
-        h = self.res1.norm(x) if self.norm_first else x
+        h = self.res1.pre(x)
         x = self.res1(x, self.self_attn(h, h, tgt_bias))
-        h = self.res2.norm(x) if self.norm_first else x
-        x = self.res2(x, self.cross_attn(h, memory, src_bias))
-        h = self.res3.norm(x) if self.norm_first else x
-        return self.res3(x, self.ff(h))
+        x = self.res2(x, self.cross_attn(self.res2.pre(x), memory, src_bias))
+        return self.res3(x, self.ff(self.res3.pre(x)))
+
+    def step(self, x, cache, cross_kv, self_bias, src_bias, at_t):
+        """One position x (B, 1, d) against the cache of earlier positions; returns (x, updated cache).
+        cache (2, B, h, max_len, dh); at_t (1, 1, max_len, 1) is 1 at this position, 0 elsewhere."""
+        h = self.res1.pre(x)
+        q, k, v = self.self_attn.heads(self.self_attn.qkv(h), 3)
+        cache = cache * (1 - at_t) + ops.stack([k, v]) * at_t  # write this position's key and value
+        x = self.res1(x, self.self_attn.attend(q, cache[0], cache[1], self_bias))
+        q = self.cross_attn.heads(self.cross_attn.q(self.res2.pre(x)), 1)
+        x = self.res2(x, self.cross_attn.attend(q, cross_kv[0], cross_kv[1], src_bias))
+        return self.res3(x, self.ff(self.res3.pre(x))), cache
 
 
 def sinusoids(length: int, d_model: int) -> np.ndarray:
@@ -132,54 +250,93 @@ def sinusoids(length: int, d_model: int) -> np.ndarray:
 
 class Transformer(nn.Cell):
     def __init__(self, vocab_size, d_model=512, heads=8, ffn=2048, encoder_layers=6, decoder_layers=6,
-                 dropout=0.1, norm_first=False, max_len=256):
+                 dropout=0.1, norm_first=False, max_len=256, attention_dropout=0.0, activation_dropout=0.0):
         super().__init__()
-        self.d_model = d_model
+        self.d_model, self.heads, self.max_len = d_model, heads, max_len
         self.embed = nn.Embedding(vocab_size, d_model, embedding_table=Normal(d_model ** -0.5), padding_idx=PAD)
         self.positions = Tensor(sinusoids(max_len, d_model))
-        self.dropout = nn.Dropout(p=dropout)
-        self.encoder = nn.CellList([EncoderLayer(d_model, heads, ffn, dropout, norm_first)
-                                    for _ in range(encoder_layers)])
-        self.decoder = nn.CellList([DecoderLayer(d_model, heads, ffn, dropout, norm_first)
-                                    for _ in range(decoder_layers)])
+        self.causal = Tensor(np.triu(np.full((max_len, max_len), NEG, np.float32), 1))  # no peeking ahead
+        self.dropout = Dropout(dropout)
+        layer_args = (d_model, heads, ffn, dropout, attention_dropout, activation_dropout, norm_first)
+        self.encoder = nn.CellList([EncoderLayer(*layer_args) for _ in range(encoder_layers)])
+        self.decoder = nn.CellList([DecoderLayer(*layer_args) for _ in range(decoder_layers)])
         self.norm_first = norm_first
-        self.enc_norm = nn.LayerNorm((d_model,), epsilon=1e-6)  # used with pre-norm only
-        self.dec_norm = nn.LayerNorm((d_model,), epsilon=1e-6)
+        self.enc_norm = LayerNorm(d_model)  # used with pre-norm only
+        self.dec_norm = LayerNorm(d_model)
+        self.project = ops.MatMul(transpose_b=True)
 
-    def embed_tokens(self, tokens):
-        t = tokens.shape[1]
-        x = self.embed(tokens) * math.sqrt(self.d_model) + self.positions[:t]
-        return self.dropout(x)
+    def embed_tokens(self, tokens, positions):
+        return self.dropout(self.embed(tokens) * math.sqrt(self.d_model) + positions)
 
     def encode(self, src):
         src_bias = ops.cast(ops.equal(src, PAD), ms.float32).expand_dims(1).expand_dims(1) * NEG  # (B,1,1,S)
-        x = self.embed_tokens(src)
+        x = self.embed_tokens(src, self.positions[:src.shape[1]])
         for layer in self.encoder:
             x = layer(x, src_bias)
         if self.norm_first:
             x = self.enc_norm(x)
         return x, src_bias
 
-    def decode(self, tgt, memory, src_bias):
-        t = tgt.shape[1]
-        causal = ops.triu(ops.ones((t, t), ms.float32), 1) * NEG  # (T,T): no peeking ahead
-        tgt_bias = causal.expand_dims(0).expand_dims(0)
-        x = self.embed_tokens(tgt)
-        for layer in self.decoder:
-            x = layer(x, memory, tgt_bias, src_bias)
+    def logits(self, x):
+        """Tied output projection as one 2-D matmul over all positions: (..., d) -> (positions, vocab), flat.
+        Flat because reshaping a tokens x vocabulary tensor copies it in MindSpore's CPU graphs (about 1 GB of
+        a 4,096-token training graph's memory went to such copies)."""
         if self.norm_first:
             x = self.dec_norm(x)
-        return ops.matmul(x, ops.cast(self.embed.embedding_table, x.dtype).T)  # tied output projection
+        return self.project(x.reshape(-1, self.d_model), ops.cast(self.embed.embedding_table, x.dtype))
+
+    def decode(self, tgt, memory, src_bias):
+        t = tgt.shape[1]
+        tgt_bias = self.causal[:t, :t]
+        x = self.embed_tokens(tgt, self.positions[:t])
+        for layer in self.decoder:
+            x = layer(x, memory, tgt_bias, src_bias)
+        return self.logits(x)
 
     def construct(self, src, tgt_in):
+        """Logits (B * T, vocab), one row per target position (the loss takes flat rows)."""
         memory, src_bias = self.encode(src)
         return self.decode(tgt_in, memory, src_bias)
+
+    # Incremental decoding (eval only): see zoo/translate.py
+    def start_decoding(self, src):
+        """Encoder output as per-layer cross-attention keys/values (layers, 2, B, h, S, dh), the source bias,
+        and an empty self-attention cache (layers, 2, B, h, max_len, dh)."""
+        memory, src_bias = self.encode(src)
+        cross = ops.stack([layer.cross_attn.project_kv(memory) for layer in self.decoder])
+        b = src.shape[0]
+        cache = ops.zeros((len(self.decoder), 2, b, self.heads, self.max_len, self.d_model // self.heads),
+                          cross.dtype)
+        return cross, src_bias, cache
+
+    def decode_step(self, token, t, cache, cross, src_bias):
+        """token (B,) at position t (a 0-d int32 tensor) -> log-probabilities (B, vocab) and the new cache."""
+        at_t = ops.cast(ops.equal(ops.arange(self.max_len), t), cache.dtype).reshape(1, 1, -1, 1)
+        self_bias = ops.cast(ops.arange(self.max_len) > t, ms.float32).reshape(1, 1, 1, -1) * NEG
+        x = self.embed_tokens(token.reshape(-1, 1), ops.gather(self.positions, t.reshape(1), 0))
+        caches = []
+        for i, layer in enumerate(self.decoder):
+            x, layer_cache = layer.step(x, cache[i], cross[i], self_bias, src_bias, at_t)
+            caches.append(layer_cache)
+        logits = ops.cast(self.logits(x), ms.float32)
+        return ops.log_softmax(logits, -1), ops.stack(caches)
+
+
+def check_shape(d_model: int, heads: int, max_len: int) -> None:
+    from zoo.config import ConfigError
+    if heads < 1 or d_model % heads:
+        raise ConfigError(f"model.params.d_model={d_model} must be divisible by model.params.heads={heads}")
+    if d_model % 2:
+        raise ConfigError(f"model.params.d_model={d_model} must be even (sinusoidal positions pair sin and cos)")
+    if max_len < 2:
+        raise ConfigError(f"model.params.max_len={max_len} must be at least 2")
 
 
 @register_model
 def transformer(num_classes: int = 8000, d_model: int = 512, heads: int = 8, ffn: int = 2048,
                 encoder_layers: int = 6, decoder_layers: int = 6, dropout: float = 0.1, norm_first: bool = False,
-                max_len: int = 256) -> Transformer:
+                max_len: int = 256, attention_dropout: float = 0.0, activation_dropout: float = 0.0) -> Transformer:
     """`num_classes` is the (shared) vocabulary size."""
+    check_shape(d_model, heads, max_len)
     return Transformer(num_classes, d_model, heads, ffn, encoder_layers, decoder_layers, dropout, norm_first,
-                       max_len)
+                       max_len, attention_dropout, activation_dropout)

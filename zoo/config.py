@@ -66,6 +66,11 @@ class ScheduleName(str, Enum):
     inverse_sqrt = "inverse_sqrt"
 
 
+class LengthNorm(str, Enum):
+    gnmt = "gnmt"         # score / ((5 + length) / 6) ** length_penalty (Wu et al. 2016; tensor2tensor)
+    fairseq = "fairseq"   # score / length ** length_penalty, length counting EOS (fairseq --lenpen)
+
+
 @dataclass
 class ModelConfig:
     name: str = MISSING
@@ -78,6 +83,7 @@ class DatasetConfig:
     name: str = MISSING               # a registered dataset builder (data/__init__.py)
     path: Optional[str] = None        # None: the embedded data that ships in a package
     batch_size: int = 32
+    max_tokens: int = 0               # translation: > 0 batches by tokens (fairseq --max-tokens), not batch_size
     eval_batch_size: int = 256
     image_size: int = 32
     channels: int = 0                 # 0: the data's own; 3: grey images replicated to RGB
@@ -157,7 +163,8 @@ class TrainerConfig:
 class DecodeConfig:
     """Translation: how eval.py (and the end of train.py) decode the test set for BLEU."""
     beam: int = 4                     # 1: greedy
-    length_penalty: float = 0.6       # GNMT alpha
+    length_penalty: float = 0.6       # GNMT alpha, or fairseq's lenpen (see length_norm)
+    length_norm: LengthNorm = LengthNorm.gnmt
     average_last: int = 1             # eval.py: average the last N checkpoints of the run first
 
 

@@ -1,88 +1,90 @@
-"""Decoding (greedy and beam search with a length penalty) and BLEU with sacrebleu.
+"""Decoding (greedy and beam search) and BLEU with sacrebleu.
 
-Decoding runs the decoder on a fixed-shape token buffer (batch x max_len) every step, so graph mode
-compiles it once per source shape; the search itself runs on the host in numpy.
+Incremental: the encoder runs once per batch; each step feeds one token per hypothesis through
+`Transformer.decode_step`, whose self-attention keys and values live in a fixed-shape cache on the device
+(reordered there when beams swap), and returns only the top 2 x beam candidates of each row. So graph mode
+compiles one encoder and one step graph per source shape (sources are padded to length buckets), and a step
+moves (rows x 2 x beam) numbers to the host, not (rows x max_len x vocabulary).
+
+The search itself (which candidates survive, when a sentence is done) runs on the host in numpy and is shared
+with `full_recompute_step`, the reference that re-runs the whole decoder on the token buffer at every step:
+tests and bench/decode.py check that both give the same hypotheses.
 """
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 
 from data.translation import BOS, EOS, PAD
 
-
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT's ((5 + length) / 6) ** alpha (Wu et al. 2016), as in Vaswani et al. with alpha 0.6."""
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+# step(last_tokens (rows,), t, reorder (rows,)) -> (log-probabilities (rows, k), token ids (rows, k)) of the
+# best k next tokens at position t + 1, after reordering the hypotheses' state by `reorder`.
+Step = Callable[[np.ndarray, int, np.ndarray], Tuple[np.ndarray, np.ndarray]]
 
 
-def no_specials(logp: np.ndarray) -> np.ndarray:
-    """Padding and BOS are never generated."""
-    logp = logp.copy()
-    logp[:, [PAD, BOS]] = -np.inf
-    return logp
+def length_penalty(length: int, alpha: float, form: str = "gnmt") -> float:
+    """gnmt: ((5 + length) / 6) ** alpha (Wu et al. 2016; Vaswani et al. with alpha 0.6).
+    fairseq: length ** alpha (--lenpen), length counting EOS."""
+    return length ** alpha if form == "fairseq" else ((5.0 + length) / 6.0) ** alpha
 
 
-def beam_search(step: Callable[[np.ndarray, int], np.ndarray], batch: int, beam: int, max_len: int,
-                alpha: float = 0.6) -> List[List[int]]:
-    """step(tokens (batch*beam, max_len), t) -> next-token log-probabilities (batch*beam, vocab) at position t.
-
-    Returns, per sentence, the finished hypothesis with the best length-normalised score (tokens after BOS,
-    without EOS); hypotheses that never finish compete at max_len."""
-    tokens = np.full((batch * beam, max_len), PAD, np.int32)
+def beam_search(step: Step, batch: int, beam: int, max_len: int, alpha: float = 0.6,
+                form: str = "gnmt") -> List[List[int]]:
+    """Returns, per sentence, the finished hypothesis with the best length-normalised score (tokens after BOS,
+    without EOS); hypotheses that never finish compete at max_len. Stops when no open hypothesis can beat a
+    sentence's `beam` finished ones."""
+    rows = batch * beam
+    tokens = np.full((rows, max_len), PAD, np.int32)
     tokens[:, 0] = BOS
     scores = np.zeros((batch, beam))
     scores[:, 1:] = -np.inf  # at t=0 all beams are the same: keep one
     finished: List[List] = [[] for _ in range(batch)]
+    reorder = np.arange(rows, dtype=np.int32)
     for t in range(max_len - 1):
-        logp = no_specials(step(tokens, t)).reshape(batch, beam, -1)
-        vocab = logp.shape[-1]
-        cand = (scores[:, :, None] + logp).reshape(batch, -1)
-        order = np.argsort(-cand, axis=1)[:, : 2 * beam]
-        new_tokens = tokens.copy()
+        values, ids = step(tokens[:, t], t, reorder)
+        k = values.shape[1]
+        cand = (scores[:, :, None] + values.reshape(batch, beam, k)).reshape(batch, -1)
+        order = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * beam]
+        new_tokens, reorder = tokens.copy(), np.arange(rows, dtype=np.int32)
         for b in range(batch):
             kept = 0
             for idx in order[b]:
                 score = cand[b, idx]
                 if not np.isfinite(score):
                     break
-                src_beam, token = divmod(int(idx), vocab)
-                row = b * beam + src_beam
+                src_beam = int(idx) // k
+                row, token = b * beam + src_beam, int(ids[b * beam + src_beam, int(idx) % k])
                 if token == EOS:
                     if len(finished[b]) < beam:
-                        hyp = tokens[row, 1:t + 1].tolist()
-                        finished[b].append((score / length_penalty(t + 1, alpha), hyp))
+                        finished[b].append((score / length_penalty(t + 1, alpha, form), tokens[row, 1:t + 1].tolist()))
                     continue
                 new_tokens[b * beam + kept] = tokens[row]
                 new_tokens[b * beam + kept, t + 1] = token
+                reorder[b * beam + kept] = row
                 scores[b, kept] = score
                 kept += 1
                 if kept == beam:
                     break
             scores[b, kept:] = -np.inf
         tokens = new_tokens
-        best_open = scores.max(1) / length_penalty(max_len - 1, alpha)  # no open hypothesis can beat this
+        best_open = scores.max(1) / length_penalty(max_len - 1, alpha, form)  # no open hypothesis can beat this
         if all(len(f) >= beam and max(s for s, _ in f) >= best_open[b] for b, f in enumerate(finished)):
             break
     out = []
     for b in range(batch):
-        pool = finished[b] or [(scores[b, k] / length_penalty(max_len - 1, alpha), tokens[b * beam + k, 1:].tolist())
-                               for k in range(beam) if np.isfinite(scores[b, k])]
+        pool = finished[b] or [(scores[b, j] / length_penalty(max_len - 1, alpha, form), tokens[b * beam + j, 1:].tolist())
+                               for j in range(beam) if np.isfinite(scores[b, j])]
         out.append(max(pool, key=lambda x: x[0])[1])
     return out
 
 
-def greedy(step: Callable[[np.ndarray, int], np.ndarray], batch: int, max_len: int) -> List[List[int]]:
+def greedy(step: Step, batch: int, max_len: int) -> List[List[int]]:
     tokens = np.full((batch, max_len), PAD, np.int32)
     tokens[:, 0] = BOS
     done = np.zeros(batch, bool)
+    keep = np.arange(batch, dtype=np.int32)
     for t in range(max_len - 1):
-        nxt = no_specials(step(tokens, t)).argmax(-1)
+        nxt = step(tokens[:, t], t, keep)[1][:, 0]
         tokens[:, t + 1] = np.where(done, PAD, nxt)
         done |= nxt == EOS
         if done.all():
@@ -94,56 +96,121 @@ def greedy(step: Callable[[np.ndarray, int], np.ndarray], batch: int, max_len: i
     return out
 
 
-def bleu(hypotheses: List[str], references: List[str]) -> float:
+def bleu(hypotheses: List[str], references: List[str], lowercase: bool = False) -> float:
     import sacrebleu
-    return float(sacrebleu.corpus_bleu(hypotheses, [references]).score)
+    return float(sacrebleu.corpus_bleu(hypotheses, [references], lowercase=lowercase).score)
 
 
-def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, out: Optional[Path] = None) -> dict:
-    """Decode a split with the trained network; BLEU against the untokenized references (sacrebleu 13a)."""
+def unwrap(net):
+    """The Transformer under the policy's CastOutput wrappers."""
+    while not hasattr(net, "decode_step"):
+        net = net.cell
+    return net
+
+
+class IncrementalDecoder:
+    """Graph-mode Cells around a trained Transformer: `start(src)` once per batch, then `step` per position."""
+
+    def __init__(self, net, candidates: int):
+        import mindspore as ms
+        import mindspore.nn as nn
+        import mindspore.ops as ops
+
+        model = unwrap(net)
+        specials = np.zeros(model.embed.embedding_table.shape[0], np.float32)
+        specials[[PAD, BOS]] = -np.inf  # padding and BOS are never generated
+
+        class Start(nn.Cell):
+            def __init__(self):
+                super().__init__(auto_prefix=False)
+                self.model = model
+
+            def construct(self, src):
+                return self.model.start_decoding(src)
+
+        class Next(nn.Cell):
+            def __init__(self):
+                super().__init__(auto_prefix=False)
+                self.model, self.k = model, candidates
+                self.specials = ms.Tensor(specials)
+
+            def construct(self, token, t, reorder, cache, cross, src_bias):
+                cache = ops.gather(cache, reorder, 2)
+                logp, cache = self.model.decode_step(token, t, cache, cross, src_bias)
+                values, ids = ops.topk(logp + self.specials, self.k)
+                return values, ids, cache
+
+        self.ms, self.start_cell, self.next_cell = ms, Start(), Next()
+        self.max_len = model.max_len
+
+    def search(self, src: np.ndarray, beam: int, alpha: float, form: str, max_len: int) -> List[List[int]]:
+        ms = self.ms
+        k = max(1, beam)
+        cross, src_bias, cache = self.start_cell(ms.Tensor(np.repeat(src, k, axis=0)))
+        state = {"cache": cache}
+
+        def step(last, t, reorder):
+            values, ids, state["cache"] = self.next_cell(ms.Tensor(last), ms.Tensor(t, ms.int32), ms.Tensor(reorder),
+                                                         state["cache"], cross, src_bias)
+            return values.asnumpy(), ids.asnumpy()
+        max_len = min(max_len, self.max_len)
+        return beam_search(step, len(src), k, max_len, alpha, form) if beam > 1 else greedy(step, len(src), max_len)
+
+
+def full_recompute_step(net, src: np.ndarray, beam: int, max_len: int, candidates: int) -> Step:
+    """The reference: every step re-runs the whole decoder on all tokens so far (no cache), on the host's
+    token buffer reordered with the search."""
     import mindspore as ms
-    import mindspore.nn as nn
+
+    model = unwrap(net)
+    k = max(1, beam)
+    memory, src_bias = model.encode(ms.Tensor(np.repeat(src, k, axis=0)))
+    buffer = np.full((len(src) * k, max_len), PAD, np.int32)
+
+    def step(last, t, reorder):
+        buffer[:] = buffer[reorder]
+        buffer[:, t] = last
+        logits = model.decode(ms.Tensor(buffer[:, :t + 1]), memory, src_bias).asnumpy()
+        logits = logits.reshape(len(buffer), t + 1, -1)[:, t].astype(np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+        logp[:, [PAD, BOS]] = -np.inf
+        ids = np.argsort(-logp, axis=1, kind="stable")[:, :candidates]
+        return np.take_along_axis(logp, ids, 1).astype(np.float32), ids
+    return step
+
+
+def source_batches(examples, size: int, buckets: List[int]):
+    """(indices, padded sources) in file order, `size` sentences at a time, each padded to its length bucket."""
+    for i in range(0, len(examples), size):
+        chunk = examples[i:i + size]
+        longest = max(len(e[0]) for e in chunk)
+        width = next((b for b in sorted(buckets) if b >= longest), longest)
+        yield range(i, i + len(chunk)), np.stack([np.pad(e[0], (0, width - len(e[0]))) for e in chunk])
+
+
+def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, out: Optional[Path] = None,
+              form: Optional[str] = None) -> dict:
+    """Decode a split with the trained network; BLEU against the untokenized references (sacrebleu 13a), cased
+    and lowercased."""
+    import time
 
     from data.translation import encode_pairs, params
 
-    model = net
-    while not hasattr(model, "encode"):  # look through the policy's CastOutput wrapper
-        model = model.cell
-
-    class Encode(nn.Cell):
-        def __init__(self):
-            super().__init__(auto_prefix=False)
-            self.model = model
-
-        def construct(self, src):
-            return self.model.encode(src)
-
-    class Decode(nn.Cell):
-        def __init__(self):
-            super().__init__(auto_prefix=False)
-            self.model = model
-
-        def construct(self, tgt, memory, src_bias):
-            return ms.ops.cast(self.model.decode(tgt, memory, src_bias), ms.float32)
-
-    encode, decode = Encode(), Decode()
+    form = form or str(getattr(cfg.decode.length_norm, "value", cfg.decode.length_norm))
     net.set_train(False)
     examples, pairs, sp = encode_pairs(cfg.dataset, split)
-    max_len = params(cfg.dataset)["max_len"]
-    hyps = []
-    size = cfg.dataset.eval_batch_size
-    for i in range(0, len(examples), size):
-        chunk = examples[i:i + size]
-        src_len = max(len(e[0]) for e in chunk)
-        src = np.stack([np.pad(e[0], (0, src_len - len(e[0]))) for e in chunk])
-        k = max(1, beam)
-        memory, src_bias = encode(ms.Tensor(np.repeat(src, k, axis=0)))
-
-        def step(tokens, t):
-            return log_softmax(decode(ms.Tensor(tokens), memory, src_bias).asnumpy()[:, t])
-        ids = beam_search(step, len(chunk), k, max_len, alpha) if beam > 1 else greedy(step, len(chunk), max_len)
+    p = params(cfg.dataset)
+    decoder = IncrementalDecoder(net, 2 * max(1, beam))
+    hyps, tokens, t0 = [], 0, time.perf_counter()
+    for _, src in source_batches(examples, cfg.dataset.eval_batch_size, p["buckets"]):
+        ids = decoder.search(src, beam, alpha, form, p["max_len"])
+        tokens += sum(len(h) + 1 for h in ids)
         hyps.extend(sp.decode(h) for h in ids)
+    seconds = time.perf_counter() - t0
     refs = [tgt for _, tgt in pairs][: len(hyps)]
     if out is not None:
         Path(out).write_text("\n".join(hyps) + "\n", encoding="utf-8")
-    return {"bleu": bleu(hyps, refs), "sentences": len(hyps), "beam": beam, "length_penalty": alpha}
+    return {"bleu": bleu(hyps, refs), "bleu_lowercase": bleu(hyps, refs, lowercase=True), "sentences": len(hyps),
+            "beam": beam, "length_penalty": alpha, "length_norm": form, "decode_s": round(seconds, 2),
+            "sentences_per_s": round(len(hyps) / seconds, 1), "tokens_per_s": round(tokens / seconds, 1)}

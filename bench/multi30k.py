@@ -1,0 +1,125 @@
+"""Score a Multi30k training run from its checkpoints: the val BLEU curve per epoch, then the published protocol.
+
+    python -m bench.multi30k RUN_DIR [--curve-beam 1] [--no-final]
+
+RUN_DIR is a `train.py recipe=transformer_tiny_multi30k_*` run directory (its config.yaml and checkpoints/).
+1. Every epoch checkpoint not scored yet: val BLEU (greedy unless --curve-beam), lowercased and cased, into
+   RUN_DIR/multi30k_curve.json and a plot, multi30k_curve.png. Resumable: scored epochs are kept.
+2. The published protocol: the last `decode.average_last` epoch checkpoints averaged, beam `decode.beam`,
+   length penalty as the recipe says; test_2016_flickr and val, lowercased (the comparable number) and
+   cased; the last checkpoint alone beside it. Written to RUN_DIR/multi30k_result.json.
+Decoding is incremental (zoo/translate.py); sentences/s and tokens/s are in each record.
+"""
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()  # before MindSpore is imported
+quiet_mindspore()
+
+import json  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def epoch_checkpoints(run_dir: Path, steps_per_epoch: int):
+    """{epoch: path} of the checkpoints written at epoch ends (a stop mid-epoch writes others)."""
+    found = {}
+    for path in (run_dir / "checkpoints").glob("*.ckpt"):
+        m = re.search(r"-e(\d+)-s(\d+)\.ckpt$", path.name)
+        if m and int(m.group(2)) == int(m.group(1)) * steps_per_epoch:
+            found[int(m.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def split_cfg(cfg, prefix: str):
+    from omegaconf import OmegaConf, open_dict
+    out = OmegaConf.create(OmegaConf.to_container(cfg))
+    with open_dict(out):
+        out.dataset.params.test_prefix = prefix
+    return out
+
+
+def plot(curve: dict, out: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = sorted(int(e) for e in curve)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(epochs, [curve[str(e)]["bleu_lowercase"] for e in epochs], marker=".", label="val BLEU, lowercased")
+    ax.plot(epochs, [curve[str(e)]["bleu"] for e in epochs], marker=".", label="val BLEU, cased")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("BLEU (sacrebleu)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv) -> dict:
+    import mindspore as ms
+    from omegaconf import OmegaConf
+
+    from amp.policy import apply_policy
+    from bench.common import pop_option
+    from data import create_dataset
+    from models import create_model
+    from zoo.checkpoint import average_checkpoints, load_weights
+    from zoo.config import fail
+    from zoo.translate import translate
+
+    curve_beam, argv = pop_option(argv, "--curve-beam", 1)
+    final = "--no-final" not in argv
+    argv = [a for a in argv if a != "--no-final"]
+    if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
+        fail(f"give one run directory holding config.yaml and checkpoints/; got {argv or 'nothing'}")
+    run_dir = Path(argv[0])
+    cfg = OmegaConf.load(run_dir / "config.yaml")
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    steps_per_epoch = create_dataset(cfg.dataset, "train").get_dataset_size()
+    ckpts = epoch_checkpoints(run_dir, steps_per_epoch)
+    if not ckpts:
+        fail(f"no epoch checkpoint in {run_dir / 'checkpoints'} yet")
+    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    net, _ = apply_policy(net, cfg.amp)
+    name = cfg.model.name
+    val, test = split_cfg(cfg, "val"), split_cfg(cfg, cfg.dataset.params.test_prefix)
+
+    curve_file = run_dir / "multi30k_curve.json"
+    curve = json.loads(curve_file.read_text()) if curve_file.is_file() else {}
+    for epoch, path in ckpts.items():
+        if str(epoch) in curve:
+            continue
+        load_weights(net, path, name)
+        record = translate(net, val, "test", curve_beam, cfg.decode.length_penalty)
+        curve[str(epoch)] = {"checkpoint": path.name, "step": epoch * steps_per_epoch, **record}
+        curve_file.write_text(json.dumps(curve, indent=2))
+        print(f"epoch {epoch}: val BLEU {record['bleu_lowercase']:.2f} lowercased, {record['bleu']:.2f} cased "
+              f"(beam {curve_beam}, {record['sentences_per_s']} sentences/s)", flush=True)
+    plot(curve, run_dir / "multi30k_curve.png", f"{cfg.recipe_name}: val BLEU per epoch (beam {curve_beam})")
+    if not final:
+        return {"curve": curve}
+
+    n = cfg.decode.average_last
+    last = list(ckpts.values())[-n:]
+    result = {"recipe": cfg.recipe_name, "epochs": max(ckpts), "steps": max(ckpts) * steps_per_epoch,
+              "averaged": [p.name for p in last], "beam": cfg.decode.beam, "length_penalty": cfg.decode.length_penalty,
+              "length_norm": str(cfg.decode.length_norm)}
+    load_weights(net, last[-1], name, average_checkpoints(last))
+    for split, scfg in (("test_2016_flickr", test), ("val", val)):
+        result[f"averaged_{split}"] = translate(net, scfg, "test", cfg.decode.beam, cfg.decode.length_penalty,
+                                                run_dir / f"hyp.{split}.averaged.de")
+    load_weights(net, last[-1], name)
+    result["last_test_2016_flickr"] = translate(net, test, "test", cfg.decode.beam, cfg.decode.length_penalty)
+    (run_dir / "multi30k_result.json").write_text(json.dumps(result, indent=2))
+    t = result["averaged_test_2016_flickr"]
+    print(f"test_2016_flickr, last {len(last)} averaged, beam {cfg.decode.beam}: BLEU {t['bleu_lowercase']:.2f} "
+          f"lowercased, {t['bleu']:.2f} cased ({t['sentences_per_s']} sentences/s)")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

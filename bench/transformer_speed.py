@@ -1,0 +1,151 @@
+"""Transformer-Tiny train step: ours against PyTorch eager's nn.Transformer, same shapes, same machine.
+
+    python -m bench.transformer_speed [--rounds 8] [--steps 3]
+
+Both sides: 4+4 layers, d_model 128, 4 heads, FFN 256, post-norm, vocabulary 8,000 with tied embeddings,
+sinusoidal positions, dropout 0.3 on embeddings and sublayer outputs (none on attention weights or after the
+ReLU, as fairseq), label-smoothed (0.1) cross-entropy ignoring padding, Adam (0.9, 0.98). Batches are 128
+sentences x 16 and x 32 tokens of random ids. Ours is the driver's own train step (bench.common.train_step:
+the recipe's policy, loss scale and optimizer) at each AMP setting; PyTorch runs fp32 (its CPU peer). Variants
+run in turn, `steps` steps each per round; a ratio is the median of per-round ratios, so drift on a shared
+machine cancels. PyTorch is a bench-only dependency (`pip install torch`); without it the peer rows say so.
+"""
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()  # before MindSpore is imported
+quiet_mindspore()
+
+import math  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+SHAPES = [(128, 16), (128, 32)]
+# (name, recipe, overrides): the recipe settings, and what MindSpore offers to shrink O2's cost on a CPU
+SETTINGS = [
+    ("O0 fp32", "transformer_tiny_multi30k_o0", []),
+    ("O2 recipe (LayerNorm, Softmax fp32; dynamic scale)", "transformer_tiny_multi30k_o2", []),
+    ("O2, no loss scale", "transformer_tiny_multi30k_o2", ["amp.loss_scale.type=none"]),
+    ("O3 (all fp16; dynamic scale)", "transformer_tiny_multi30k_o2", ["amp.level=O3", "amp.keep_fp32=[]"]),
+    ("O1 (Dense and attention matmuls fp16; dynamic scale)", "transformer_tiny_multi30k_o2",
+     ["amp.level=O1", "amp.keep_fp32=[]", "amp.force_fp16=[BatchMatMul]"]),
+]
+
+
+def torch_step(batch: int, length: int, vocab: int = 8000, d: int = 128):
+    """PyTorch's nn.Transformer with the same shapes and choices; returns a function running one step."""
+    import torch
+    import torch.nn as tnn
+
+    torch.manual_seed(0)
+
+    class Peer(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = tnn.Embedding(vocab, d, padding_idx=0)
+            tnn.init.normal_(self.embed.weight, 0, d ** -0.5)
+            self.core = tnn.Transformer(d, 4, 4, 4, 256, dropout=0.3, batch_first=True)
+            for layer in [*self.core.encoder.layers, *self.core.decoder.layers]:
+                layer.dropout.p = 0.0  # activation dropout (after the ReLU): none, as ours and fairseq
+                for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                    if attn is not None:
+                        attn.dropout = 0.0  # attention-weight dropout: none
+            pos = torch.arange(64)[:, None] / torch.pow(10000, torch.arange(0, d, 2) / d)
+            pe = torch.zeros(64, d)
+            pe[:, 0::2], pe[:, 1::2] = torch.sin(pos), torch.cos(pos)
+            self.register_buffer("pe", pe)
+            self.drop = tnn.Dropout(0.3)
+
+        def embed_tokens(self, x):
+            return self.drop(self.embed(x) * math.sqrt(d) + self.pe[: x.shape[1]])
+
+        def forward(self, src, tgt):
+            mask = self.core.generate_square_subsequent_mask(tgt.shape[1])
+            h = self.core(self.embed_tokens(src), self.embed_tokens(tgt), tgt_mask=mask, tgt_is_causal=True,
+                          src_key_padding_mask=src.eq(0), memory_key_padding_mask=src.eq(0))
+            return h @ self.embed.weight.T
+
+    model = Peer().train()
+    opt = torch.optim.Adam(model.parameters(), 1e-3, betas=(0.9, 0.98))
+    loss_fn = tnn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
+    g = torch.Generator().manual_seed(0)
+    src, tgt_in, tgt_out = (torch.randint(4, vocab, (batch, length), generator=g) for _ in range(3))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(src, tgt_in).reshape(-1, vocab), tgt_out.reshape(-1))
+        loss.backward()
+        opt.step()
+        return float(loss)
+    return step
+
+
+def our_step(recipe: str, overrides, batch: int, length: int):
+    import mindspore as ms
+
+    from bench.common import train_step
+    from zoo.config import compose
+
+    cfg = compose([f"recipe={recipe}", *overrides])  # the recipe itself, not its smoke block
+    cell = train_step(cfg, 60, 1000)
+    rng = np.random.RandomState(0)
+    inputs = [ms.Tensor(rng.randint(4, cfg.model.num_classes, (batch, length)).astype(np.int32)) for _ in range(3)]
+
+    def step():
+        return float(cell(*inputs)[0].asnumpy())
+    return step
+
+
+def main(argv) -> dict:
+    import mindspore as ms
+
+    from bench.common import pop_option, save_result
+
+    rounds, argv = pop_option(argv, "--rounds", 8)
+    steps, argv = pop_option(argv, "--steps", 3)
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        import torch
+        peer_note = f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, fp32, eager"
+    except ImportError:
+        torch, peer_note = None, "PyTorch is not installed (pip install torch): no peer measured"
+    result = {"rounds": rounds, "steps_per_round": steps, "peer": peer_note, "shapes": {}}
+    for batch, length in SHAPES:
+        variants = {name: our_step(recipe, over, batch, length) for name, recipe, over in SETTINGS}
+        if torch is not None:
+            variants["PyTorch nn.Transformer fp32"] = torch_step(batch, length)
+        compile_s = {}
+        for name, fn in variants.items():  # first call: compile (ours) and warm-up
+            t0 = time.perf_counter()
+            fn()
+            compile_s[name] = round(time.perf_counter() - t0, 1)
+        times = {name: [] for name in variants}
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                ts = []
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t0)
+                times[name].append(statistics.median(ts) * 1e3)
+        base = times["O0 fp32"]
+        peer = times.get("PyTorch nn.Transformer fp32")
+        rows = {}
+        for name, ts in times.items():
+            rows[name] = {"ms": round(statistics.median(ts), 1), "first_call_s": compile_s[name],
+                          "time_vs_O0": round(statistics.median(a / b for a, b in zip(ts, base)), 3)}
+            if peer is not None:
+                rows[name]["time_vs_pytorch"] = round(statistics.median(a / b for a, b in zip(ts, peer)), 3)
+        key = f"{batch}x{length}"
+        result["shapes"][key] = rows
+        for name, row in rows.items():
+            print(f"{key} {name}: {row}", flush=True)
+    save_result("transformer_speed", result)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
