@@ -121,8 +121,8 @@ def brute_force_best(logp, vocab, max_len, alpha):
 
 
 def test_beam_search_finds_the_known_best_sequence():
-    """With a beam wider than every possible hypothesis (1+3+9+27 here), beam search is exhaustive: it must
-    find the brute-force optimum; a narrow beam is checked to be no better than it."""
+    """With a beam as wide as the number of possible hypotheses (1+3+9+27 here), beam search is exhaustive: it
+    must find the brute-force optimum; a narrow beam yields a valid hypothesis."""
     vocab, max_len, alpha = 6, 5, 0.6
     for seed in range(5):
         step, logp = table_model(vocab, max_len, seed)

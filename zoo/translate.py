@@ -31,8 +31,8 @@ def length_penalty(length: int, alpha: float, form: str = "gnmt") -> float:
 def beam_search(step: Step, batch: int, beam: int, max_len: int, alpha: float = 0.6,
                 form: str = "gnmt") -> List[List[int]]:
     """Returns, per sentence, the finished hypothesis with the best length-normalised score (tokens after BOS,
-    without EOS); hypotheses that never finish compete at max_len. Stops when no open hypothesis can beat a
-    sentence's `beam` finished ones."""
+    without EOS); hypotheses that never finish compete at max_len. A sentence is done once `beam` hypotheses
+    have finished (fairseq's rule); the search stops when every sentence is done."""
     rows = batch * beam
     tokens = np.full((rows, max_len), PAD, np.int32)
     tokens[:, 0] = BOS
@@ -48,6 +48,9 @@ def beam_search(step: Step, batch: int, beam: int, max_len: int, alpha: float = 
         new_tokens, reorder = tokens.copy(), np.arange(rows, dtype=np.int32)
         for b in range(batch):
             kept = 0
+            if len(finished[b]) >= beam:  # done: its rows idle until the batch is
+                scores[b] = -np.inf
+                continue
             for idx in order[b]:
                 score = cand[b, idx]
                 if not np.isfinite(score):
@@ -67,8 +70,7 @@ def beam_search(step: Step, batch: int, beam: int, max_len: int, alpha: float = 
                     break
             scores[b, kept:] = -np.inf
         tokens = new_tokens
-        best_open = scores.max(1) / length_penalty(max_len - 1, alpha, form)  # no open hypothesis can beat this
-        if all(len(f) >= beam and max(s for s, _ in f) >= best_open[b] for b, f in enumerate(finished)):
+        if all(len(f) >= beam for f in finished):
             break
     out = []
     for b in range(batch):
@@ -135,7 +137,7 @@ class IncrementalDecoder:
                 self.specials = ms.Tensor(specials)
 
             def construct(self, token, t, reorder, cache, cross, src_bias):
-                cache = ops.gather(cache, reorder, 2)
+                cache = tuple(ops.gather(c, reorder, 0) for c in cache)
                 logp, cache = self.model.decode_step(token, t, cache, cross, src_bias)
                 values, ids = ops.topk(logp + self.specials, self.k)
                 return values, ids, cache
@@ -147,11 +149,13 @@ class IncrementalDecoder:
         ms = self.ms
         k = max(1, beam)
         cross, src_bias, cache = self.start_cell(ms.Tensor(np.repeat(src, k, axis=0)))
-        state = {"cache": cache}
+        # mutable: a tuple input is otherwise a graph constant, and every new cache would compile the step again
+        state, cross = {"cache": ms.mutable(cache)}, ms.mutable(cross)
 
         def step(last, t, reorder):
-            values, ids, state["cache"] = self.next_cell(ms.Tensor(last), ms.Tensor(t, ms.int32), ms.Tensor(reorder),
-                                                         state["cache"], cross, src_bias)
+            values, ids, cache = self.next_cell(ms.Tensor(last), ms.Tensor(t, ms.int32), ms.Tensor(reorder),
+                                                state["cache"], cross, src_bias)
+            state["cache"] = ms.mutable(cache)
             return values.asnumpy(), ids.asnumpy()
         max_len = min(max_len, self.max_len)
         return beam_search(step, len(src), k, max_len, alpha, form) if beam > 1 else greedy(step, len(src), max_len)
