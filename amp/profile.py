@@ -1,6 +1,7 @@
 """runtime.profile=true: MindSpore's Profiler over a few steps, summarised for the "why is AMP not faster?"
-question: the time share of ops in low-precision Cells, in fp32 Cells, outside the network (loss, optimizer,
-loss scaling), and of Cast ops, and the slowest ops, written to profile.md / profile.json in the run directory.
+question: the time share of ops in low-precision Cells, in fp32 Cells (a model's own ops, such as a tied output
+projection, count for its root Cell), outside the network (loss, optimizer, loss scaling), of ops whose name
+names no Cell, and of Cast ops, and the slowest ops, written to profile.md / profile.json in the run directory.
 
 Each op's precision comes from the Cell it was generated for: MindSpore names every op by its scope
 (`.../net-CastOutput/cell-LeNet5/conv1-Conv2d/Conv2D-op3`, gradients under `Gradients/...`), and the
@@ -20,6 +21,7 @@ from mindspore.train import Callback
 
 log = logging.getLogger("amp_zoo")
 SEGMENT = re.compile(r"^([^-]+)-([A-Za-z_]\w*)$")  # attribute-Class
+UNSCOPED = "no Cell in the op's name (expanded functional ops, custom backward)"
 
 
 def cell_path(scope: str) -> Optional[str]:
@@ -41,6 +43,13 @@ def cell_path(scope: str) -> Optional[str]:
         after_cast_output = cls == "CastOutput"
         names.append(name)
     return ".".join(names) if inside else None
+
+
+def names_a_cell(scope: str) -> bool:
+    """False for ops whose scope names no Cell at all: ops expanded from functional calls (`Expand/_SumExt/...`)
+    and ops of custom backward functions (`Default/ReduceMean-op3`). They ran somewhere in the step, but the
+    name does not say where, so they are reported apart rather than as outside the network."""
+    return any(SEGMENT.match(part) for part in scope.split("/")[:-1])
 
 
 def op_times(profile_dir: Path) -> List[Tuple[str, str, float]]:
@@ -71,6 +80,8 @@ def summarise(rows: List[Tuple[str, str, float]], dtypes: Dict[str, str], steps:
             path = path or "(root)"
         if op_type == "Cast":
             group = "Cast"
+        elif not names_a_cell(scope):
+            group = UNSCOPED
         elif path is None:
             group = "outside the network (loss, optimizer, loss scaling)"
         else:

@@ -14,10 +14,26 @@ from amp.profile import cell_path
     ("Default/network-NetWithLoss/net-LeNet5/fc1-Dense/MatMul-op2", "fc1"),
     ("Default/network-NetWithLoss/net-CastOutput/Cast-op9", ""),
     ("Default/optimizer-Momentum/ApplyMomentum-op7", None),
+    # a top-level Cell's own ops (the Transformer's tied output projection) belong to it, forward and backward
+    ("Default/network-NetWithLoss/net-CastOutput/cell-Transformer/MatMul-op0", ""),
+    ("Gradients/Default/network-NetWithLoss/net-Transformer/Grad_MatMul/MatMul-op45", ""),
     ("Default/network-NetWithLoss/loss_fn-FlatCrossEntropy/ce-CrossEntropyLoss/Log-op1", None),
 ])
 def test_ops_are_attributed_to_their_cell(scope, path):
     assert cell_path(scope) == path
+
+
+def test_root_ops_count_for_the_model_and_unscoped_ops_apart():
+    from amp.profile import UNSCOPED, summarise
+    rows = [("Default/network-NetWithLoss/net-CastOutput/cell-Transformer/MatMul-op0", "MatMul", 6.0),
+            ("Default/network-NetWithLoss/net-CastOutput/cell-Transformer/encoder-CellList/0-EncoderLayer/"
+             "norm-CastOutput/cell-LayerNorm/LayerNorm-op1", "LayerNorm", 1.0),
+            ("Expand/_SumExt/ReduceSum-op0", "ReduceSum", 2.0),
+            ("Default/optimizer-Adam/Adam-op3", "Adam", 1.0)]
+    dtypes = {"(root)": "float16", "encoder.0.norm": "float32"}
+    share = summarise(rows, dtypes, steps=1)["share"]
+    assert share == {"float16 Cells": 0.6, UNSCOPED: 0.2, "float32 Cells": 0.1,
+                     "outside the network (loss, optimizer, loss scaling)": 0.1}
 
 
 @pytest.mark.parametrize("recipe, low", [("lenet_o0", False), ("lenet_o2", True)])
