@@ -60,14 +60,13 @@ def plot(curve: dict, out: Path, title: str) -> None:
 
 def main(argv) -> dict:
     import mindspore as ms
-    from omegaconf import OmegaConf
 
     from amp.policy import apply_policy
     from bench.common import pop_option
     from data import create_dataset
     from models import create_model
     from zoo.checkpoint import average_checkpoints, load_weights
-    from zoo.config import fail
+    from zoo.config import fail, load_run_config
     from zoo.translate import translate
 
     curve_beam, argv = pop_option(argv, "--curve-beam", 1)
@@ -76,7 +75,7 @@ def main(argv) -> dict:
     if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
         fail(f"give one run directory holding config.yaml and checkpoints/; got {argv or 'nothing'}")
     run_dir = Path(argv[0])
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg = load_run_config(run_dir)
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     steps_per_epoch = create_dataset(cfg.dataset, "train").get_dataset_size()

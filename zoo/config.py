@@ -166,6 +166,7 @@ class DecodeConfig:
     length_penalty: float = 0.6       # GNMT alpha, or fairseq's lenpen (see length_norm)
     length_norm: LengthNorm = LengthNorm.gnmt
     average_last: int = 1             # eval.py: average the last N checkpoints of the run first
+    batch_size: int = 256             # sentences decoded together (x beam rows), sorted by length
 
 
 class ExportFormat(str, Enum):
@@ -250,6 +251,12 @@ def apply_smoke(cfg):
     return merged, note
 
 
+def load_run_config(run_dir):
+    """A run directory's config.yaml over the current schema (keys added since the run get their defaults)."""
+    from omegaconf import OmegaConf
+    return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(Path(run_dir) / "config.yaml"))
+
+
 def register_schema() -> None:
     ConfigStore.instance().store(name="schema", node=Config)
 
@@ -298,6 +305,10 @@ def validate(cfg) -> None:
         if cfg[section][name] < 1:
             raise ConfigError(f"{key}={cfg[section][name]} must be at least 1")
     if cfg.dataset.path is not None and not Path(cfg.dataset.path).expanduser().exists():
+        if str(cfg.dataset.path).startswith("/usr/share/datasets/fashion-mnist"):
+            raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist: install Debian's package "
+                              f"(apt-get install dataset-fashion-mnist), or set dataset.path to a folder with the "
+                              f"four Fashion-MNIST idx files")
         raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist; give a folder with the "
                           f"{cfg.dataset.name} files, or leave it unset for the embedded data")
     check_policy_names(cfg.amp)

@@ -2,9 +2,10 @@
 
 Incremental: the encoder runs once per batch; each step feeds one token per hypothesis through
 `Transformer.decode_step`, whose self-attention keys and values live in a fixed-shape cache on the device
-(reordered there when beams swap), and returns only the top 2 x beam candidates of each row. So graph mode
-compiles one encoder and one step graph per source shape (sources are padded to length buckets), and a step
-moves (rows x 2 x beam) numbers to the host, not (rows x max_len x vocabulary).
+(reordered there when beams swap), and returns only the top 2 x beam candidates of each row. Sentences are
+sorted by length into batches of `decode.batch_size`, all of one shape, so graph mode compiles one encoder and
+one step graph per split, and a step moves (rows x 2 x beam) numbers to the host, not (rows x max_len x
+vocabulary).
 
 The search itself (which candidates survive, when a sentence is done) runs on the host in numpy and is shared
 with `full_recompute_step`, the reference that re-runs the whole decoder on the token buffer at every step:
@@ -193,6 +194,19 @@ def source_batches(examples, size: int, buckets: List[int]):
         yield range(i, i + len(chunk)), np.stack([np.pad(e[0], (0, width - len(e[0]))) for e in chunk])
 
 
+def decode_batches(examples, size: int):
+    """(indices, sources) for decoding: sentences sorted by length (a batch finishes together) in batches of
+    `size`, every batch `size` rows (the last padded with copies) and as wide as the longest source of the
+    split, so graph mode compiles the encoder and the step once for the whole split."""
+    lengths = np.array([len(e[0]) for e in examples])
+    order = np.argsort(lengths, kind="stable")
+    width = int(lengths.max())
+    for i in range(0, len(order), size):
+        take = order[i:i + size]
+        rows = np.concatenate([take, np.full(size - len(take), take[-1])])
+        yield take, np.stack([np.pad(examples[j][0], (0, width - len(examples[j][0]))) for j in rows])
+
+
 def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, out: Optional[Path] = None,
               form: Optional[str] = None) -> dict:
     """Decode a split with the trained network; BLEU against the untokenized references (sacrebleu 13a), cased
@@ -204,13 +218,14 @@ def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, 
     form = form or str(getattr(cfg.decode.length_norm, "value", cfg.decode.length_norm))
     net.set_train(False)
     examples, pairs, sp = encode_pairs(cfg.dataset, split)
-    p = params(cfg.dataset)
+    max_len = params(cfg.dataset)["max_len"]
     decoder = IncrementalDecoder(net, 2 * max(1, beam))
-    hyps, tokens, t0 = [], 0, time.perf_counter()
-    for _, src in source_batches(examples, cfg.dataset.eval_batch_size, p["buckets"]):
-        ids = decoder.search(src, beam, alpha, form, p["max_len"])
+    hyps, tokens, t0 = [""] * len(examples), 0, time.perf_counter()
+    for take, src in decode_batches(examples, min(cfg.decode.batch_size, len(examples))):
+        ids = decoder.search(src, beam, alpha, form, max_len)[: len(take)]
         tokens += sum(len(h) + 1 for h in ids)
-        hyps.extend(sp.decode(h) for h in ids)
+        for j, h in zip(take, ids):
+            hyps[j] = sp.decode(h)
     seconds = time.perf_counter() - t0
     refs = [tgt for _, tgt in pairs][: len(hyps)]
     if out is not None:

@@ -1,0 +1,81 @@
+"""Decoding speed and exactness on a trained Transformer checkpoint.
+
+    python -m bench.decode RUN_DIR [--check 32]
+
+RUN_DIR is a translation run (config.yaml, checkpoints/); its newest checkpoint is decoded. Reports, on the
+test split: sentences/s and tokens/s for greedy and for beam search at the recipe's beam (5 for
+Transformer-Tiny), with BLEU; and, on the first `--check` test sentences, whether the incremental decoder's
+hypotheses equal the full-recompute reference's (zoo/translate.py) at beam 1 and beam 4. Written to
+bench/results/decode.json.
+"""
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()  # before MindSpore is imported
+quiet_mindspore()
+
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def main(argv) -> dict:
+    import mindspore as ms
+
+    from amp.policy import apply_policy
+    from bench.common import pop_option, save_result
+    from data.translation import encode_pairs, params
+    from models import create_model
+    from zoo.checkpoint import load_weights
+    from zoo.config import fail, load_run_config
+    from zoo.translate import IncrementalDecoder, beam_search, full_recompute_step, greedy, source_batches, translate
+
+    check, argv = pop_option(argv, "--check", 32)
+    if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
+        fail(f"give one run directory holding config.yaml and checkpoints/; got {argv or 'nothing'}")
+    run_dir = Path(argv[0])
+    cfg = load_run_config(run_dir)
+    ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if not ckpts:
+        fail(f"no checkpoint in {run_dir / 'checkpoints'}")
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    load_weights(net, ckpts[-1], cfg.model.name)
+    net, _ = apply_policy(net, cfg.amp)
+    net.set_train(False)
+    result = {"run": str(run_dir), "checkpoint": ckpts[-1].name, "recipe": cfg.recipe_name,
+              "eval_batch_size": cfg.dataset.eval_batch_size, "speed": {}}
+    for beam in (1, cfg.decode.beam):
+        translate(net, cfg, "test", beam, cfg.decode.length_penalty)  # compile every bucket's graphs first
+        t0 = time.perf_counter()
+        record = translate(net, cfg, "test", beam, cfg.decode.length_penalty)
+        record["wall_s"] = round(time.perf_counter() - t0, 2)
+        result["speed"][f"beam {beam}"] = record
+        print(f"beam {beam}: {record['sentences']} sentences in {record['decode_s']} s "
+              f"({record['sentences_per_s']} sentences/s, {record['tokens_per_s']} tokens/s), "
+              f"BLEU {record['bleu_lowercase']:.2f} lowercased", flush=True)
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # the reference runs the decoder eagerly, step by step
+    examples, _, _ = encode_pairs(cfg.dataset, "test")
+    p = params(cfg.dataset)
+    form = str(cfg.decode.length_norm)
+    result["exactness"] = {}
+    for beam in (1, 4):
+        same = total = 0
+        for _, src in source_batches(examples[:check], 16, p["buckets"]):
+            ms.set_context(mode=ms.GRAPH_MODE)
+            got = IncrementalDecoder(net, 2 * beam).search(src, beam, cfg.decode.length_penalty, form, p["max_len"])
+            ms.set_context(mode=ms.PYNATIVE_MODE)
+            step = full_recompute_step(net, src, beam, p["max_len"], 2 * beam)
+            want = (beam_search(step, len(src), beam, p["max_len"], cfg.decode.length_penalty, form) if beam > 1
+                    else greedy(step, len(src), p["max_len"]))
+            same += sum(a == b for a, b in zip(got, want))
+            total += len(src)
+        result["exactness"][f"beam {beam}"] = {"sentences": total, "identical": same}
+        print(f"beam {beam}: incremental = full recompute for {same} of {total} sentences", flush=True)
+    save_result("decode", result)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
