@@ -7,7 +7,7 @@ import sys
 
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
-cap_onednn_isa()  # before MindSpore is imported
+cap_onednn_isa(sys.argv[1:])  # before MindSpore is imported
 quiet_mindspore()
 
 import json  # noqa: E402

@@ -7,7 +7,7 @@ import sys
 
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
-ONEDNN_NOTE = cap_onednn_isa()  # must run before MindSpore (and its oneDNN) is imported
+ONEDNN_NOTE = cap_onednn_isa(sys.argv[1:])  # must run before MindSpore (and its oneDNN) is imported
 quiet_mindspore()
 
 import json  # noqa: E402

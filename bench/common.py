@@ -2,7 +2,7 @@
 where their JSON goes (bench/results/<name>.json; bench.run copies it next to its results.json)."""
 import json
 from pathlib import Path
-from typing import Callable, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -38,6 +38,30 @@ def train_step(cfg, steps_per_epoch: int, steps: int):
     step = AmpTrainStep(NetWithLoss(net, create_loss(cfg.trainer)), optimizer, plan, "CPU")
     step.set_train()
     return step
+
+
+def alternate(variants: Dict[str, Callable], rounds: int, steps: int) -> Dict[str, List[float]]:
+    """Run every variant `steps` times in turn, `rounds` times over; per variant, the median ms of each round.
+    Taking turns puts drift on a shared machine into every variant alike."""
+    import statistics
+    import time
+
+    times: Dict[str, List[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            ts = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            times[name].append(statistics.median(ts) * 1e3)
+    return times
+
+
+def ratio(times: List[float], base: List[float]) -> float:
+    """Median of per-round ratios."""
+    import statistics
+    return round(statistics.median(a / b for a, b in zip(times, base)), 3)
 
 
 def save_result(name: str, result: dict) -> Path:

@@ -10,7 +10,7 @@ bench/results/decode.json.
 """
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
-cap_onednn_isa()  # before MindSpore is imported
+cap_onednn_isa(["recipe=transformer_tiny_multi30k_o0"])  # the recipe's setting, before MindSpore loads
 quiet_mindspore()
 
 import sys  # noqa: E402

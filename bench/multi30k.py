@@ -12,7 +12,7 @@ Decoding is incremental (zoo/translate.py); sentences/s and tokens/s are in each
 """
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
-cap_onednn_isa()  # before MindSpore is imported
+cap_onednn_isa(["recipe=transformer_tiny_multi30k_o0"])  # the recipe's setting, before MindSpore loads
 quiet_mindspore()
 
 import json  # noqa: E402

@@ -14,7 +14,7 @@ then the AMP settings. PyTorch is a bench-only dependency (`pip install torch`);
 """
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
-cap_onednn_isa()  # before MindSpore is imported
+ISA_NOTE = cap_onednn_isa(["recipe=transformer_tiny_multi30k_o0"])  # the recipe's setting, before MindSpore loads
 quiet_mindspore()
 
 import math  # noqa: E402
@@ -103,7 +103,7 @@ def our_step(recipe: str, overrides, batch: int, length: int):
 def main(argv) -> dict:
     import mindspore as ms
 
-    from bench.common import pop_option, save_result
+    from bench.common import alternate, pop_option, ratio, save_result
     from zoo.config import fail
 
     rounds, argv = pop_option(argv, "--rounds", 8)
@@ -120,7 +120,7 @@ def main(argv) -> dict:
         peer_note = f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, fp32, eager"
     except ImportError:
         torch, peer_note = None, "PyTorch is not installed (pip install torch): no peer measured"
-    result = {"rounds": rounds, "steps_per_round": steps, "peer": peer_note, "shapes": {}}
+    result = {"rounds": rounds, "steps_per_round": steps, "peer": peer_note, "onednn": ISA_NOTE, "shapes": {}}
     for batch, length in [(128, t) for t in lengths]:
         variants = {SETTINGS[i][0]: our_step(SETTINGS[i][1], SETTINGS[i][2], batch, length) for i in chosen}
         if torch is not None:
@@ -130,23 +130,15 @@ def main(argv) -> dict:
             t0 = time.perf_counter()
             fn()
             compile_s[name] = round(time.perf_counter() - t0, 1)
-        times = {name: [] for name in variants}
-        for _ in range(rounds):
-            for name, fn in variants.items():
-                ts = []
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    fn()
-                    ts.append(time.perf_counter() - t0)
-                times[name].append(statistics.median(ts) * 1e3)
+        times = alternate(variants, rounds, steps)
         base = times["O0 fp32"]
         peer = times.get("PyTorch nn.Transformer fp32")
         rows = {}
         for name, ts in times.items():
             rows[name] = {"ms": round(statistics.median(ts), 1), "first_call_s": compile_s[name],
-                          "time_vs_O0": round(statistics.median(a / b for a, b in zip(ts, base)), 3)}
+                          "time_vs_O0": ratio(ts, base)}
             if peer is not None:
-                rows[name]["time_vs_pytorch"] = round(statistics.median(a / b for a, b in zip(ts, peer)), 3)
+                rows[name]["time_vs_pytorch"] = ratio(ts, peer)
         key = f"{batch}x{length}"
         result["shapes"][key] = rows
         for name, row in rows.items():

@@ -7,15 +7,35 @@ import random
 log = logging.getLogger("amp_zoo")
 
 
-def cap_onednn_isa() -> str:
+def configured_isa(argv) -> str:
+    """runtime.onednn_isa of the run the command line asks for ("auto" when it cannot be composed yet: the
+    entry point reports the bad input itself)."""
+    if not argv:
+        return "auto"
+    try:
+        from zoo.config import compose
+        return str(compose([a for a in argv if not a.startswith("-")]).runtime.onednn_isa)
+    except Exception:  # noqa: BLE001  (composition errors are reported by the entry point)
+        return "auto"
+
+
+def cap_onednn_isa(argv=None) -> str:
     """On x86, MindSpore's bundled oneDNN picks a reference convolution kernel on AVX-512/AMX CPUs that is
     20-130x slower than its AVX2 gemm kernel. Capping the ISA fixes it; it must happen before oneDNN
-    initialises, so call this before `import mindspore`. A value the user set is left alone."""
+    initialises, so call this before `import mindspore`. A value the user set is left alone, and a recipe
+    without convolutions sets runtime.onednn_isa=none: the cap costs matmul-only models (the Transformer
+    step is ~20% slower with it, bench.transformer_speed). `argv`: the entry point's Hydra overrides, read to
+    find the recipe's setting."""
     if "ONEDNN_MAX_CPU_ISA" in os.environ:
         return f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']} (set by the user)"
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return "ONEDNN_MAX_CPU_ISA not set (not an x86 CPU)"
-    os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    choice = configured_isa(argv)
+    if choice.lower() == "none":
+        return "ONEDNN_MAX_CPU_ISA not set (runtime.onednn_isa=none: no convolutions, the full ISA is faster)"
+    os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2" if choice.lower() == "auto" else choice
+    if choice.lower() != "auto":
+        return f"ONEDNN_MAX_CPU_ISA={choice} (runtime.onednn_isa)"
     return "ONEDNN_MAX_CPU_ISA=AVX2 (set by amp-zoo: oneDNN's AVX-512 convolution path is 20-130x slower here)"
 
 

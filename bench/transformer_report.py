@@ -1,0 +1,114 @@
+"""BENCHMARKS.md for the Transformer at real scale, from the JSON the Transformer benchmarks wrote.
+
+    python -m bench.transformer_report OUT_DIR [RUN_DIR ...]
+
+Reads bench/results/transformer_speed*.json, transformer_parts.json and decode.json, and each Multi30k run
+directory's multi30k_result.json / multi30k_curve.json (bench.multi30k) when given; copies them and the curve
+plots into OUT_DIR and writes OUT_DIR/BENCHMARKS.md. Every number in it comes from those files.
+"""
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from bench.common import RESULTS
+
+
+def load(name: str):
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def speed_tables(lines):
+    for path in sorted(RESULTS.glob("transformer_speed*.json")):
+        data = json.loads(path.read_text())
+        lines += [f"### Train step against PyTorch (`{path.name}`)", "",
+                  f"{data['peer']}; ours: {data.get('onednn', '')}. {data['rounds']} rounds of "
+                  f"{data['steps_per_round']} steps per variant, alternating; ratios are medians of per-round ratios.", "",
+                  "| shape | variant | ms/step | time vs our O0 | time vs PyTorch |", "|---|---|---:|---:|---:|"]
+        for shape, rows in data["shapes"].items():
+            for name, r in rows.items():
+                lines.append(f"| {shape} | {name} | {r['ms']:,.1f} | {r['time_vs_O0']:.3f} | "
+                             f"{r.get('time_vs_pytorch', float('nan')):.3f} |")
+        lines.append("")
+
+
+def parts_table(lines):
+    data = load("transformer_parts.json")
+    if not data:
+        return
+    lines += [f"### Each part in the whole step ({data['shape']}, O0)", "",
+              "The step with every part as kept, against the step with one part put back as it was "
+              "(`bench.transformer_parts`).", "",
+              "| variant | ms/step | time vs kept |", "|---|---:|---:|"]
+    lines += [f"| {name} | {r['ms']:,.1f} | {r['time_vs_kept']:.3f} |" for name, r in data["variants"].items()]
+    lines.append("")
+
+
+def decode_table(lines):
+    data = load("decode.json")
+    if not data:
+        return
+    lines += [f"### Decoding ({data['recipe']}, checkpoint {data['checkpoint']})", "",
+              "| search | sentences | seconds | sentences/s | tokens/s | BLEU (lowercased) |", "|---|---:|---:|---:|---:|---:|"]
+    for name, r in data["speed"].items():
+        lines.append(f"| {name} | {r['sentences']} | {r['decode_s']} | {r['sentences_per_s']} | {r['tokens_per_s']} | "
+                     f"{r['bleu_lowercase']:.2f} |")
+    lines += ["", "Incremental decoding against re-running the whole decoder every step, same checkpoint: " + "; ".join(
+        f"{k}: {v['identical']} of {v['sentences']} hypotheses identical" for k, v in data["exactness"].items()), ""]
+
+
+def multi30k_tables(lines, runs, out: Path):
+    for run in map(Path, runs):
+        result = run / "multi30k_result.json"
+        curve = run / "multi30k_curve.json"
+        name = run.name
+        if curve.is_file():
+            c = json.loads(curve.read_text())
+            last = c[max(c, key=int)]
+            lines += [f"### Multi30k run `{name}`: val BLEU per epoch", "",
+                      f"![val BLEU per epoch]({name}_curve.png)", "",
+                      f"{len(c)} epochs scored; epoch {max(map(int, c))}: val BLEU {last['bleu_lowercase']:.2f} "
+                      f"lowercased, {last['bleu']:.2f} cased (beam {last['beam']}).", ""]
+            shutil.copy(curve, out / f"{name}_curve.json")
+            if (run / "multi30k_curve.png").is_file():
+                shutil.copy(run / "multi30k_curve.png", out / f"{name}_curve.png")
+        if result.is_file():
+            r = json.loads(result.read_text())
+            shutil.copy(result, out / f"{name}_result.json")
+            lines += [f"### Multi30k run `{name}`: published protocol", "",
+                      f"Epoch {r['epochs']} (step {r['steps']}); last {len(r['averaged'])} epoch checkpoints averaged; "
+                      f"beam {r['beam']}, length penalty {r['length_penalty']} ({r['length_norm']}).", "",
+                      "| split | weights | BLEU lowercased | BLEU cased | sentences/s |", "|---|---|---:|---:|---:|"]
+            for key, label in (("averaged_test_2016_flickr", "test_2016_flickr, averaged"),
+                               ("averaged_val", "val, averaged"), ("last_test_2016_flickr", "test_2016_flickr, last")):
+                if key in r:
+                    x = r[key]
+                    lines.append(f"| {label.split(', ')[0]} | {label.split(', ')[1]} | {x['bleu_lowercase']:.2f} | "
+                                 f"{x['bleu']:.2f} | {x['sentences_per_s']} |")
+            lines.append("")
+
+
+def main(argv) -> Path:
+    if not argv:
+        from zoo.config import fail
+        fail("give the output folder, then any Multi30k run directories")
+    out = Path(argv[0])
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["# Transformer benchmarks (CPU)", "",
+             "Measured on a 2-core x86 Xeon, 24 GiB, no accelerator, mindspore 2.10.0 (CPU build), Python 3.11. "
+             "Nothing here ran on Ascend or GPU. Regenerate: `python -m bench.transformer_report OUT_DIR RUN_DIR...`.", ""]
+    speed_tables(lines)
+    parts_table(lines)
+    decode_table(lines)
+    multi30k_tables(lines, argv[1:], out)
+    for name in ("transformer_parts.json", "decode.json", *[p.name for p in RESULTS.glob("transformer_speed*.json")]):
+        if (RESULTS / name).is_file():
+            shutil.copy(RESULTS / name, out / name)
+    (out / "BENCHMARKS.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'BENCHMARKS.md'}")
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
