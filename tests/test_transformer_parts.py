@@ -131,3 +131,19 @@ def test_o2_keep_list_holds_on_a_real_forward_pass(pynative_mode):
     assert seen["LayerNorm"] == {"Float32"} and seen["Softmax"] == {"Float32"}
     assert seen["Dense"] == {"Float16"} and seen["BatchMatMul"] == {"Float16"}
     assert out.dtype == ms.float32  # the loss is computed in fp32
+
+
+def test_decode_batches_are_one_shape_sorted_and_cover_every_sentence():
+    from zoo.translate import decode_batches
+    rng = np.random.RandomState(3)
+    data = examples(rng.randint(1, 30, 23))
+    seen, shapes, previous_max = [], set(), 0
+    for take, src in decode_batches(data, 8):
+        shapes.add(src.shape)
+        lengths = [len(data[j][0]) for j in take]
+        assert min(lengths) >= previous_max  # sorted by length across batches
+        previous_max = max(lengths)
+        for row, j in zip(src, take):  # each row is its sentence, zero-padded
+            np.testing.assert_array_equal(row[:len(data[j][0])], data[j][0])
+        seen.extend(take.tolist())
+    assert sorted(seen) == list(range(23)) and len(shapes) == 1  # every sentence once; one compiled shape
