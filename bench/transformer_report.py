@@ -19,6 +19,12 @@ def load(name: str):
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def table(title: str, intro: str, header, rows) -> list:
+    """A titled markdown table; the first column left-aligned, the rest right-aligned."""
+    return [f"### {title}", "", *([intro, ""] if intro else []), "| " + " | ".join(header) + " |",
+            "|---" + "|---:" * (len(header) - 1) + "|", *("| " + " | ".join(map(str, r)) + " |" for r in rows), ""]
+
+
 def speed_tables(lines):
     for path in sorted(RESULTS.glob("transformer_speed*.json")):
         data = json.loads(path.read_text())
@@ -35,26 +41,22 @@ def speed_tables(lines):
 
 def parts_table(lines):
     data = load("transformer_parts.json")
-    if not data:
-        return
-    lines += [f"### Each part in the whole step ({data['shape']}, O0)", "",
-              "The step with every part as kept, against the step with one part put back as it was "
-              "(`bench.transformer_parts`).", "",
-              "| variant | ms/step | time vs kept |", "|---|---:|---:|"]
-    lines += [f"| {name} | {r['ms']:,.1f} | {r['time_vs_kept']:.3f} |" for name, r in data["variants"].items()]
-    lines.append("")
+    if data:
+        lines += table(f"Each part in the whole step ({data['shape']}, O0)",
+                       "The step with every part as kept, against the step with one part put back as it was "
+                       "(`bench.transformer_parts`).", ["variant", "ms/step", "time vs kept"],
+                       [(name, f"{r['ms']:,.1f}", f"{r['time_vs_kept']:.3f}") for name, r in data["variants"].items()])
 
 
 def decode_table(lines):
     data = load("decode.json")
     if not data:
         return
-    lines += [f"### Decoding ({data['recipe']}, checkpoint {data['checkpoint']})", "",
-              "| search | sentences | seconds | sentences/s | tokens/s | BLEU (lowercased) |", "|---|---:|---:|---:|---:|---:|"]
-    for name, r in data["speed"].items():
-        lines.append(f"| {name} | {r['sentences']} | {r['decode_s']} | {r['sentences_per_s']} | {r['tokens_per_s']} | "
-                     f"{r['bleu_lowercase']:.2f} |")
-    lines += ["", "Incremental decoding against re-running the whole decoder every step, same checkpoint: " + "; ".join(
+    lines += table(f"Decoding ({data['recipe']}, checkpoint {data['checkpoint']})", "",
+                   ["search", "sentences", "seconds", "sentences/s", "tokens/s", "BLEU (lowercased)"],
+                   [(name, r["sentences"], r["decode_s"], r["sentences_per_s"], r["tokens_per_s"],
+                     f"{r['bleu_lowercase']:.2f}") for name, r in data["speed"].items()])
+    lines += ["Incremental decoding against re-running the whole decoder every step, same checkpoint: " + "; ".join(
         f"{k}: {v['identical']} of {v['sentences']} hypotheses identical" for k, v in data["exactness"].items()), ""]
 
 
