@@ -89,11 +89,11 @@ def train(cfg, run_dir: Path, extra_callbacks=()) -> float:
     test_ds = create_dataset(cfg.dataset, "test")
     steps_per_epoch = create_dataset(cfg.dataset, "train", shard).get_dataset_size()
     global_batch = cfg.dataset.batch_size * world
-    # token batching: throughput counts (padded) tokens, a step's budget, instead of sentences
-    per_step = cfg.dataset.max_tokens * world if cfg.dataset.get("max_tokens", 0) > 0 else global_batch
+    by_tokens = cfg.dataset.max_tokens > 0  # token batching: throughput counts a step's (padded) token budget
+    per_step = cfg.dataset.max_tokens * world if by_tokens else global_batch
     epochs = cfg.trainer.epochs
     log.info("data: %s, %d steps of %s per epoch", cfg.dataset.path or "embedded", steps_per_epoch,
-             f"up to {cfg.dataset.max_tokens} tokens" if per_step != global_batch else cfg.dataset.batch_size)
+             f"up to {cfg.dataset.max_tokens} tokens" if by_tokens else cfg.dataset.batch_size)
 
     writer = None
     if cfg.logger.tensorboard and is_main:  # on resume, TensorBoard drops the killed run's events from this step on
@@ -203,7 +203,7 @@ def train(cfg, run_dir: Path, extra_callbacks=()) -> float:
         "world_size": world, "global_batch": global_batch,
         "epochs": epochs, "steps": steps_done, "wall_time_s": round(time.perf_counter() - t_start, 2),
         "train_time_s": round(train_time, 2), **timer.summary(per_step),
-        "throughput_unit": "padded tokens" if per_step != global_batch else "samples",
+        "throughput_unit": "padded tokens" if by_tokens else "samples",
         "final": final, "eval_history": evaluator.history, "amp": amp_summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": amp_summaries},
         "checkpoint": str(checkpoints.latest), "target": OmegaConf.to_container(cfg.target),

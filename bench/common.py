@@ -40,6 +40,17 @@ def train_step(cfg, steps_per_epoch: int, steps: int):
     return step
 
 
+def trained_network(cfg, checkpoint):
+    """The run's network under its policy, in eval mode, with one checkpoint's weights (zoo.checkpoint's
+    inference_network, without averaging)."""
+    from omegaconf import OmegaConf
+
+    from zoo.checkpoint import inference_network
+
+    one = OmegaConf.merge(cfg, {"checkpoint": str(checkpoint), "decode": {"average_last": 1}})
+    return inference_network(one, "bench")[0]
+
+
 def alternate(variants: Dict[str, Callable], rounds: int, steps: int) -> Dict[str, List[float]]:
     """Run every variant `steps` times in turn, `rounds` times over; per variant, the median ms of each round.
     Taking turns puts drift on a shared machine into every variant alike."""

@@ -21,13 +21,10 @@ from pathlib import Path  # noqa: E402
 def main(argv) -> dict:
     import mindspore as ms
 
-    from amp.policy import apply_policy
-    from bench.common import pop_option, save_result
+    from bench.common import pop_option, save_result, trained_network
     from data.translation import encode_pairs, params
-    from models import create_model
-    from zoo.checkpoint import load_weights
     from zoo.config import fail, load_run_config
-    from zoo.translate import IncrementalDecoder, beam_search, full_recompute_step, greedy, source_batches, translate
+    from zoo.translate import IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate
 
     check, argv = pop_option(argv, "--check", 32)
     if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
@@ -37,14 +34,9 @@ def main(argv) -> dict:
     ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     if not ckpts:
         fail(f"no checkpoint in {run_dir / 'checkpoints'}")
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
-    load_weights(net, ckpts[-1], cfg.model.name)
-    net, _ = apply_policy(net, cfg.amp)
-    net.set_train(False)
+    net = trained_network(cfg, ckpts[-1])
     result = {"run": str(run_dir), "checkpoint": ckpts[-1].name, "recipe": cfg.recipe_name,
-              "eval_batch_size": cfg.dataset.eval_batch_size, "speed": {}}
+              "decode_batch_size": cfg.decode.batch_size, "speed": {}}
     for beam in (1, cfg.decode.beam):
         translate(net, cfg, "test", beam, cfg.decode.length_penalty)  # compile every bucket's graphs first
         t0 = time.perf_counter()
@@ -55,22 +47,21 @@ def main(argv) -> dict:
               f"({record['sentences_per_s']} sentences/s, {record['tokens_per_s']} tokens/s), "
               f"BLEU {record['bleu_lowercase']:.2f} lowercased", flush=True)
 
-    ms.set_context(mode=ms.PYNATIVE_MODE)  # the reference runs the decoder eagerly, step by step
     examples, _, _ = encode_pairs(cfg.dataset, "test")
     p = params(cfg.dataset)
     form = str(cfg.decode.length_norm)
     result["exactness"] = {}
     for beam in (1, 4):
         same = total = 0
-        for _, src in source_batches(examples[:check], 16, p["buckets"]):
+        for take, src in decode_batches(examples[:check], 16):
             ms.set_context(mode=ms.GRAPH_MODE)
-            got = IncrementalDecoder(net, 2 * beam).search(src, beam, cfg.decode.length_penalty, form, p["max_len"])
-            ms.set_context(mode=ms.PYNATIVE_MODE)
+            got = IncrementalDecoder(net, beam).search(src, cfg.decode.length_penalty, form, p["max_len"])
+            ms.set_context(mode=ms.PYNATIVE_MODE)  # the reference runs the decoder eagerly, step by step
             step = full_recompute_step(net, src, beam, p["max_len"], 2 * beam)
             want = (beam_search(step, len(src), beam, p["max_len"], cfg.decode.length_penalty, form) if beam > 1
                     else greedy(step, len(src), p["max_len"]))
-            same += sum(a == b for a, b in zip(got, want))
-            total += len(src)
+            same += sum(a == b for a, b in zip(got[:len(take)], want[:len(take)]))
+            total += len(take)
         result["exactness"][f"beam {beam}"] = {"sentences": total, "identical": same}
         print(f"beam {beam}: incremental = full recompute for {same} of {total} sentences", flush=True)
     save_result("decode", result)

@@ -32,11 +32,9 @@ def epoch_checkpoints(run_dir: Path, steps_per_epoch: int):
 
 
 def split_cfg(cfg, prefix: str):
-    from omegaconf import OmegaConf, open_dict
-    out = OmegaConf.create(OmegaConf.to_container(cfg))
-    with open_dict(out):
-        out.dataset.params.test_prefix = prefix
-    return out
+    """The run's config reading `prefix` as its test split."""
+    from omegaconf import OmegaConf
+    return OmegaConf.merge(cfg, {"dataset": {"params": {"test_prefix": prefix}}})
 
 
 def plot(curve: dict, out: Path, title: str) -> None:
@@ -59,12 +57,8 @@ def plot(curve: dict, out: Path, title: str) -> None:
 
 
 def main(argv) -> dict:
-    import mindspore as ms
-
-    from amp.policy import apply_policy
-    from bench.common import pop_option
+    from bench.common import pop_option, trained_network
     from data import create_dataset
-    from models import create_model
     from zoo.checkpoint import average_checkpoints, load_weights
     from zoo.config import fail, load_run_config
     from zoo.translate import translate
@@ -76,14 +70,11 @@ def main(argv) -> dict:
         fail(f"give one run directory holding config.yaml and checkpoints/; got {argv or 'nothing'}")
     run_dir = Path(argv[0])
     cfg = load_run_config(run_dir)
-    ms.set_device("CPU")
-    ms.set_context(mode=ms.GRAPH_MODE)
     steps_per_epoch = create_dataset(cfg.dataset, "train").get_dataset_size()
     ckpts = epoch_checkpoints(run_dir, steps_per_epoch)
     if not ckpts:
         fail(f"no epoch checkpoint in {run_dir / 'checkpoints'} yet")
-    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
-    net, _ = apply_policy(net, cfg.amp)
+    net = trained_network(cfg, next(iter(ckpts.values())))  # the run's device, mode and policy
     name = cfg.model.name
     val, test = split_cfg(cfg, "val"), split_cfg(cfg, cfg.dataset.params.test_prefix)
 

@@ -52,10 +52,8 @@ def idx_file(path: Path, name: str) -> Path:
     for candidate in (path / name, path / f"{name}.gz"):
         if candidate.is_file():
             return candidate
-    hint = (" (Fashion-MNIST: apt-get install dataset-fashion-mnist puts them in /usr/share/datasets/fashion-mnist)"
-            if "fashion" in str(path).lower() else "")
     raise ConfigError(f"dataset.path={str(path)!r} has no {name} (or {name}.gz); an idx data set is the four files "
-                      f"{', '.join(n for pair in IDX_FILES.values() for n in pair)}, gzip-compressed or not{hint}")
+                      f"{', '.join(n for pair in IDX_FILES.values() for n in pair)}, gzip-compressed or not")
 
 
 def read_idx(path: Path, kind: str) -> np.ndarray:

@@ -31,7 +31,7 @@ from mindspore.common.initializer import Normal, XavierUniform
 from amp.names import register_cell
 from models import register_model
 
-PAD, BOS = 0, 2
+PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
 
 

@@ -164,7 +164,7 @@ def test_incremental_decoding_equals_full_recompute(copy_model, beam):
     from zoo.translate import IncrementalDecoder, full_recompute_step
     net, src = copy_model
     max_len = 14
-    got = IncrementalDecoder(net, 2 * beam).search(src, beam, 1.0, "fairseq", max_len)
+    got = IncrementalDecoder(net, beam).search(src, 1.0, "fairseq", max_len)
     step = full_recompute_step(net, src, beam, max_len, 2 * beam)
     want = beam_search(step, len(src), beam, max_len, 1.0, "fairseq") if beam > 1 else greedy(step, len(src), max_len)
     assert got == want

@@ -305,10 +305,9 @@ def validate(cfg) -> None:
         if cfg[section][name] < 1:
             raise ConfigError(f"{key}={cfg[section][name]} must be at least 1")
     if cfg.dataset.path is not None and not Path(cfg.dataset.path).expanduser().exists():
-        if str(cfg.dataset.path).startswith("/usr/share/datasets/fashion-mnist"):
-            raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist: install Debian's package "
-                              f"(apt-get install dataset-fashion-mnist), or set dataset.path to a folder with the "
-                              f"four Fashion-MNIST idx files")
+        if cfg.dataset.params.get("install"):  # data a system package provides (dataset.params.install says how)
+            raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist: install {cfg.dataset.params.install}, "
+                              f"or set dataset.path to a folder with its files")
         raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist; give a folder with the "
                           f"{cfg.dataset.name} files, or leave it unset for the embedded data")
     check_policy_names(cfg.amp)

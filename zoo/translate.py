@@ -112,9 +112,11 @@ def unwrap(net):
 
 
 class IncrementalDecoder:
-    """Graph-mode Cells around a trained Transformer: `start(src)` once per batch, then `step` per position."""
+    """Graph-mode Cells around a trained Transformer for one beam width: `start` once per batch, then `next` per
+    position, returning the best 2 x beam candidates of each row. Greedy (beam 1) never reorders rows, so its
+    step has no cache gather."""
 
-    def __init__(self, net, candidates: int):
+    def __init__(self, net, beam: int):
         import mindspore as ms
         import mindspore.nn as nn
         import mindspore.ops as ops
@@ -134,20 +136,21 @@ class IncrementalDecoder:
         class Next(nn.Cell):
             def __init__(self):
                 super().__init__(auto_prefix=False)
-                self.model, self.k = model, candidates
+                self.model, self.k, self.reorders = model, 2 * max(1, beam), beam > 1
                 self.specials = ms.Tensor(specials)
 
             def construct(self, token, t, reorder, cache, cross, src_bias):
-                cache = tuple(ops.gather(c, reorder, 0) for c in cache)
+                if self.reorders:  # a Python constant: the greedy graph holds no gather
+                    cache = tuple(ops.gather(c, reorder, 0) for c in cache)
                 logp, cache = self.model.decode_step(token, t, cache, cross, src_bias)
                 values, ids = ops.topk(logp + self.specials, self.k)
                 return values, ids, cache
 
         self.ms, self.start_cell, self.next_cell = ms, Start(), Next()
-        self.max_len = model.max_len
+        self.max_len, self.beam = model.max_len, beam
 
-    def search(self, src: np.ndarray, beam: int, alpha: float, form: str, max_len: int) -> List[List[int]]:
-        ms = self.ms
+    def search(self, src: np.ndarray, alpha: float, form: str, max_len: int) -> List[List[int]]:
+        ms, beam = self.ms, self.beam
         k = max(1, beam)
         cross, src_bias, cache = self.start_cell(ms.Tensor(np.repeat(src, k, axis=0)))
         # mutable: a tuple input is otherwise a graph constant, and every new cache would compile the step again
@@ -185,15 +188,6 @@ def full_recompute_step(net, src: np.ndarray, beam: int, max_len: int, candidate
     return step
 
 
-def source_batches(examples, size: int, buckets: List[int]):
-    """(indices, padded sources) in file order, `size` sentences at a time, each padded to its length bucket."""
-    for i in range(0, len(examples), size):
-        chunk = examples[i:i + size]
-        longest = max(len(e[0]) for e in chunk)
-        width = next((b for b in sorted(buckets) if b >= longest), longest)
-        yield range(i, i + len(chunk)), np.stack([np.pad(e[0], (0, width - len(e[0]))) for e in chunk])
-
-
 def decode_batches(examples, size: int):
     """(indices, sources) for decoding: sentences sorted by length (a batch finishes together) in batches of
     `size`, every batch `size` rows (the last padded with copies) and as wide as the longest source of the
@@ -219,10 +213,10 @@ def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, 
     net.set_train(False)
     examples, pairs, sp = encode_pairs(cfg.dataset, split)
     max_len = params(cfg.dataset)["max_len"]
-    decoder = IncrementalDecoder(net, 2 * max(1, beam))
+    decoder = IncrementalDecoder(net, beam)
     hyps, tokens, t0 = [""] * len(examples), 0, time.perf_counter()
     for take, src in decode_batches(examples, min(cfg.decode.batch_size, len(examples))):
-        ids = decoder.search(src, beam, alpha, form, max_len)[: len(take)]
+        ids = decoder.search(src, alpha, form, max_len)[: len(take)]
         tokens += sum(len(h) + 1 for h in ids)
         for j, h in zip(take, ids):
             hyps[j] = sp.decode(h)
