@@ -36,18 +36,22 @@ def test_root_ops_count_for_the_model_and_unscoped_ops_apart():
                      "outside the network (loss, optimizer, loss scaling)": 0.1}
 
 
-@pytest.mark.parametrize("recipe, low", [("lenet_o0", False), ("lenet_o2", True)])
-def test_profile_writes_the_precision_time_shares(tmp_path, graph_mode, recipe, low):
+def test_profile_writes_the_precision_time_shares(tmp_path, graph_mode):
     from train import train
     from zoo.config import compose
-    cfg = compose([f"recipe={recipe}", "trainer.epochs=1", "trainer.max_steps=12", "runtime.profile=true",
-                   "logger.progress_bar=false"])
-    train(cfg, tmp_path)
-    summary = json.loads((tmp_path / "profile.json").read_text())
-    assert summary["steps"] == 5
-    assert sum(summary["share"].values()) == pytest.approx(1.0)
-    assert ("float16 Cells" in summary["share"]) == low
-    assert (summary["share"].get("Cast", 0) > 0.01) == low, "O2 casts at Cell edges; O0 next to nothing"
-    conv = [r for r in summary["slowest"] if r["cell"] in ("conv1", "conv2") and r["op"] != "Cast"]
-    assert conv and all(r["group"] == ("float16 Cells" if low else "float32 Cells") for r in conv)
-    assert "| ops | share of op time |" in (tmp_path / "profile.md").read_text()
+    cast = {}
+    for recipe, low in [("lenet_o0", False), ("lenet_o2", True)]:
+        cfg = compose([f"recipe={recipe}", "trainer.epochs=1", "trainer.max_steps=12", "runtime.profile=true",
+                       "logger.progress_bar=false"])
+        (tmp_path / recipe).mkdir()
+        train(cfg, tmp_path / recipe)
+        summary = json.loads((tmp_path / recipe / "profile.json").read_text())
+        assert summary["steps"] == 5
+        assert sum(summary["share"].values()) == pytest.approx(1.0)
+        assert ("float16 Cells" in summary["share"]) == low
+        conv = [r for r in summary["slowest"] if r["cell"] in ("conv1", "conv2") and r["op"] != "Cast"]
+        assert conv and all(r["group"] == ("float16 Cells" if low else "float32 Cells") for r in conv)
+        assert "| ops | share of op time |" in (tmp_path / recipe / "profile.md").read_text()
+        cast[recipe] = summary["share"].get("Cast", 0)
+    # shares are timings (noisy on a loaded machine): compare the two runs, not a fixed threshold
+    assert cast["lenet_o2"] > 2 * cast["lenet_o0"], f"O2 casts at Cell edges; O0 next to nothing: {cast}"
