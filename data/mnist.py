@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data import EpochBatches, epoch_length, register_dataset
+from data import EpochBatches, epoch_length, flip_and_shift, register_dataset
 from zoo.config import ConfigError
 
 IDX_FILES = {
@@ -120,6 +120,8 @@ def mnist(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     if train and epoch_length(len(labels), shard) < batch_size:
         raise ConfigError(f"dataset.batch_size={batch_size} is larger than the {epoch_length(len(labels), shard)} "
                           f"training images of this shard; use at most {epoch_length(len(labels), shard)}")
+    augment = (functools.partial(flip_and_shift, hflip=cfg.hflip, shift=cfg.shift)
+               if cfg.hflip or cfg.shift else None)
     return msds.GeneratorDataset(EpochBatches((images, labels), batch_size, split, seed, start_epoch, shard,
-                                              skip_batches * cfg.batch_size),
+                                              skip_batches * cfg.batch_size, augment),
                                  column_names=["image", "label"], shuffle=False)

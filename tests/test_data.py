@@ -93,3 +93,33 @@ def test_idx_reader_names_a_missing_file(tmp_path):
 def test_batch_larger_than_the_data_is_refused(idx_folder):
     with pytest.raises(ConfigError, match="dataset.batch_size=128 is larger than the 96 training images"):
         create_dataset(dataset_cfg(path=str(idx_folder), batch_size=128), "train")
+
+
+def test_flip_and_shift_moves_pixels_without_inventing_them():
+    from data import flip_and_shift
+    images = np.arange(2 * 1 * 6 * 6, dtype=np.float32).reshape(2, 1, 6, 6)
+    rng = np.random.default_rng(0)
+    flipped = flip_and_shift(images, rng, hflip=True, shift=0)
+    for got, orig in zip(flipped, images):
+        assert np.array_equal(got, orig) or np.array_equal(got, orig[..., ::-1])
+    shifted = flip_and_shift(images, np.random.default_rng(3), hflip=False, shift=2)
+    assert shifted.shape == images.shape
+    for got, orig in zip(shifted, images):  # some (dy, dx) in [-2, 2] maps the original onto the result
+        padded = np.pad(orig, ((0, 0), (2, 2), (2, 2)), constant_values=images.min())
+        assert any(np.array_equal(got, padded[:, dy:dy + 6, dx:dx + 6]) for dy in range(5) for dx in range(5))
+    assert not np.array_equal(shifted, images)
+
+
+def test_augmented_batches_are_the_same_after_a_mid_epoch_resume(idx_folder):
+    cfg = dataset_cfg(path=str(idx_folder), batch_size=16, hflip=True, shift=2)
+    whole = [x.asnumpy() for x, _ in create_dataset(cfg, "train", seed=5).create_tuple_iterator()]
+    resumed = [x.asnumpy() for x, _ in create_dataset(cfg, "train", seed=5, skip_batches=4).create_tuple_iterator()]
+    assert len(whole) == 6 and len(resumed) == 2
+    np.testing.assert_array_equal(np.stack(resumed), np.stack(whole[4:]))
+    plain = [x.asnumpy() for x, _ in create_dataset(dataset_cfg(path=str(idx_folder), batch_size=16), "train",
+                                                    seed=5).create_tuple_iterator()]
+    assert not np.array_equal(np.stack(plain), np.stack(whole)), "the training split is augmented"
+    test = [x.asnumpy() for x, _ in create_dataset(cfg, "test").create_tuple_iterator()]
+    plain_test = [x.asnumpy() for x, _ in create_dataset(dataset_cfg(path=str(idx_folder), batch_size=16),
+                                                         "test").create_tuple_iterator()]
+    np.testing.assert_array_equal(np.concatenate(test), np.concatenate(plain_test))

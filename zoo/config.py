@@ -91,6 +91,8 @@ class DatasetConfig:
     mean: List[float] = field(default_factory=list)
     std: List[float] = field(default_factory=list)
     test_fraction: float = 0.2        # embedded data only: share held out as the test split
+    hflip: bool = False               # idx images, training split: flip left-right with probability 1/2
+    shift: int = 0                    # idx images, training split: translate by up to this many pixels
     params: Dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,0 +1,262 @@
+"""Reproduce every recipe whose real data is on this machine, and write the table of published numbers.
+
+    python -m bench.reproduce [--data GROUP=PATH ...] [--only RECIPE ...] [--runs DIR] [--out DIR] [--plan]
+    make reproduce
+
+Every recipe in recipes/ gets a row. Its data group (`override /dataset: ...` in the recipe) is looked for at
+the path given with --data (fashion_mnist, mnist, cifar10, imagenet, multi30k, wmt14_en_de), else at the
+recipe's own dataset.path, else where this project's machines keep it (Multi30k: ../shared/data/multi30k).
+Found: the recipe trains with its own settings, once per seed of SEEDS, each run in RUNS/<recipe>-s<seed>
+(train.py's run directory; --runs, default runs/reproduce). Resumable: a run with metrics.json is done and
+only scored again; a run with checkpoints continues with resume=auto; a killed reproduce picks up there.
+Translation recipes are scored with the published protocol of bench/multi30k.py (last checkpoints averaged,
+beam search, test split). Not found: the row says so and gives the command that would run it.
+
+Writes OUT/reproduce.json (one record per run) and OUT/REPRODUCE.md (the table; --out, default
+bench/results/reproduce), and the same table into README.md between its `reproduce` markers: the README's
+"Published numbers" table comes from here and nowhere else. --plan prints what would run, and runs nothing.
+"""
+import json
+import re
+import statistics
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
+# Where this project's machines keep data that no package installs (benchmarks and tests only).
+KNOWN_DATA = {"multi30k": ROOT.parent / "shared" / "data" / "multi30k"}
+# Seeds per recipe (default 1): the parity claim of the Fashion-MNIST recipes needs a spread.
+SEEDS = {"lenet_fashion_o0": [1, 2, 3], "lenet_fashion_o2": [1, 2, 3], "lenet_fashion_o3": [1, 2, 3]}
+# Extra settings a reproduction adds to the recipe: keep every epoch checkpoint for the val BLEU curve.
+EXTRA = {"transformer_tiny_multi30k_o0": ["trainer.keep_last=100"],
+         "transformer_tiny_multi30k_o2": ["trainer.keep_last=100"]}
+# Parity, fixed before the runs: an AMP recipe's mean within this many points of its O0 sibling's mean.
+TOLERANCE = {"lenet_fashion": 0.5, "transformer_tiny_multi30k": 1.0}
+
+
+def recipe_card(name: str) -> dict:
+    """The recipe's data group, dataset.path default and target block, read from its YAML and its groups."""
+    from omegaconf import OmegaConf
+    card = OmegaConf.load(ROOT / "recipes" / f"{name}.yaml")
+    group = defaults_group(card)
+    data = OmegaConf.load(ROOT / "conf" / "dataset" / f"{group}.yaml")
+    path = card.get("dataset", {}).get("path", data.get("path"))
+    return {"recipe": name, "group": group, "default_path": path, "level": card.amp.level,
+            "target": OmegaConf.to_container(card.target), "description": card.description}
+
+
+def defaults_group(card) -> str:
+    for entry in card.defaults:
+        if isinstance(entry, dict) or hasattr(entry, "items"):
+            for key, value in entry.items():
+                if key.endswith("/dataset"):
+                    return str(value)
+    raise ValueError("no dataset in the recipe's defaults")
+
+
+def find_data(card: dict, given: Dict[str, str]) -> Optional[str]:
+    for path in (given.get(card["group"]), card["default_path"], KNOWN_DATA.get(card["group"])):
+        if path and Path(path).expanduser().is_dir():
+            return str(Path(path).expanduser().resolve())
+    return None
+
+
+def train_command(recipe: str, data: str, seed: int, run_dir: Path) -> List[str]:
+    cmd = [sys.executable, "train.py", f"recipe={recipe}", f"dataset.path={data}", f"runtime.seed={seed}",
+           f"hydra.run.dir={run_dir}", "logger.progress_bar=false", *EXTRA.get(recipe, [])]
+    if any((run_dir / "checkpoints").glob("*.ckpt")):
+        cmd.append("resume=auto")
+    return cmd
+
+
+def run_subprocess(cmd: List[str], log: Path) -> int:
+    with open(log, "a") as out:
+        return subprocess.call(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+
+def training_wall_time(train_log: Path) -> Optional[float]:
+    """Seconds of training summed over the run's sessions (a resumed run has several): first to last
+    timestamp of each session in train.log, a session starting at its `recipe ...` line."""
+    if not train_log.is_file():
+        return None
+    total, first, last = 0.0, None, None
+    for line in train_log.read_text().splitlines():
+        m = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+)\]", line)
+        if not m:
+            continue
+        t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1000
+        if "] - recipe " in line and first is not None:
+            total += last - first
+            first = None
+        first = t if first is None else first
+        last = t
+    return round(total + (last - first), 1) if first is not None else None
+
+
+def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
+    """The run's number under the recipe's published protocol, with its bookkeeping."""
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metric = card["target"]["metric"]
+    record = {"steps": metrics["steps"], "device": metrics["device"], "amp": metrics["amp"]["setting"],
+              "overflow_steps": metrics["amp"]["overflow_steps"], "skipped_steps": metrics["amp"]["skipped_steps"],
+              "throughput": metrics.get("samples_per_s"), "throughput_unit": metrics.get("throughput_unit"),
+              "wall_time_s": training_wall_time(run_dir / "train.log") or metrics["wall_time_s"]}
+    if metric.startswith("bleu"):  # the published protocol: averaged checkpoints, beam, test split
+        result = scorer(run_dir)
+        test = result["averaged_test_2016_flickr"]
+        record.update(value=test[metric], cased=test["bleu"], val=result["averaged_val"][metric],
+                      protocol=f"last {len(result['averaged'])} averaged, beam {result['beam']}")
+    else:
+        value = metrics["final"][metric]
+        record.update(value=100 * value if metric.startswith("top") else value, protocol="final checkpoint")
+    return record
+
+
+def multi30k_scorer(run_dir: Path) -> dict:
+    result = run_dir / "multi30k_result.json"
+    if not result.is_file():
+        subprocess.check_call([sys.executable, "-m", "bench.multi30k", str(run_dir)], cwd=ROOT)
+    return json.loads(result.read_text())
+
+
+def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, plan_only: bool = False,
+              runner: Callable = run_subprocess, scorer: Callable = multi30k_scorer,
+              readme: Optional[Path] = ROOT / "README.md") -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    results_file = out / "reproduce.json"
+    results = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
+    rows = []
+    for name in recipes:
+        card = recipe_card(name)
+        data = find_data(card, given)
+        row = {**card, "data": data, "seeds": SEEDS.get(name, [1]), "runs": []}
+        rows.append(row)
+        if data is None:
+            continue
+        for seed in row["seeds"]:
+            run_id, run_dir = f"{name}-s{seed}", runs / f"{name}-s{seed}"
+            if run_id in results["runs"] and results["runs"][run_id].get("data") == data:
+                row["runs"].append(results["runs"][run_id])
+                continue
+            if not (run_dir / "metrics.json").is_file():
+                cmd = train_command(name, data, seed, run_dir)
+                print(("would run: " if plan_only else "running: ") + " ".join(cmd[1:]), flush=True)
+                if plan_only:
+                    continue
+                run_dir.mkdir(parents=True, exist_ok=True)
+                code = runner(cmd, run_dir.parent / f"{run_id}.out")
+                if code != 0 or not (run_dir / "metrics.json").is_file():
+                    print(f"{run_id}: train.py exited {code} before finishing (see {run_dir.parent}/{run_id}.out); "
+                          f"run bench.reproduce again to continue it", flush=True)
+                    continue
+            record = {"run": run_id, "seed": seed, "data": data, "run_dir": str(run_dir),
+                      **score(card, run_dir, scorer)}
+            results["runs"][run_id] = record
+            results_file.write_text(json.dumps(results, indent=2))
+            row["runs"].append(record)
+    table = render(rows)
+    (out / "REPRODUCE.md").write_text(table)
+    if readme is not None and not plan_only:
+        write_readme(table, readme)
+    return {"rows": rows, "table": table}
+
+
+def family(name: str) -> str:
+    return re.sub(r"_o\d$", "", name)
+
+
+def shown_path(path: Optional[str]) -> Optional[str]:
+    """A data path as the README shows it: relative to the repository's parent when it lies there."""
+    if path is None or not path.startswith(str(ROOT.parent)):
+        return path
+    return str(Path("..") / Path(path).relative_to(ROOT.parent))
+
+
+def render(rows: List[dict]) -> str:
+    """The markdown table: one row per recipe, with parity against the O0 sibling where there is one."""
+    means = {r["recipe"]: statistics.mean(x["value"] for x in r["runs"]) for r in rows if r["runs"]}
+    speed = {r["recipe"]: statistics.mean(x["throughput"] or 0 for x in r["runs"]) for r in rows if r["runs"]}
+    lines = ["| recipe | published | source | data here | reproduced here | seeds | training time | device, notes |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["target"]
+        published = f"{t['published']} {t['metric']}" if t.get("published") is not None else "none published"
+        head = f"| `{r['recipe']}` | {published}: {t.get('published_setting') or '-'} | {t.get('source') or '-'} "
+        where = shown_path(r["data"])
+        if r["data"] is None:
+            cmd = f"python -m bench.reproduce --data {r['group']}=PATH --only {r['recipe']}"
+            lines.append(head + f"| not found ({r['group']}) | not run: no {r['group']} data on this machine; "
+                         f"`{cmd}` | - | - | - |")
+            continue
+        runs = r["runs"]
+        if not runs:
+            lines.append(head + f"| {where} | not finished yet (`make reproduce` continues it) | - | - | - |")
+            continue
+        values = [x["value"] for x in runs]
+        ours = f"**{statistics.mean(values):.2f}**" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
+        ours += f" ({', '.join(f'{v:.2f}' for v in values)})" if len(values) > 1 else ""
+        if "cased" in runs[0]:
+            ours += f"; cased {statistics.mean(x['cased'] for x in runs):.2f}, val {statistics.mean(x['val'] for x in runs):.2f}"
+        sibling = family(r["recipe"]) + "_o0"
+        notes = [runs[0]["device"], runs[0]["amp"], runs[0]["protocol"], f"{runs[0]['steps']:,} steps"]
+        overflows = sum(x["overflow_steps"] for x in runs)
+        if r["level"] != "O0":
+            notes.append(f"{overflows} overflowed steps")
+        if sibling in means and sibling != r["recipe"]:
+            delta, tol = means[r["recipe"]] - means[sibling], TOLERANCE.get(family(r["recipe"]))
+            verdict = "" if tol is None else (f", within ±{tol}" if abs(delta) <= tol else f", OUTSIDE ±{tol}")
+            notes.append(f"{delta:+.2f} vs O0{verdict}; {speed[r['recipe']] / speed[sibling]:.2f}x O0's throughput")
+        hours = sum(x["wall_time_s"] for x in runs) / len(runs) / 60
+        lines.append(head + f"| {where} | {ours} | {len(runs)} | {hours:.0f} min a run | {'; '.join(notes)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_readme(table: str, readme: Path) -> bool:
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        return False
+    head, rest = text.split(README_BEGIN, 1)
+    readme.write_text(head + README_BEGIN + "\n" + table + rest[rest.index(README_END):])
+    return True
+
+
+def parse(argv: List[str]):
+    from zoo.config import fail
+    all_recipes = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+    given, only, runs, out, plan = {}, [], ROOT / "runs" / "reproduce", ROOT / "bench" / "results" / "reproduce", False
+    it = iter(argv)
+    for arg in it:
+        if arg == "--plan":
+            plan = True
+        elif arg in ("--data", "--only", "--runs", "--out"):
+            value = next(it, None)
+            if value is None:
+                fail(f"{arg} needs a value")
+            if arg == "--data":
+                if "=" not in value:
+                    fail(f"--data {value!r}: give GROUP=PATH, GROUP one of the dataset groups in conf/dataset/")
+                group, path = value.split("=", 1)
+                if not (ROOT / "conf" / "dataset" / f"{group}.yaml").is_file():
+                    from zoo.config import choices_hint
+                    groups = [p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")]
+                    fail(f"--data {group}=...: {group!r} is not a dataset group; " + choices_hint(group, groups))
+                given[group] = path
+            elif arg == "--only":
+                if value not in all_recipes:
+                    from zoo.config import choices_hint
+                    fail(f"--only {value!r} is not a recipe; " + choices_hint(value, all_recipes))
+                only.append(value)
+            else:
+                runs, out = (Path(value), out) if arg == "--runs" else (runs, Path(value))
+        else:
+            fail(f"unknown argument {arg!r}; valid: --data GROUP=PATH, --only RECIPE, --runs DIR, --out DIR, --plan")
+    return only or all_recipes, given, runs.resolve(), out, plan
+
+
+if __name__ == "__main__":
+    recipes, given, runs, out, plan = parse(sys.argv[1:])
+    print(reproduce(recipes, given, runs, out, plan)["table"])

@@ -1,0 +1,95 @@
+"""bench.reproduce bookkeeping on fake runs: which data is found, resume, the rows for absent data."""
+import json
+
+import pytest
+
+from bench import reproduce as rp
+
+
+@pytest.fixture
+def fake_runner():
+    calls = []
+
+    def run(cmd, log):
+        args = dict(a.split("=", 1) for a in cmd[2:] if "=" in a)
+        run_dir = rp.Path(args["hydra.run.dir"])
+        calls.append(cmd)
+        if "stop" in run_dir.name and "resume=auto" not in cmd:  # killed mid-run: a checkpoint, no metrics
+            (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+            (run_dir / "checkpoints" / "lenet5-e0001-s00000937.ckpt").write_bytes(b"")
+            return -15
+        seed = int(args["runtime.seed"])
+        (run_dir / "train.log").write_text(
+            "[2026-11-22 07:00:00,000][amp_zoo][INFO] - recipe x: y\n"
+            "[2026-11-22 07:01:40,000][amp_zoo][INFO] - final\n")
+        metrics = {"steps": 18740, "device": "CPU", "wall_time_s": 1.0, "samples_per_s": 1000.0 * seed,
+                   "throughput_unit": "samples", "final": {"top1": 0.90 + seed / 1000},
+                   "amp": {"setting": "O0 with no loss scaling", "overflow_steps": 0, "skipped_steps": 0}}
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        return 0
+    run.calls = calls
+    return run
+
+
+def test_runs_each_seed_once_and_names_absent_data(tmp_path, fake_runner, monkeypatch):
+    data = tmp_path / "fashion"
+    data.mkdir()
+    monkeypatch.setitem(rp.SEEDS, "lenet_fashion_o0", [1, 2])
+    args = dict(recipes=["lenet_fashion_o0", "lenet_o2"], given={"fashion_mnist": str(data)},
+                runs=tmp_path / "runs", out=tmp_path / "out", runner=fake_runner, readme=None)
+    table = rp.reproduce(**args)["table"]
+    assert len(fake_runner.calls) == 2
+    assert f"dataset.path={data}" in fake_runner.calls[0] and "runtime.seed=2" in fake_runner.calls[1]
+    row = next(line for line in table.splitlines() if "`lenet_fashion_o0`" in line)
+    assert "**90.15** ± 0.07 (90.10, 90.20)" in row and "| 2 |" in row and "2 min a run" in row
+    absent = next(line for line in table.splitlines() if "`lenet_o2`" in line)
+    assert "not found (mnist)" in absent and "--data mnist=PATH --only lenet_o2" in absent
+    assert rp.reproduce(**args)["table"] == table and len(fake_runner.calls) == 2, "finished runs are not run again"
+    records = json.loads((tmp_path / "out" / "reproduce.json").read_text())["runs"]
+    assert sorted(records) == ["lenet_fashion_o0-s1", "lenet_fashion_o0-s2"]
+
+
+def test_a_killed_run_continues_with_resume_auto(tmp_path, fake_runner, monkeypatch):
+    data = tmp_path / "fashion"
+    data.mkdir()
+    args = dict(recipes=["lenet_fashion_o0"], given={"fashion_mnist": str(data)}, runs=tmp_path / "runs",
+                out=tmp_path / "out", runner=fake_runner, readme=None)
+    monkeypatch.setitem(rp.SEEDS, "lenet_fashion_o0", [1])
+    stopped = tmp_path / "runs" / "lenet_fashion_o0-s1"
+    monkeypatch.setattr(rp, "train_command", lambda r, d, s, run_dir, f=rp.train_command: f(
+        r, d, s, run_dir.with_name(run_dir.name + "-stop")))
+    assert "not finished yet" in rp.reproduce(**args)["table"]
+    assert "resume=auto" not in fake_runner.calls[0]
+    rp.reproduce(**args)
+    assert "resume=auto" in fake_runner.calls[1]
+    assert (stopped.with_name(stopped.name + "-stop") / "metrics.json").is_file()
+
+
+def test_the_readme_table_is_replaced_between_its_markers(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{rp.README_BEGIN}\nold table\n{rp.README_END}\nafter\n")
+    assert rp.write_readme("| new |\n", readme)
+    assert readme.read_text() == f"intro\n{rp.README_BEGIN}\n| new |\n{rp.README_END}\nafter\n"
+
+
+def test_training_time_sums_the_sessions_of_a_resumed_run(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("[2026-11-22 07:00:00,000][amp_zoo][INFO] - recipe a: b\n"
+                   "[2026-11-22 07:10:00,500][amp_zoo][WARNING] - SIGTERM: stopped\n"
+                   "[2026-11-22 09:00:00,000][amp_zoo][INFO] - recipe a: b\n"
+                   "[2026-11-22 09:05:00,000][amp_zoo][INFO] - final\n")
+    assert rp.training_wall_time(log) == 900.5
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--data", "fashion"], "give GROUP=PATH"),
+    (["--data", "fashon_mnist=/x"], "did you mean fashion_mnist"),
+    (["--only", "lenet_o9"], "is not a recipe"),
+    (["--bogus"], "unknown argument '--bogus'"),
+])
+def test_bad_arguments_are_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        rp.parse(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
