@@ -13,13 +13,13 @@ quiet_mindspore()
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from zoo.config import ConfigError, check_command_line, compose, fail  # noqa: E402
+from zoo.errors import ConfigError, fail  # noqa: E402
 
 
 def evaluate(cfg) -> dict:
     from mindspore.train import Model
 
-    from data import DATASETS, create_dataset
+    from data import create_dataset, task
     from zoo.checkpoint import inference_network
     from zoo.metrics import NetWithEval, create_loss, metrics
     from zoo.translate import translate
@@ -33,7 +33,7 @@ def evaluate(cfg) -> dict:
                                                   dataset_sink_mode=False).items()}
     if fused is not None:
         result["fused_conv_bn_pairs"] = fused["fused_pairs"]
-    if getattr(DATASETS[cfg.dataset.name], "task", "") == "translation":
+    if task(cfg) == "translation":
         hyp_file = Path(cfg.output or f"{cfg.checkpoint}.eval.json").with_suffix(".hyp.txt")
         result.update(translate(net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty, hyp_file))
         result["hypotheses"] = str(hyp_file)
@@ -41,15 +41,18 @@ def evaluate(cfg) -> dict:
 
 
 def main(argv) -> None:
-    check_command_line(argv)
-    cfg = compose(argv)
+    from zoo.load import load_config
+
     try:
+        cfg, smoke_note = load_config(argv)
+        if smoke_note:
+            print(smoke_note, file=sys.stderr)
         result = evaluate(cfg)
     except ConfigError as e:
         fail(str(e))
     out = Path(cfg.output) if cfg.output else Path(str(cfg.checkpoint) + ".eval.json")
     record = {"recipe": cfg.recipe_name, "checkpoint": str(cfg.checkpoint),
-              "data": cfg.dataset.path or ("embedded (smoke)" if cfg.smoke else "embedded"),
+              "data": cfg.dataset.path or ("embedded (smoke)" if smoke_note else "embedded"),
               **result}
     out.write_text(json.dumps(record, indent=2))
     print(json.dumps(record))

@@ -14,7 +14,7 @@ quiet_mindspore()
 
 from pathlib import Path  # noqa: E402
 
-from zoo.config import ConfigError, check_command_line, compose, fail  # noqa: E402
+from zoo.errors import ConfigError, fail  # noqa: E402
 
 
 def export(cfg) -> Path:
@@ -28,7 +28,7 @@ def export(cfg) -> Path:
         print(note, file=sys.stderr)
     batch = next(create_dataset(cfg.dataset, "test").create_tuple_iterator())
     inputs = [x[: cfg.infer.batch_size] for x in batch[:-1]]
-    fmt = cfg.infer.format.value
+    fmt = str(cfg.infer.format)
     out = Path(cfg.output) if cfg.output else Path(f"{cfg.checkpoint}.{fmt.lower()}")
     try:
         ms.export(net, *inputs, file_name=str(out.with_suffix("")), file_format=fmt)
@@ -42,9 +42,12 @@ def export(cfg) -> Path:
 
 
 def main(argv) -> None:
-    check_command_line(argv)
-    cfg = compose(argv)
+    from zoo.load import load_config
+
     try:
+        cfg, smoke_note = load_config(argv)
+        if smoke_note:
+            print(smoke_note, file=sys.stderr)
         out = export(cfg)
     except ConfigError as e:
         fail(str(e))

@@ -1,7 +1,12 @@
 """Train a recipe:  python train.py recipe=lenet_o2 [key=value ...]   (multirun: -m recipe=lenet_o0,lenet_o2)
 
-Reads top to bottom: context, seeds, data, model, precision policy, loss scale, optimizer and schedule,
-`Model.train` with callbacks, final evaluation, metrics.json. Everything lands in the run directory.
+Reads top to bottom, like the recipe it runs:
+  main       the config, through the same load_config as every other entry point (bad input: one line)
+  setup      context, seeds, data, TensorBoard, learning rate: what every rung shares
+  train      the fallback ladder as a loop over rungs: each `train_rung` ends finished, diverged or stopped
+  train_rung model and precision policy, loss scale, optimizer, callbacks, Model.train
+  finish     final evaluation and metrics.json
+Everything lands in the run directory.
 """
 import sys
 
@@ -13,62 +18,131 @@ quiet_mindspore()
 import json  # noqa: E402
 import logging  # noqa: E402
 import time  # noqa: E402
+import traceback  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any, List, Optional, Tuple  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from zoo.config import ConfigError, apply_smoke, check_command_line, fail, register_schema, validate  # noqa: E402
+from zoo.config import register_schema  # noqa: E402
+from zoo.errors import ConfigError, fail  # noqa: E402
 
 log = logging.getLogger("amp_zoo")
 register_schema()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg) -> float:
+def main(cfg) -> Optional[float]:
+    from zoo.load import load_config
+
     try:
-        return train(cfg, Path(HydraConfig.get().runtime.output_dir))
+        cfg, smoke_note = load_config(list(HydraConfig.get().overrides.task), composed=cfg)
+        return train(cfg, Path(HydraConfig.get().runtime.output_dir), smoke_note)
     except ConfigError as e:
         fail(str(e))
 
 
-def train(cfg, run_dir: Path, extra_callbacks=()) -> float:
-    """extra_callbacks: appended to the driver's own (bench/overhead.py uses it to interleave a bare run)."""
-    from mindspore.train import Model
+@dataclass
+class Run:
+    """What setup() prepares once and every rung of the ladder shares."""
+    cfg: Any
+    run_dir: Path
+    device: str
+    rank: int
+    world: int
+    sink: bool
+    steps_per_epoch: int
+    per_step: int          # samples (or padded tokens, token batching) a step trains on, all processes
+    test_ds: Any
+    writer: Any
+    lr: Any
+    timer: Any
+    evaluator: Any
+    t_start: float
+    smoke_note: Optional[str]
+
+    @property
+    def shard(self) -> Optional[Tuple[int, int]]:
+        return (self.world, self.rank) if self.world > 1 else None
+
+    @property
+    def is_main(self) -> bool:  # rank 0 alone writes logs, TensorBoard, checkpoints and metrics
+        return self.rank == 0
+
+
+@dataclass
+class Start:
+    """Where a rung starts: a checkpoint (already read) and its global step, or the initial weights."""
+    checkpoint: Optional[Path] = None
+    params: Optional[dict] = None
+    step: int = 0
+    with_amp_state: bool = False  # a resume restores the loss-scale state; a lower rung starts its own
+
+
+@dataclass
+class Rung:
+    """How one rung of the ladder ended: "finished", "diverged" or "stopped" (SIGTERM/SIGINT)."""
+    outcome: str
+    net: Any
+    policy: Any
+    watch: Any
+    checkpoints: Any
+    amp_summary: dict
+    train_time: float
+    extra: dict = field(default_factory=dict)
+
+
+def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=()) -> Optional[float]:
+    """cfg: from zoo.load.load_config. extra_callbacks: appended to the driver's own (bench/overhead.py)."""
+    from amp.fallback import describe, ladder, last_good_checkpoint
+
+    start = resume_start(cfg, run_dir / "checkpoints")
+    run = setup(cfg, run_dir, smoke_note, start)
+    rungs, transitions, summaries = ladder(cfg.amp), [], []
+    for number, amp_cfg in enumerate(rungs):  # one rung unless amp.fallback.enabled and training diverges
+        rung = train_rung(run, number, amp_cfg, start, extra_callbacks)
+        summaries.append({"rung": number, "setting": describe(amp_cfg), **rung.amp_summary})
+        if rung.outcome == "finished":
+            return finish(run, rung, transitions, summaries)
+        if rung.outcome == "stopped":
+            stop = rung.extra["stop"]
+            log.warning("%s: stopped after step %d and saved %s", stop.signal, stop.step, rung.checkpoints.latest)
+            print(f"stopped by {stop.signal} at step {stop.step}; resume with: python train.py "
+                  f"recipe={cfg.recipe_name} hydra.run.dir={run_dir} resume=auto", flush=True)
+            return None
+        if number + 1 == len(rungs):  # diverged on the last rung
+            fail(rung.watch.advice() if len(rungs) == 1 else f"{rung.watch.reason}; no rung left on the fallback "
+                 f"ladder", code=1)
+        checkpoint, params = last_good_checkpoint(run_dir / "checkpoints")
+        transitions.append({"step": rung.watch.step, "from": describe(amp_cfg), "to": describe(rungs[number + 1]),
+                            "reason": rung.watch.reason, "restart_from": checkpoint.name if checkpoint else None})
+        log.warning("fallback: %s; continuing at %s from %s", rung.watch.reason, describe(rungs[number + 1]),
+                    checkpoint.name if checkpoint else "the initial weights")
+        start = Start(checkpoint, params, step_of(params))
+    return None
+
+
+def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: "Start") -> Run:
+    """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
     from tensorboardX import SummaryWriter
 
-    from amp.fallback import DivergenceWatch, describe, ladder, last_good_checkpoint
-    from amp.loss_scale import AmpTrainStep, plan_loss_scale
-    from amp.policy import apply_policy, check_device_dtype
-    from amp.report import precision_report, write_report
-    from amp.telemetry import AmpTelemetry
-    from data import DATASETS, create_dataset
-    from models import create_model
-    from zoo.callbacks import (Evaluator, GracefulStop, ProgressBar, StepOffset, StepTimer, StopAtStep,
-                               TensorBoardLogger)
-    from zoo.checkpoint import AtomicCheckpoint, check_disk_space, read_checkpoint, restore_weights, resume_point
-    from zoo.metrics import NetWithEval, NetWithLoss, create_loss, metrics
-    from zoo.optim import create_optimizer, lr_schedule, scaled_lr
-    from zoo.runtime import init_distributed, parameter_checksum, seed_everything, set_context, sink_mode
-    from zoo.translate import translate
+    from data import create_dataset
+    from zoo.callbacks import Evaluator, StepTimer
+    from zoo.optim import lr_schedule, scaled_lr
+    from zoo.runtime import init_distributed, seed_everything, set_context, sink_mode
 
     t_start = time.perf_counter()
-    validate(cfg)
-    cfg, smoke_note = apply_smoke(cfg)
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
     log.info(ONEDNN_NOTE)
     if smoke_note:
         log.warning(smoke_note)
-
-    # 1. Context and seeds
     device = set_context(cfg.runtime)
-    check_device_dtype(device, cfg.amp)
     rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
-    shard = (world, rank) if world > 1 else None
-    is_main = rank == 0  # rank 0 alone writes logs, TensorBoard, checkpoints and metrics
-    if is_main:
+    if rank == 0:
         config_file = run_dir / "config.yaml"
         if config_file.exists():  # resuming into this directory: keep the first config, add this one beside it
             config_file = run_dir / f"config.resume-{len(list(run_dir.glob('config*.yaml')))}.yaml"
@@ -78,145 +152,191 @@ def train(cfg, run_dir: Path, extra_callbacks=()) -> float:
             logging.root.removeHandler(handler)
     seed_everything(cfg.runtime.seed)
     sink, sink_note = sink_mode(device, cfg.trainer.sink)
-    log.info("device %s, %s mode; %s", device, cfg.runtime.mode.value, sink_note)
+    log.info("device %s, %s mode; %s", device, cfg.runtime.mode, sink_note)
 
-    # 2. Data, and where training starts (resume: the checkpoint's global step; its epoch's data order)
-    ckpt_dir = run_dir / "checkpoints"
-    restart_from = None
-    if cfg.resume:
-        restart_from = resume_point(ckpt_dir)[0] if cfg.resume == "auto" else Path(cfg.resume).expanduser()
-    start_step = int(read_checkpoint(restart_from)["step_num"].asnumpy()) if restart_from else 0
+    shard = (world, rank) if world > 1 else None
     test_ds = create_dataset(cfg.dataset, "test")
     steps_per_epoch = create_dataset(cfg.dataset, "train", shard).get_dataset_size()
-    global_batch = cfg.dataset.batch_size * world
     by_tokens = cfg.dataset.max_tokens > 0  # token batching: throughput counts a step's (padded) token budget
-    per_step = cfg.dataset.max_tokens * world if by_tokens else global_batch
-    epochs = cfg.trainer.epochs
+    per_step = (cfg.dataset.max_tokens if by_tokens else cfg.dataset.batch_size) * world
     log.info("data: %s, %d steps of %s per epoch", cfg.dataset.path or "embedded", steps_per_epoch,
              f"up to {cfg.dataset.max_tokens} tokens" if by_tokens else cfg.dataset.batch_size)
-
     writer = None
-    if cfg.logger.tensorboard and is_main:  # on resume, TensorBoard drops the killed run's events from this step on
-        writer = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if restart_from else None)
-    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, global_batch), steps_per_epoch, epochs)
-    timer = StepTimer()
-    evaluator = Evaluator(None, cfg.trainer.eval_every, writer, epochs)
-    rungs, transitions, amp_summaries = ladder(cfg.amp), [], []
-    resuming = restart_from is not None
+    if cfg.logger.tensorboard and rank == 0:  # on resume, TensorBoard drops the killed run's events from here on
+        writer = SummaryWriter(str(run_dir / "tb"), purge_step=start.step + 1 if start.checkpoint else None)
+    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size * world), steps_per_epoch,
+                     cfg.trainer.epochs)
+    evaluator = Evaluator(test_ds, cfg.trainer.eval_every, writer, cfg.trainer.epochs)
+    return Run(cfg, run_dir, device, rank, world, sink, steps_per_epoch, per_step, test_ds, writer, lr, StepTimer(),
+               evaluator, t_start, smoke_note)
 
-    for rung, amp_cfg in enumerate(rungs):  # one pass unless amp.fallback.enabled and training diverges
-        initial_epoch, skip = divmod(start_step, steps_per_epoch)
 
-        # 3. Model and precision policy (applied once; Model below gets amp_level="O0")
-        net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
-        net, policy = apply_policy(net, amp_cfg)
-        report = precision_report(net, policy)
-        if is_main:
-            write_report(report, run_dir, writer)
-        log.info("precision: %s", report["summary"])
+def resume_start(cfg, ckpt_dir: Path) -> Start:
+    """resume=auto: the newest checkpoint that reads; resume=PATH: that one; unset: the initial weights."""
+    from zoo.checkpoint import read_checkpoint, resume_point
 
-        # 4. Loss scale, optimizer, learning-rate schedule
-        plan = plan_loss_scale(amp_cfg.loss_scale)
-        optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
-        loss_fn = create_loss(cfg.trainer)
-        step_cell = AmpTrainStep(NetWithLoss(net, loss_fn), optimizer, plan, device)
-        if is_main:
-            check_disk_space(ckpt_dir, step_cell)
-        model = Model(step_cell, eval_network=NetWithEval(net, loss_fn), metrics=metrics(),
-                      eval_indexes=[0, 1, 2], amp_level="O0")
-        log.info("loss scale: %s (initial %g)%s", plan.kind, plan.scale,
-                 ", overflowed steps are skipped" if plan.skip_on_overflow else "")
-        if restart_from is not None:
-            restore_weights(step_cell, restart_from, with_amp_state=resuming, model_name=cfg.model.name)
-            log.info("%s from %s (step %d, epoch %d%s) at %s", "resumed" if resuming else "restarted",
-                     restart_from, start_step, initial_epoch, f" + {skip} steps" if skip else "", describe(amp_cfg))
-        resuming = False
+    if not cfg.resume:
+        return Start()
+    if cfg.resume == "auto":
+        path, params = resume_point(ckpt_dir)
+    else:
+        path = Path(cfg.resume).expanduser()
+        params = read_checkpoint(path)
+    return Start(path, params, step_of(params), with_amp_state=True)
 
-        # 5. Callbacks
-        evaluator.evaluate = lambda: {k: float(v) for k, v in model.eval(test_ds, dataset_sink_mode=False).items()}
-        telemetry = AmpTelemetry(step_cell, writer, cfg.trainer.log_every, plan.kind)
-        watch = DivergenceWatch(telemetry.read, plan.kind, plan.min_scale, cfg.amp.fallback, cfg.trainer.log_every)
-        checkpoints = AtomicCheckpoint(ckpt_dir, cfg.model.name, cfg.trainer.ckpt_every, cfg.trainer.keep_last,
-                                       steps_per_epoch, on_save=writer.flush if writer else None)
-        stop = GracefulStop(checkpoints.save if is_main else lambda network, step: None)
-        callbacks = [StepOffset(start_step), timer, watch, telemetry, evaluator, stop]
-        if is_main:
-            callbacks.append(checkpoints)
-        if writer is not None:
-            writer.add_scalar("amp/rung", rung, start_step)
-            callbacks.append(TensorBoardLogger(writer, lambda s: float(lr[min(s, len(lr) - 1)]),
-                                               per_step, cfg.trainer.log_every, timer))
-        if cfg.logger.progress_bar and is_main:
-            callbacks.append(ProgressBar(steps_per_epoch, cfg.trainer.log_every))
-        if cfg.trainer.max_steps > 0:
-            callbacks.append(StopAtStep(cfg.trainer.max_steps))
-        if cfg.runtime.profile and is_main and rung == 0:
-            from amp.profile import ProfileSteps
-            callbacks.append(ProfileSteps(run_dir, report, device, start=start_step + 2))
-        callbacks.extend(extra_callbacks)
 
-        # 6. Train. Resuming mid-epoch, the batches that epoch had left run as a pass of their own first
-        #    (MindSpore wants every pass over a dataset to have the same length).
-        t_train = time.perf_counter()
-        sink_size = cfg.trainer.sink_size if sink else -1
-        passes = [(initial_epoch, skip, initial_epoch + 1)] if skip else []
-        passes.append((initial_epoch + bool(skip), 0, epochs))
-        for first_epoch, skip_batches, end_epoch in passes:
-            budget_spent = cfg.trainer.max_steps and timer.steps and timer.steps[-1] >= cfg.trainer.max_steps
-            if first_epoch >= epochs or watch.reason or stop.signal or budget_spent:
-                break
-            train_ds = create_dataset(cfg.dataset, "train", shard, start_epoch=first_epoch, seed=cfg.runtime.seed,
-                                      skip_batches=skip_batches)
-            callbacks[0] = StepOffset(first_epoch * steps_per_epoch + skip_batches)
-            model.train(end_epoch, train_ds, callbacks=callbacks, dataset_sink_mode=sink, sink_size=sink_size,
-                        initial_epoch=first_epoch)
-        train_time = time.perf_counter() - t_train
-        amp_summaries.append({"rung": rung, "setting": describe(amp_cfg), **telemetry.summary()})
-        if stop.signal:
-            log.warning("%s: stopped after step %d and saved %s", stop.signal, stop.step, checkpoints.latest)
-            print(f"stopped by {stop.signal} at step {stop.step}; resume with: python train.py "
-                  f"recipe={cfg.recipe_name} hydra.run.dir={run_dir} resume=auto", flush=True)
-            return None
-        if watch.reason is None:
+def step_of(params: Optional[dict]) -> int:
+    return int(params["step_num"].asnumpy()) if params and "step_num" in params else 0
+
+
+def passes(start_step: int, steps_per_epoch: int, epochs: int) -> List[Tuple[int, int, int]]:
+    """The Model.train calls that take a run from global step `start_step` to the end of `epochs`, as
+    (first epoch, batches of it to skip, end epoch). Resuming mid-epoch, the batches that epoch had left
+    run as a pass of their own first: MindSpore wants every pass over a dataset to have the same length."""
+    first_epoch, skip = divmod(start_step, steps_per_epoch)
+    out = [(first_epoch, skip, first_epoch + 1)] if skip else []
+    if first_epoch + bool(skip) < epochs:
+        out.append((first_epoch + bool(skip), 0, epochs))
+    return [p for p in out if p[0] < epochs]
+
+
+def build_step(run: Run, amp_cfg, start: Start):
+    """The model under the rung's precision policy, in a train step with its loss scale and optimizer, with
+    the start checkpoint's weights; returns (network, policy, plan, train step, Model)."""
+    from mindspore.train import Model
+
+    from amp.loss_scale import AmpTrainStep, plan_loss_scale
+    from amp.policy import apply_policy
+    from amp.report import precision_report, write_report
+    from models import build_model
+    from zoo.checkpoint import check_disk_space
+    from zoo.metrics import NetWithEval, NetWithLoss, create_loss, metrics
+    from zoo.optim import create_optimizer
+
+    cfg = run.cfg
+    net, policy = apply_policy(build_model(cfg), amp_cfg)
+    report = precision_report(net, policy)
+    if run.is_main:
+        write_report(report, run.run_dir, run.writer)
+    log.info("precision: %s", report["summary"])
+    plan = plan_loss_scale(amp_cfg.loss_scale)
+    optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, run.lr, plan.optimizer_loss_scale)
+    loss_fn = create_loss(cfg.trainer)
+    step_cell = AmpTrainStep(NetWithLoss(net, loss_fn), optimizer, plan, run.device)
+    if run.is_main:
+        check_disk_space(run.run_dir / "checkpoints", step_cell)
+    model = Model(step_cell, eval_network=NetWithEval(net, loss_fn), metrics=metrics(), eval_indexes=[0, 1, 2],
+                  amp_level="O0")  # the policy is applied above, once
+    log.info("loss scale: %s (initial %g)%s", plan.kind, plan.scale,
+             ", overflowed steps are skipped" if plan.skip_on_overflow else "")
+    return net, policy, plan, step_cell, model, report
+
+
+def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) -> Rung:
+    """One rung of the ladder from `start` to the end of training, a divergence, or a stop signal."""
+    from amp.fallback import DivergenceWatch, describe
+    from amp.telemetry import AmpTelemetry
+    from data import create_dataset
+    from zoo.callbacks import GracefulStop, ProgressBar, StepOffset, StopAtStep, TensorBoardLogger
+    from zoo.checkpoint import AtomicCheckpoint, restore_weights
+
+    cfg, t = run.cfg, run.cfg.trainer
+    net, policy, plan, step_cell, model, report = build_step(run, amp_cfg, start)
+    if start.checkpoint is not None:
+        restore_weights(step_cell, start.checkpoint, with_amp_state=start.with_amp_state, model_name=cfg.model.name,
+                        params=start.params)
+        epoch, skip = divmod(start.step, run.steps_per_epoch)
+        log.info("%s from %s (step %d, epoch %d%s) at %s", "resumed" if start.with_amp_state else "restarted",
+                 start.checkpoint, start.step, epoch, f" + {skip} steps" if skip else "", describe(amp_cfg))
+    run.evaluator.model = model
+    telemetry = AmpTelemetry(step_cell, run.writer, t.log_every, plan.kind)
+    watch = DivergenceWatch(telemetry.read, plan.kind, plan.min_scale, cfg.amp.fallback, t.log_every)
+    checkpoints = AtomicCheckpoint(run.run_dir / "checkpoints", cfg.model.name, t.ckpt_every, t.keep_last,
+                                   run.steps_per_epoch, on_save=run.writer.flush if run.writer else None)
+    stop = GracefulStop(checkpoints.save if run.is_main else lambda network, step: None)
+    offset = StepOffset(start.step)
+    callbacks = [offset, run.timer, watch, telemetry, run.evaluator, stop]
+    if run.is_main:
+        callbacks.append(checkpoints)
+    if run.writer is not None:
+        run.writer.add_scalar("amp/rung", number, start.step)
+        callbacks.append(TensorBoardLogger(run.writer, lambda s: float(run.lr[min(s, len(run.lr) - 1)]),
+                                           run.per_step, t.log_every, run.timer))
+    if cfg.logger.progress_bar and run.is_main:
+        callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every))
+    if t.max_steps > 0:
+        callbacks.append(StopAtStep(t.max_steps))
+    if cfg.runtime.profile and run.is_main and number == 0:
+        from amp.profile import ProfileSteps
+        callbacks.append(ProfileSteps(run.run_dir, report, run.device, start=start.step + 2))
+    callbacks.extend(extra_callbacks)
+
+    t_train = time.perf_counter()
+    for first_epoch, skip_batches, end_epoch in passes(start.step, run.steps_per_epoch, t.epochs):
+        if watch.reason or stop.signal or (t.max_steps and run.timer.steps and run.timer.steps[-1] >= t.max_steps):
             break
-        if rung + 1 == len(rungs):
-            fail(watch.advice() if len(rungs) == 1 else f"{watch.reason}; no rung left on the fallback ladder",
-                 code=1)
-        restart_from = last_good_checkpoint(ckpt_dir)
-        transitions.append({"step": watch.step, "from": describe(amp_cfg), "to": describe(rungs[rung + 1]),
-                            "reason": watch.reason, "restart_from": restart_from.name if restart_from else None})
-        log.warning("fallback: %s; continuing at %s from %s", watch.reason, describe(rungs[rung + 1]),
-                    restart_from.name if restart_from else "the initial weights")
-        start_step = int(read_checkpoint(restart_from)["step_num"].asnumpy()) if restart_from else 0
+        train_ds = create_dataset(cfg.dataset, "train", run.shard, start_epoch=first_epoch, seed=cfg.runtime.seed,
+                                  skip_batches=skip_batches)
+        offset.offset = first_epoch * run.steps_per_epoch + skip_batches
+        compiled = bool(run.timer.steps)
+        try:
+            model.train(end_epoch, train_ds, callbacks=callbacks, dataset_sink_mode=run.sink,
+                        sink_size=t.sink_size if run.sink else -1, initial_epoch=first_epoch)
+        except (RuntimeError, TypeError, ValueError, IndexError) as e:
+            if compiled or run.timer.steps:  # it ran before: not a model that fails to build
+                raise
+            raise ConfigError(compile_error(run, e)) from e
+    outcome = "stopped" if stop.signal else ("diverged" if watch.reason else "finished")
+    return Rung(outcome, net, policy, watch, checkpoints, telemetry.summary(), time.perf_counter() - t_train,
+                {"stop": stop})
 
-    # 7. Final evaluation and metrics.json
-    steps_done = timer.steps[-1] if timer.steps else 0
-    final = evaluator.evaluate()
-    if getattr(DATASETS[cfg.dataset.name], "task", "") == "translation":
-        final.update(translate(net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty,
-                               run_dir / "hypotheses.txt"))
-    evaluator.record(round(steps_done / steps_per_epoch, 2), steps_done, final)
+
+def compile_error(run: Run, error: Exception) -> str:
+    """One line for a network that does not compile or fails its first step (typically a forked model's
+    shape bug); the full trace goes to train.log only."""
+    trace = "".join(traceback.format_exception(error))
+    for handler in logging.root.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "%s", (trace,), None))
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and not ln.strip().startswith("-")]
+    reason = next((ln for ln in lines if ln.startswith("For ")), lines[0] if lines else type(error).__name__)
+    return (f"model {run.cfg.model.name!r} (recipe {run.cfg.recipe_name}) does not compile or fails its first "
+            f"step: {reason} (full trace in {run.run_dir / 'train.log'})")
+
+
+def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
+    """Final evaluation (and BLEU on the test split for translation), metrics.json."""
+    from data import task
+    from zoo.runtime import parameter_checksum
+    from zoo.translate import translate
+
+    cfg = run.cfg
+    steps_done = run.timer.steps[-1] if run.timer.steps else 0
+    final = run.evaluator.evaluate()
+    if task(cfg) == "translation":
+        final.update(translate(rung.net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty,
+                               run.run_dir / "hypotheses.txt"))
+    run.evaluator.record(round(steps_done / run.steps_per_epoch, 2), steps_done, final)
     summary = {
         "recipe": cfg.recipe_name, "model": cfg.model.name, "dataset": cfg.dataset.name,
-        "data": cfg.dataset.path or "embedded", "device": device, "mode": cfg.runtime.mode.value,
-        "sink": sink, "amp_level": policy.level, "amp_dtype": policy.dtype, "batch_size": cfg.dataset.batch_size,
-        "world_size": world, "global_batch": global_batch,
-        "epochs": epochs, "steps": steps_done, "wall_time_s": round(time.perf_counter() - t_start, 2),
-        "train_time_s": round(train_time, 2), **timer.summary(per_step),
-        "throughput_unit": "padded tokens" if by_tokens else "samples",
-        "final": final, "eval_history": evaluator.history, "amp": amp_summaries[-1],
-        "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": amp_summaries},
-        "checkpoint": str(checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
-        "onednn": ONEDNN_NOTE, "smoke": smoke_note,
+        "data": cfg.dataset.path or "embedded", "device": run.device, "mode": str(cfg.runtime.mode),
+        "sink": run.sink, "amp_level": rung.policy.level, "amp_dtype": rung.policy.dtype,
+        "batch_size": cfg.dataset.batch_size, "world_size": run.world, "global_batch": cfg.dataset.batch_size * run.world,
+        "epochs": cfg.trainer.epochs, "steps": steps_done, "wall_time_s": round(time.perf_counter() - run.t_start, 2),
+        "train_time_s": round(rung.train_time, 2), **run.timer.summary(run.per_step),
+        "throughput_unit": "padded tokens" if cfg.dataset.max_tokens > 0 else "samples",
+        "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
+        "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
+        "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
+        "onednn": ONEDNN_NOTE, "smoke": run.smoke_note,
     }
-    log.info("rank %d of %d: parameter checksum %s", rank, world, parameter_checksum(net))
-    if not is_main:
-        return final.get("top1", 0.0)
-    (run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
-    if writer is not None:
-        writer.close()
-    log.info("final: %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items() if isinstance(v, float)))
-    log.info("wrote %s", run_dir / "metrics.json")
+    log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net))
+    if run.is_main:
+        (run.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
+        if run.writer is not None:
+            run.writer.close()
+        log.info("final: %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items() if isinstance(v, float)))
+        log.info("wrote %s", run.run_dir / "metrics.json")
     return final.get("top1", 0.0)
 
 
@@ -226,7 +346,7 @@ def resume_run_dir(argv) -> list:
         return []
     recipe = next((a.split("=", 1)[1] for a in argv if a.startswith("recipe=")), None)
     if recipe is None:
-        from zoo.config import compose
+        from zoo.compose import compose
         recipe = compose([]).recipe_name
     found = sorted(Path("runs", recipe).glob("*/checkpoints/*.ckpt"), key=lambda p: p.stat().st_mtime)
     if not found:
@@ -236,6 +356,7 @@ def resume_run_dir(argv) -> list:
 
 
 if __name__ == "__main__":
+    from zoo.load import check_command_line
     check_command_line(sys.argv[1:])
     sys.argv += resume_run_dir(sys.argv[1:])
     main()

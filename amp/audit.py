@@ -141,27 +141,26 @@ def to_markdown(result: Dict) -> str:
 
 def main(argv: List[str]) -> None:
     from data import create_dataset
-    from models import create_model
-    from zoo.config import ConfigError, check_command_line, compose, fail
+    from models import build_model
+    from zoo.cli import pop_option
+    from zoo.errors import ConfigError, fail
+    from zoo.load import load_config
     from zoo.runtime import set_context
 
-    out, tolerance = None, 1e-2
-    if "--json" in argv:
-        i = argv.index("--json")
-        out, argv = argv[i + 1], argv[:i] + argv[i + 2:]
-    if "--tolerance" in argv:
-        i = argv.index("--tolerance")
-        tolerance, argv = float(argv[i + 1]), argv[:i] + argv[i + 2:]
-    check_command_line(argv)
-    cfg = compose(argv)
+    out, argv = pop_option(argv, "--json", None, str)
+    tolerance, argv = pop_option(argv, "--tolerance", 1e-2, float)
+    if tolerance <= 0:
+        fail(f"--tolerance {tolerance} must be positive")
     try:
+        cfg, smoke_note = load_config(argv)
+        if smoke_note:
+            print(smoke_note, file=sys.stderr)
         set_context(cfg.runtime)
         import mindspore as ms
         ms.set_seed(cfg.runtime.seed)
         batch = next(create_dataset(cfg.dataset, "train").create_tuple_iterator())
         inputs = batch[:-1]  # the last column is the label
-        result = audit(lambda: create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params),
-                       cfg.amp, inputs, tolerance)
+        result = audit(lambda: build_model(cfg), cfg.amp, inputs, tolerance)
     except ConfigError as e:
         fail(str(e))
     print(to_markdown(result))

@@ -11,11 +11,13 @@ recommends).
 import collections
 import logging
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 from mindspore.train import Callback
 from omegaconf import OmegaConf
+
+from zoo.errors import ConfigError
 
 log = logging.getLogger("amp_zoo")
 
@@ -29,21 +31,17 @@ LEVEL_RANK = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}
 SCALE_RANK = {"none": 0, "fixed": 1, "dynamic": 2}
 
 
-def _value(x) -> str:
-    return str(getattr(x, "value", x))
-
-
 def rung_key(level, ls) -> tuple:
-    kind = _value(ls["type"])
+    kind = str(ls["type"])
     scale = 1.0 if kind == "none" else float(ls.get("scale", 0) if kind == "fixed" else 1e30)
-    return LEVEL_RANK[_value(level)], SCALE_RANK[kind], scale
+    return LEVEL_RANK[str(level)], SCALE_RANK[kind], scale
 
 
 def describe(amp_cfg) -> str:
     ls = amp_cfg.loss_scale
-    kind = _value(ls.type)
+    kind = str(ls.type)
     scale = {"none": "no loss scaling", "fixed": f"fixed scale {ls.scale:g}", "dynamic": "dynamic scale"}[kind]
-    return f"{_value(amp_cfg.level)} with {scale}"
+    return f"{str(amp_cfg.level)} with {scale}"
 
 
 def ladder(amp_cfg) -> List:
@@ -109,20 +107,19 @@ class DivergenceWatch(Callback):
                 f"or set amp.fallback.enabled=true")
 
 
-def finite_checkpoint(path: Path) -> bool:
+def last_good_checkpoint(ckpt_dir: Path) -> Tuple[Optional[Path], Optional[dict]]:
+    """The newest checkpoint whose weights are all finite, and its parameters (read once); unreadable or
+    non-finite ones are removed (never resumed). (None, None): start from the initial weights."""
     import mindspore as ms
-    try:
-        params = ms.load_checkpoint(str(path))
-    except Exception:
-        return False
-    return all(np.isfinite(p.asnumpy()).all() for p in params.values() if p.dtype != ms.int32)
 
-
-def last_good_checkpoint(ckpt_dir: Path) -> Optional[Path]:
-    """The newest checkpoint whose weights are all finite; non-finite ones are removed (never resumed)."""
-    for path in sorted(ckpt_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
-        if finite_checkpoint(path):
-            return path
+    from zoo.checkpoint import checkpoints, read_checkpoint
+    for path in reversed(checkpoints(ckpt_dir)):
+        try:
+            params = read_checkpoint(path)
+        except ConfigError:
+            params = None
+        if params is not None and all(np.isfinite(p.asnumpy()).all() for p in params.values() if p.dtype != ms.int32):
+            return path, params
         log.info("removing %s: its weights are not finite", path.name)
         path.unlink()
-    return None
+    return None, None

@@ -19,7 +19,7 @@ from amp.loss_scale import TELEMETRY
 
 class FunctionalAmpStep:
     def __init__(self, net: nn.Cell, loss_fn: nn.Cell, optimizer: nn.Optimizer, ls_cfg):
-        kind = str(getattr(ls_cfg.type, "value", ls_cfg.type))
+        kind = str(ls_cfg.type)
         self.kind = kind
         if kind == "dynamic":
             self.scaler = DynamicLossScaler(ls_cfg.init_scale, ls_cfg.factor, ls_cfg.window)

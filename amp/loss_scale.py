@@ -43,7 +43,7 @@ class LossScalePlan:
 
 
 def plan_loss_scale(ls_cfg) -> LossScalePlan:
-    kind = str(getattr(ls_cfg.type, "value", ls_cfg.type))
+    kind = str(ls_cfg.type)
     if kind == "none":
         return LossScalePlan(kind, 1.0, None, False, 1.0, ls_cfg.min_scale)
     if kind == "fixed" and not ls_cfg.drop_overflow_update:

@@ -1,6 +1,7 @@
 """Cell names a recipe may put in `amp.keep_fp32` / `amp.force_fp16`, resolved through an explicit registry.
 
-The registry is every Cell class of `mindspore.nn` plus the project's own Cells (`@register_cell`), and a
+The names are every Cell class of `mindspore.nn`, the project's own Cells (`@CELLS.register()` from
+zoo/registry.py), and a
 few group names (`BatchNorm` means BatchNorm1d/2d/3d). MindSpore's precision lists take Cells, not
 Primitives: a Primitive name is rejected with the Cell to use instead.
 """
@@ -11,9 +12,10 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.ops.primitive import Primitive
 
-from zoo.config import ConfigError
+from zoo.errors import ConfigError
+from zoo.registry import CELLS
 
-CELLS: Dict[str, Type[nn.Cell]] = {
+NN_CELLS: Dict[str, Type[nn.Cell]] = {
     name: cls for name, cls in vars(nn).items() if isinstance(cls, type) and issubclass(cls, nn.Cell)
 }
 GROUPS: Dict[str, Tuple[str, ...]] = {
@@ -29,29 +31,28 @@ PRIMITIVE_TO_CELL = {
 PRIMITIVES = {name for name, cls in vars(ops).items() if isinstance(cls, type) and issubclass(cls, Primitive)}
 
 
-def register_cell(cls: Type[nn.Cell]) -> Type[nn.Cell]:
-    """Make a project Cell nameable in keep_fp32/force_fp16."""
-    CELLS[cls.__name__] = cls
-    return cls
+def cell_class(name: str):
+    """A nameable Cell class: a project Cell first, then mindspore.nn's; None if neither."""
+    return CELLS.get(name) if name in CELLS else NN_CELLS.get(name)
 
 
 def resolve(names: List[str], key: str) -> Tuple[Type[nn.Cell], ...]:
     classes = []
     for name in names:
         if name in GROUPS:
-            classes.extend(CELLS[n] for n in GROUPS[name])
-        elif name in CELLS:
-            classes.append(CELLS[name])
+            classes.extend(NN_CELLS[n] for n in GROUPS[name])
+        elif cell_class(name) is not None:
+            classes.append(cell_class(name))
         elif name in PRIMITIVES or name in PRIMITIVE_TO_CELL:
             cell = PRIMITIVE_TO_CELL.get(name, "the Cell that calls it")
             raise ConfigError(f"{key}: {name!r} is a Primitive; MindSpore's precision lists take Cell classes, "
                               f"use {cell}")
         else:
-            close = difflib.get_close_matches(name, list(CELLS) + list(GROUPS), n=3, cutoff=0.6)
+            close = difflib.get_close_matches(name, list(NN_CELLS) + CELLS.names() + list(GROUPS), n=3, cutoff=0.6)
             hint = f"did you mean {', '.join(close)}? " if close else ""
             raise ConfigError(f"{key}: {name!r} is not a known Cell; {hint}valid: a mindspore.nn Cell class "
                               f"(LayerNorm, Softmax, BatchNorm2d, Dense, ...), a project Cell "
-                              f"({', '.join(sorted(set(CELLS) - set(vars(nn))) or ['none yet'])}) "
+                              f"({', '.join(CELLS.names() or ['none yet'])}) "
                               f"or a group ({', '.join(GROUPS)})")
     return tuple(dict.fromkeys(classes))
 

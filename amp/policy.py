@@ -17,7 +17,8 @@ import mindspore.ops as ops
 from mindspore import dtype as mstype
 
 from amp.names import resolve
-from zoo.config import ConfigError
+from zoo.cells import replace_child
+from zoo.errors import ConfigError
 
 DTYPES = {"float16": mstype.float16, "bfloat16": mstype.bfloat16}
 O1_WHITE_LIST = ["Conv", "Dense", "LSTMCell", "RNNCell", "GRUCell"]
@@ -48,13 +49,13 @@ class Policy:
 
 
 def keep_fp32_names(amp_cfg) -> List[str]:
-    level = amp_cfg.level.value if hasattr(amp_cfg.level, "value") else str(amp_cfg.level)
+    level = str(amp_cfg.level)
     return list(DEFAULT_KEEP_FP32[level] if amp_cfg.keep_fp32 is None else amp_cfg.keep_fp32)
 
 
 def check_device_dtype(device: str, amp_cfg) -> None:
-    level = str(getattr(amp_cfg.level, "value", amp_cfg.level))
-    dtype = str(getattr(amp_cfg.dtype, "value", amp_cfg.dtype))
+    level = str(amp_cfg.level)
+    dtype = str(amp_cfg.dtype)
     low_precision_used = level != "O0" or bool(amp_cfg.force_fp16)
     if low_precision_used and (device, dtype) in UNSUPPORTED:
         raise ConfigError(f"amp.dtype={dtype} is not supported on {device}: MindSpore has no {device} {dtype} "
@@ -62,17 +63,11 @@ def check_device_dtype(device: str, amp_cfg) -> None:
                           f"or bfloat16 on Ascend")
 
 
-def _replace_child(parent: nn.Cell, name: str, new: nn.Cell) -> None:
-    parent._cells[name] = new  # pylint: disable=protected-access
-    if isinstance(parent, nn.SequentialCell):
-        parent.cell_list = list(parent.cells())
-
-
 def _walk(cell: nn.Cell, prefix: str, match, on_match) -> None:
     for name, child in list(cell.name_cells().items()):
         path = f"{prefix}.{name}" if prefix else name
         if isinstance(child, match):
-            _replace_child(cell, name, on_match(child, path))
+            replace_child(cell, name, on_match(child, path))
         else:
             _walk(child, path, match, on_match)
 
@@ -85,8 +80,8 @@ def _mark_subtree(cell: nn.Cell, path: str, reason: str, reasons: Dict[str, str]
 
 
 def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
-    level = str(getattr(amp_cfg.level, "value", amp_cfg.level))
-    dtype_name = str(getattr(amp_cfg.dtype, "value", amp_cfg.dtype))
+    level = str(amp_cfg.level)
+    dtype_name = str(amp_cfg.dtype)
     low = DTYPES[dtype_name]
     keep_names = keep_fp32_names(amp_cfg)
     keep = resolve(keep_names, "amp.keep_fp32")

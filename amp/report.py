@@ -99,18 +99,17 @@ def diff(a: Dict, b: Dict) -> str:
 
 def build_report(overrides: List[str]) -> Dict:
     from amp.policy import apply_policy
-    from models import create_model
-    from zoo.config import compose, validate
+    from models import build_model
+    from zoo.load import load_config
 
-    cfg = compose(overrides)
-    validate(cfg)
-    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    cfg, _ = load_config(overrides)
+    net = build_model(cfg)
     net, policy = apply_policy(net, cfg.amp)
     return precision_report(net, policy)
 
 
 def main(argv: List[str]) -> None:
-    from zoo.config import ConfigError, check_command_line, fail
+    from zoo.errors import ConfigError, fail
 
     levels = []
     if "--diff" in argv:
@@ -118,7 +117,6 @@ def main(argv: List[str]) -> None:
         levels, argv = argv[i + 1:i + 3], argv[:i] + argv[i + 3:]
         if len(levels) != 2 or any(lv not in ("O0", "O1", "O2", "O3") for lv in levels):
             fail(f"--diff takes two levels from O0, O1, O2, O3; got {' '.join(levels) or 'nothing'}")
-    check_command_line(argv)
     try:
         if levels:
             a, b = (build_report(argv + [f"amp.level={lv}"]) for lv in levels)

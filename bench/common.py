@@ -2,22 +2,23 @@
 where their JSON goes (bench/results/<name>.json; bench.run copies it next to its results.json)."""
 import json
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List
+
+from zoo.cli import pop_option  # noqa: F401  (the benchmarks' options)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def pop_option(argv: List[str], name: str, default, convert: Callable = int) -> Tuple[object, List[str]]:
-    """`--name VALUE` taken out of argv (the rest are Hydra overrides); a missing or bad value is one error line."""
-    from zoo.config import fail
+def bench_config(argv: List[str], smoke: bool = True):
+    """The run a benchmark's command line asks for, through the same load_config as train.py; bad input is
+    one error line and exit 2."""
+    from zoo.errors import ConfigError, fail
+    from zoo.load import load_config
 
-    if name not in argv:
-        return default, argv
-    i = argv.index(name)
     try:
-        return convert(argv[i + 1]), argv[:i] + argv[i + 2:]
-    except (IndexError, ValueError):
-        fail(f"{name} needs a value like {default!r}; got {argv[i + 1] if i + 1 < len(argv) else 'nothing'}")
+        return load_config(argv, smoke=smoke)[0]
+    except ConfigError as e:
+        fail(str(e))
 
 
 def train_step(cfg, steps_per_epoch: int, steps: int):
@@ -25,12 +26,11 @@ def train_step(cfg, steps_per_epoch: int, steps: int):
     learning rate for each of `steps` steps; set to train."""
     from amp.loss_scale import AmpTrainStep, plan_loss_scale
     from amp.policy import apply_policy
-    from models import create_model
+    from models import build_model
     from zoo.metrics import NetWithLoss, create_loss
     from zoo.optim import create_optimizer, lr_schedule, scaled_lr
 
-    net, _ = apply_policy(create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params),
-                          cfg.amp)
+    net, _ = apply_policy(build_model(cfg), cfg.amp)
     plan = plan_loss_scale(cfg.amp.loss_scale)
     epochs = max(cfg.trainer.epochs, -(-steps // steps_per_epoch))
     lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch, epochs)

@@ -23,7 +23,8 @@ def main(argv) -> dict:
 
     from bench.common import pop_option, save_result, trained_network
     from data.translation import encode_pairs, params
-    from zoo.config import fail, load_run_config
+    from zoo.config import load_run_config
+    from zoo.errors import fail
     from zoo.translate import IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate
 
     check, argv = pop_option(argv, "--check", 32)

@@ -16,19 +16,8 @@ cap_onednn_isa(["recipe=transformer_tiny_multi30k_o0"])  # the recipe's setting,
 quiet_mindspore()
 
 import json  # noqa: E402
-import re  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
-
-
-def epoch_checkpoints(run_dir: Path, steps_per_epoch: int):
-    """{epoch: path} of the checkpoints written at epoch ends (a stop mid-epoch writes others)."""
-    found = {}
-    for path in (run_dir / "checkpoints").glob("*.ckpt"):
-        m = re.search(r"-e(\d+)-s(\d+)\.ckpt$", path.name)
-        if m and int(m.group(2)) == int(m.group(1)) * steps_per_epoch:
-            found[int(m.group(1))] = path
-    return dict(sorted(found.items()))
 
 
 def split_cfg(cfg, prefix: str):
@@ -59,8 +48,9 @@ def plot(curve: dict, out: Path, title: str) -> None:
 def main(argv) -> dict:
     from bench.common import pop_option, trained_network
     from data import create_dataset
-    from zoo.checkpoint import average_checkpoints, load_weights
-    from zoo.config import fail, load_run_config
+    from zoo.checkpoint import average_checkpoints, epoch_checkpoints, load_weights
+    from zoo.config import load_run_config
+    from zoo.errors import fail
     from zoo.translate import translate
 
     curve_beam, argv = pop_option(argv, "--curve-beam", 1)
@@ -71,7 +61,7 @@ def main(argv) -> dict:
     run_dir = Path(argv[0])
     cfg = load_run_config(run_dir)
     steps_per_epoch = create_dataset(cfg.dataset, "train").get_dataset_size()
-    ckpts = epoch_checkpoints(run_dir, steps_per_epoch)
+    ckpts = epoch_checkpoints(run_dir / "checkpoints", steps_per_epoch)
     if not ckpts:
         fail(f"no epoch checkpoint in {run_dir / 'checkpoints'} yet")
     net = trained_network(cfg, next(iter(ckpts.values())))  # the run's device, mode and policy

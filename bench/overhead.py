@@ -84,18 +84,18 @@ def bare_model(cfg, steps_per_epoch: int):
     from mindspore.amp import FixedLossScaleManager
     from mindspore.train import Model
 
-    from models import create_model
+    from models import build_model
     from zoo.optim import create_optimizer, lr_schedule, scaled_lr
 
     ls = cfg.amp.loss_scale
-    scale = float(ls.scale) if ls.type.value == "fixed" else 1.0
-    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    scale = float(ls.scale) if ls.type == "fixed" else 1.0
+    net = build_model(cfg)
     lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch,
                      cfg.trainer.epochs)  # as many steps as ours: the bare Models run one block per block of ours
     opt = create_optimizer(net.trainable_params(), cfg.optimizer, lr, scale)
-    manager = FixedLossScaleManager(scale, drop_overflow_update=False) if ls.type.value == "fixed" else None
+    manager = FixedLossScaleManager(scale, drop_overflow_update=False) if ls.type == "fixed" else None
     return Model(net, nn.CrossEntropyLoss(label_smoothing=cfg.trainer.label_smoothing), opt,
-                 amp_level=cfg.amp.level.value, loss_scale_manager=manager)
+                 amp_level=str(cfg.amp.level), loss_scale_manager=manager)
 
 
 def ratio_of_blocks(a_blocks, b_blocks):
@@ -115,13 +115,13 @@ def main(argv) -> dict:
 
     from bench.common import pop_option, save_result
     from train import train
-    from zoo.config import check_command_line, compose, fail
+    from bench.common import bench_config
+    from zoo.errors import fail
 
     block, argv = pop_option(argv, "--block", 25)
-    check_command_line(argv)
-    cfg = compose([*argv, "logger.progress_bar=false"])
+    cfg = bench_config([*argv, "logger.progress_bar=false"])
     ls = cfg.amp.loss_scale
-    if ls.type.value == "dynamic" or (ls.type.value == "fixed" and ls.drop_overflow_update):
+    if ls.type == "dynamic" or (ls.type == "fixed" and ls.drop_overflow_update):
         fail("bench.overhead compares against bare Model.train, which on CPU accepts only no loss scale or a "
              "fixed one without overflow skipping; use a recipe like lenet_o2 or lenet_o0")
     ms.set_device("CPU")

@@ -23,14 +23,12 @@ import time  # noqa: E402
 def main(argv) -> dict:
     import mindspore as ms
 
-    from bench.common import pop_option, save_result, train_step
+    from bench.common import bench_config, pop_option, save_result, train_step
     from data import create_dataset
-    from zoo.config import apply_smoke, check_command_line, compose
 
     blocks, argv = pop_option(argv, "--blocks", 12)
     block, argv = pop_option(argv, "--block", 20)
-    check_command_line(argv)
-    cfg, _ = apply_smoke(compose(argv))
+    cfg = bench_config(argv)
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
     ds = create_dataset(cfg.dataset, "train", seed=cfg.runtime.seed)

@@ -225,7 +225,7 @@ def write_readme(table: str, readme: Path) -> bool:
 
 
 def parse(argv: List[str]):
-    from zoo.config import fail
+    from zoo.errors import fail
     all_recipes = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     given, only, runs, out, plan = {}, [], ROOT / "runs" / "reproduce", ROOT / "bench" / "results" / "reproduce", False
     it = iter(argv)
@@ -241,13 +241,13 @@ def parse(argv: List[str]):
                     fail(f"--data {value!r}: give GROUP=PATH, GROUP one of the dataset groups in conf/dataset/")
                 group, path = value.split("=", 1)
                 if not (ROOT / "conf" / "dataset" / f"{group}.yaml").is_file():
-                    from zoo.config import choices_hint
+                    from zoo.errors import choices_hint
                     groups = [p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")]
                     fail(f"--data {group}=...: {group!r} is not a dataset group; " + choices_hint(group, groups))
                 given[group] = path
             elif arg == "--only":
                 if value not in all_recipes:
-                    from zoo.config import choices_hint
+                    from zoo.errors import choices_hint
                     fail(f"--only {value!r} is not a recipe; " + choices_hint(value, all_recipes))
                 only.append(value)
             else:

@@ -69,15 +69,14 @@ def replaced_forms():
 def main(argv) -> dict:
     import mindspore as ms
 
-    from bench.common import alternate, pop_option, ratio, save_result, train_step
-    from zoo.config import compose
+    from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step
 
     rounds, argv = pop_option(argv, "--rounds", 6)
     steps, argv = pop_option(argv, "--steps", 2)
     length, argv = pop_option(argv, "--length", 16)
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    cfg = compose(["recipe=transformer_tiny_multi30k_o0"])
+    cfg = bench_config(["recipe=transformer_tiny_multi30k_o0"], smoke=False)
     rng = np.random.RandomState(0)
     batch = [ms.Tensor(rng.randint(4, cfg.model.num_classes, (128, length)).astype(np.int32)) for _ in range(3)]
     cells = {"kept (every part in its fast form)": train_step(cfg, 60, 1000)}

@@ -93,7 +93,7 @@ def multi30k_tables(lines, runs, out: Path):
 
 def main(argv) -> Path:
     if not argv:
-        from zoo.config import fail
+        from zoo.errors import fail
         fail("give the output folder, then any Multi30k run directories")
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)

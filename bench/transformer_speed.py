@@ -87,10 +87,9 @@ def torch_step(batch: int, length: int, vocab: int = 8000, d: int = 128):
 def our_step(recipe: str, overrides, batch: int, length: int):
     import mindspore as ms
 
-    from bench.common import train_step
-    from zoo.config import compose
+    from bench.common import bench_config, train_step
 
-    cfg = compose([f"recipe={recipe}", *overrides])  # the recipe itself, not its smoke block
+    cfg = bench_config([f"recipe={recipe}", *overrides], smoke=False)  # the recipe itself, not its smoke block
     cell = train_step(cfg, 60, 1000)
     rng = np.random.RandomState(0)
     inputs = [ms.Tensor(rng.randint(4, cfg.model.num_classes, (batch, length)).astype(np.int32)) for _ in range(3)]
@@ -104,7 +103,7 @@ def main(argv) -> dict:
     import mindspore as ms
 
     from bench.common import alternate, pop_option, ratio, save_result
-    from zoo.config import fail
+    from zoo.errors import fail
 
     rounds, argv = pop_option(argv, "--rounds", 8)
     steps, argv = pop_option(argv, "--steps", 3)

@@ -27,10 +27,10 @@ def gradients(cfg, level: str, scale: float, params, batch) -> dict:
     from omegaconf import OmegaConf
 
     from amp.policy import apply_policy
-    from models import create_model
+    from models import build_model
     from zoo.metrics import NetWithLoss, create_loss
 
-    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    net = build_model(cfg)
     ms.load_param_into_net(net, params)
     amp_cfg = OmegaConf.merge(cfg.amp, {"level": level, "keep_fp32": [] if level == "O3" else None})
     net, _ = apply_policy(net, amp_cfg)
@@ -45,23 +45,20 @@ def gradients(cfg, level: str, scale: float, params, batch) -> dict:
 def main(argv) -> dict:
     import mindspore as ms
 
-    from bench.common import pop_option, save_result
+    from bench.common import bench_config, pop_option, save_result
     from data import create_dataset
-    from models import create_model
-    from zoo.config import apply_smoke, check_command_line, compose
+    from models import build_model
 
     scales, argv = pop_option(argv, "--scales", [1.0, 1024.0, 65536.0],
                               lambda v: [float(x) for x in v.split(",")])
     checkpoint, argv = pop_option(argv, "--checkpoint", None, str)
-    check_command_line(argv)
-    cfg, _ = apply_smoke(compose(argv))
+    cfg = bench_config(argv)
     ms.set_device("CPU")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_seed(cfg.runtime.seed)
     batch = next(create_dataset(cfg.dataset, "train", seed=cfg.runtime.seed).create_tuple_iterator())
     params = {p.name: ms.Parameter(p.data.copy(), name=p.name)
-              for p in create_model(cfg.model.name, num_classes=cfg.model.num_classes,
-                                    **cfg.model.params).get_parameters()}
+              for p in build_model(cfg).get_parameters()}
     if checkpoint:
         from zoo.checkpoint import read_checkpoint
         saved = read_checkpoint(Path(checkpoint))

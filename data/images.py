@@ -5,8 +5,9 @@ that runs on the embedded MNIST subset when the path is unset (zoo/config.apply_
 """
 from pathlib import Path
 
-from data import register_dataset, sampling, workers
-from zoo.config import ConfigError
+from data.sampling import sampling, workers
+from zoo.registry import DATASETS
+from zoo.errors import ConfigError
 
 CIFAR_RECORD = 1 + 32 * 32 * 3
 CIFAR_FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
@@ -47,7 +48,7 @@ def _normalize(cfg):
     return V.Normalize(mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std])
 
 
-@register_dataset("cifar10")
+@DATASETS.register("cifar10", task="classification", classes=10)
 def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
     import mindspore.dataset as msds
@@ -62,7 +63,7 @@ def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     return _finish(ds, cfg, split, ops + [_normalize(cfg), V.HWC2CHW()])
 
 
-@register_dataset("imagenet")
+@DATASETS.register("imagenet", task="classification")
 def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
     """path/train/<class>/*.JPEG and path/val/<class>/*.JPEG (the torchvision ImageFolder layout)."""

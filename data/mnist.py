@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data import EpochBatches, epoch_length, flip_and_shift, register_dataset
-from zoo.config import ConfigError
+from data.sampling import EpochBatches, epoch_length, flip_and_shift
+from zoo.registry import DATASETS
+from zoo.errors import ConfigError
 
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -108,7 +109,7 @@ def preprocessed(path, split: str, test_fraction: float, image_size: int, channe
     return next(ds.batch(len(labels)).create_tuple_iterator(output_numpy=True))[0], labels
 
 
-@register_dataset("mnist")
+@DATASETS.register("mnist", task="classification", classes=10)
 def mnist(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
     import mindspore.dataset as msds

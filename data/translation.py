@@ -19,8 +19,9 @@ from typing import List, Tuple
 
 import numpy as np
 
-from data import register_dataset, sampling
-from zoo.config import ConfigError
+from data.sampling import sampling
+from zoo.registry import DATASETS
+from zoo.errors import ConfigError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 DEFAULTS = {"src_lang": "en", "tgt_lang": "de", "train_prefix": "train", "test_prefix": "test",
@@ -151,7 +152,7 @@ def make_batches(examples, buckets, max_tokens: int, batch_size: int, train: boo
     return batches
 
 
-@register_dataset("translation")
+@DATASETS.register("translation", task="translation")
 def translation(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
     import mindspore.dataset as msds
@@ -173,5 +174,3 @@ def translation(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0
     return msds.GeneratorDataset(batches, column_names=["src", "tgt_in", "tgt_out"],
                                  **sampling(len(batches), split, shard, seed, start_epoch, skip_batches))
 
-
-translation.task = "translation"

@@ -2,7 +2,8 @@
 import mindspore.nn as nn
 from mindspore.common.initializer import Normal
 
-from models import register_model
+from zoo.errors import ConfigError
+from zoo.registry import MODELS
 
 
 class LeNet5(nn.Cell):
@@ -26,6 +27,20 @@ class LeNet5(nn.Cell):
         return self.fc3(x)
 
 
-@register_model
+def check_lenet5(args: dict, data=None) -> None:
+    """LeNet-5's fully connected layers fix its input at 32x32 (16 maps of 5x5 after two conv+pool)."""
+    if args["num_classes"] < 1 or args["in_channels"] < 1:
+        raise ConfigError(f"model.num_classes={args['num_classes']} and model.params.in_channels="
+                          f"{args['in_channels']} must be at least 1")
+    if data is not None and data.image_size != 32:
+        raise ConfigError(f"dataset.image_size={data.image_size} does not fit model lenet5, which takes 32x32 "
+                          f"inputs; set dataset.image_size=32")
+    if data is not None and data.channels and data.channels != args["in_channels"]:
+        raise ConfigError(f"dataset.channels={data.channels} does not fit model.params.in_channels="
+                          f"{args['in_channels']}; make them equal")
+
+
+@MODELS.register(check=check_lenet5)
 def lenet5(num_classes: int = 10, in_channels: int = 1) -> LeNet5:
+    check_lenet5({"num_classes": num_classes, "in_channels": in_channels})
     return LeNet5(num_classes=num_classes, in_channels=in_channels)

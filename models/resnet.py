@@ -10,7 +10,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
-from models import register_model
+from zoo.registry import MODELS
 
 
 def conv(in_ch, out_ch, k, stride=1):
@@ -63,13 +63,24 @@ class Bottleneck(nn.Cell):
         return self.relu(out + identity)
 
 
+def check_resnet(args: dict, data=None) -> None:
+    from zoo.errors import ConfigError
+    if args["stem"] not in ("imagenet", "cifar"):
+        raise ConfigError(f"model.params.stem={args['stem']!r} is not valid; valid: imagenet, cifar")
+    for key in ("width", "num_classes", "in_channels"):
+        if args[key] < 1:
+            raise ConfigError(f"{'model.' if key == 'num_classes' else 'model.params.'}{key}={args[key]} must be at "
+                              f"least 1")
+    if data is not None and data.channels and data.channels != args["in_channels"]:
+        raise ConfigError(f"dataset.channels={data.channels} does not fit model.params.in_channels="
+                          f"{args['in_channels']}; make them equal")
+
+
 class ResNet(nn.Cell):
     def __init__(self, block, layers, num_classes=1000, in_channels=3, stem="imagenet", width=64,
                  zero_init_residual=False):
         super().__init__()
-        if stem not in ("imagenet", "cifar"):
-            from zoo.config import ConfigError
-            raise ConfigError(f"model.params.stem={stem!r} is not valid; valid: imagenet, cifar")
+        check_resnet({"stem": stem, "width": width, "num_classes": num_classes, "in_channels": in_channels})
         if stem == "imagenet":
             self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2), bn(width), nn.ReLU(),
                                            nn.MaxPool2d(3, 2, pad_mode="same")])
@@ -94,17 +105,17 @@ class ResNet(nn.Cell):
         return self.fc(x)
 
 
-@register_model
+@MODELS.register(check=check_resnet)
 def resnet18(num_classes=1000, in_channels=3, stem="imagenet", width=64, zero_init_residual=False):
     return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, in_channels, stem, width, zero_init_residual)
 
 
-@register_model
+@MODELS.register(check=check_resnet)
 def resnet34(num_classes=1000, in_channels=3, stem="imagenet", width=64, zero_init_residual=False):
     return ResNet(BasicBlock, [3, 4, 6, 3], num_classes, in_channels, stem, width, zero_init_residual)
 
 
-@register_model
+@MODELS.register(check=check_resnet)
 def resnet50(num_classes=1000, in_channels=3, stem="imagenet", width=64, zero_init_residual=False):
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, in_channels, stem, width, zero_init_residual)
 

@@ -28,14 +28,13 @@ import mindspore.ops as ops
 from mindspore import Tensor
 from mindspore.common.initializer import Normal, XavierUniform
 
-from amp.names import register_cell
-from models import register_model
+from zoo.registry import CELLS, MODELS
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
 
 
-@register_cell
+@CELLS.register()
 class BatchMatMul(nn.Cell):
     """ops.BatchMatMul as a Cell, so precision lists can name the attention matmuls."""
 
@@ -128,7 +127,7 @@ class Dropout(nn.Cell):
         return x
 
 
-@register_cell
+@CELLS.register()
 class MultiHeadAttention(nn.Cell):
     """Self-attention projects Q, K, V in one matmul (`qkv`); cross-attention Q alone and K, V together (`kv`)."""
 
@@ -324,21 +323,36 @@ class Transformer(nn.Cell):
         return ops.log_softmax(ops.cast(self.logits(x), ms.float32), -1), new_cache
 
 
-def check_shape(d_model: int, heads: int, max_len: int) -> None:
-    from zoo.config import ConfigError
-    if heads < 1 or d_model % heads:
+def check_transformer(args: dict, data=None) -> None:
+    """d_model, heads and max_len the model can be built with, and (given the data config) positions for
+    the data's longest sentence."""
+    from zoo.errors import ConfigError
+    d_model, heads, max_len = args["d_model"], args["heads"], args["max_len"]
+    for key in ("d_model", "heads", "ffn", "encoder_layers", "decoder_layers", "max_len"):
+        if args[key] < 1:
+            raise ConfigError(f"model.params.{key}={args[key]} must be at least 1")
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        if not 0 <= args[key] < 1:
+            raise ConfigError(f"model.params.{key}={args[key]} must be from 0 to below 1")
+    if d_model % heads:
         raise ConfigError(f"model.params.d_model={d_model} must be divisible by model.params.heads={heads}")
     if d_model % 2:
         raise ConfigError(f"model.params.d_model={d_model} must be even (sinusoidal positions pair sin and cos)")
     if max_len < 2:
         raise ConfigError(f"model.params.max_len={max_len} must be at least 2")
+    data_len = (data.params.get("max_len") if data is not None else None) or 0
+    if data_len > max_len:
+        raise ConfigError(f"model.params.max_len={max_len} is shorter than dataset.params.max_len={data_len}: the "
+                          f"model has no positions for the longest sentences; raise model.params.max_len")
 
 
-@register_model
+@MODELS.register(check=check_transformer)
 def transformer(num_classes: int = 8000, d_model: int = 512, heads: int = 8, ffn: int = 2048,
                 encoder_layers: int = 6, decoder_layers: int = 6, dropout: float = 0.1, norm_first: bool = False,
                 max_len: int = 256, attention_dropout: float = 0.0, activation_dropout: float = 0.0) -> Transformer:
     """`num_classes` is the (shared) vocabulary size."""
-    check_shape(d_model, heads, max_len)
+    check_transformer(dict(d_model=d_model, heads=heads, ffn=ffn, encoder_layers=encoder_layers,
+                           decoder_layers=decoder_layers, max_len=max_len, dropout=dropout,
+                           attention_dropout=attention_dropout, activation_dropout=activation_dropout))
     return Transformer(num_classes, d_model, heads, ffn, encoder_layers, decoder_layers, dropout, norm_first,
                        max_len, attention_dropout, activation_dropout)

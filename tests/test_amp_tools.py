@@ -9,9 +9,9 @@ import mindspore as ms
 import mindspore.nn as nn
 
 from amp.audit import audit
-from amp.names import register_cell
 from amp.report import build_report
 from tests.conftest import run_cli
+from zoo.registry import CELLS
 
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))
 
@@ -43,7 +43,7 @@ def test_audit_cli_on_a_recipe():
     assert "| conv1 | Conv2d | float16 |" in out.stdout and "suggested: amp.keep_fp32=[" in out.stdout
 
 
-@register_cell
+@CELLS.register()
 class Amplify(nn.Cell):
     """Multiplies by 1e5: fine in fp32, overflows fp16 for activations above 0.65."""
 
@@ -74,3 +74,11 @@ def test_audit_flags_overflow_and_vanishing_constants():
     assert "constant" in rows["ln"]["flags"]
     assert not rows["fc"]["flags"], rows["fc"]
     assert result["suggested_keep_fp32"] == ["Amplify", "LayerNorm"]
+
+
+def test_audit_runs_a_recipe_on_its_smoke_data():
+    """`python -m amp.audit recipe=resnet34_o2` without dataset.path: the smoke block, like train.py."""
+    result = run_cli("-m amp.audit", "recipe=resnet34_o2", "model.params.width=8")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "SMOKE RUN" in result.stderr and "your model.params.width kept" in result.stderr
+    assert "suggested: amp.keep_fp32=[" in result.stdout

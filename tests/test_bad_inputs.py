@@ -2,7 +2,7 @@
 import pytest
 
 from tests.conftest import run_cli
-from zoo.config import check_command_line
+from zoo.load import check_command_line
 
 CASES = [
     (["recipe=lenet_o9"], "recipe=lenet_o9 not found; did you mean"),

@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from data import create_dataset
 from data.mnist import load_embedded_mnist
-from zoo.config import ConfigError, compose
+from zoo.compose import compose
+from zoo.errors import ConfigError
 
 
 def write_idx(folder, prefix, images, labels, image_magic=2051, gz=False):
@@ -96,7 +97,7 @@ def test_batch_larger_than_the_data_is_refused(idx_folder):
 
 
 def test_flip_and_shift_moves_pixels_without_inventing_them():
-    from data import flip_and_shift
+    from data.sampling import flip_and_shift
     images = np.arange(2 * 1 * 6 * 6, dtype=np.float32).reshape(2, 1, 6, 6)
     rng = np.random.default_rng(0)
     flipped = flip_and_shift(images, rng, hflip=True, shift=0)

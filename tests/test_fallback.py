@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-import data
 from data.mnist import mnist
-from zoo.config import compose
+from zoo.load import load_config
+from zoo.registry import DATASETS
 
 NAN_BATCH = 130  # epoch 2, step 5
 
@@ -26,14 +26,14 @@ def nan_mnist():
             seen["n"] += 1
             return images * np.float32(1e6) if seen["n"] == NAN_BATCH else images
         return ds.map(operations=inject, input_columns="image", num_parallel_workers=1)
-    data.DATASETS["mnist_nan"] = build
+    DATASETS.add("mnist_nan", build, task="classification")
     yield
-    del data.DATASETS["mnist_nan"]
+    DATASETS.remove("mnist_nan")
 
 
 def run(overrides, run_dir):
     from train import train
-    cfg = compose(["recipe=lenet_o2", "dataset.name=mnist_nan", "trainer.epochs=2", "logger.progress_bar=false",
+    cfg, _ = load_config(["recipe=lenet_o2", "dataset.name=mnist_nan", "trainer.epochs=2", "logger.progress_bar=false",
                    *overrides])
     run_dir.mkdir(parents=True)
     return train(cfg, run_dir)

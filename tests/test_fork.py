@@ -7,7 +7,7 @@ from tests.conftest import run_cli
 
 MODEL = '''
 import mindspore.nn as nn
-from models import register_model
+from zoo.registry import MODELS
 
 
 class TinyNet(nn.Cell):
@@ -20,7 +20,7 @@ class TinyNet(nn.Cell):
         return self.fc2(self.relu(self.fc1(self.flatten(x))))
 
 
-@register_model
+@MODELS.register()
 def tinynet(num_classes=10, hidden=32):
     return TinyNet(num_classes, hidden)
 '''
@@ -61,3 +61,22 @@ def test_forked_recipe_trains_without_touching_the_repo(tmp_path, monkeypatch):
     assert metrics["final"]["top1"] > 0.8
     report = run_cli("-m amp.report", search, "recipe=tinynet_o2")
     assert report.returncode == 0 and "| fc1 | Dense | float16 |" in report.stdout
+
+
+def test_a_forked_model_that_does_not_compile_is_one_line(tmp_path, monkeypatch):
+    broken = MODEL.replace("return self.fc2(self.relu(self.fc1(self.flatten(x))))",
+                           "return self.fc2(self.flatten(x))  # shape bug: fc2 takes `hidden` features")
+    (tmp_path / "my_models.py").write_text(textwrap.dedent(broken))
+    (tmp_path / "my_recipes" / "recipe").mkdir(parents=True)
+    (tmp_path / "my_recipes" / "recipe" / "tinynet_o2.yaml").write_text(RECIPE.lstrip())
+    monkeypatch.setenv("AMP_ZOO_PLUGINS", "my_models")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    run = tmp_path / "run"
+    result = run_cli("train.py", f"hydra.searchpath=[file://{tmp_path / 'my_recipes'}]", "recipe=tinynet_o2",
+                     "logger.progress_bar=false", f"hydra.run.dir={run}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "model 'tinynet' (recipe tinynet_o2) does not compile" in errors[0]
+    assert "MatMul" in errors[0] or "Dense" in errors[0], errors[0]
+    assert "Traceback" in (run / "train.log").read_text(), "the full trace is kept in train.log"

@@ -8,7 +8,7 @@ from amp.functional import FunctionalAmpStep
 from amp.policy import apply_policy
 from data import create_dataset
 from models import create_model
-from zoo.config import compose
+from zoo.compose import compose
 
 
 def test_functional_step_trains_lenet_with_dynamic_scale(graph_mode):

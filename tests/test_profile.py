@@ -38,10 +38,10 @@ def test_root_ops_count_for_the_model_and_unscoped_ops_apart():
 
 def test_profile_writes_the_precision_time_shares(tmp_path, graph_mode):
     from train import train
-    from zoo.config import compose
+    from zoo.load import load_config
     cast = {}
     for recipe, low in [("lenet_o0", False), ("lenet_o2", True)]:
-        cfg = compose([f"recipe={recipe}", "trainer.epochs=1", "trainer.max_steps=12", "runtime.profile=true",
+        cfg, _ = load_config([f"recipe={recipe}", "trainer.epochs=1", "trainer.max_steps=12", "runtime.profile=true",
                        "logger.progress_bar=false"])
         (tmp_path / recipe).mkdir()
         train(cfg, tmp_path / recipe)

@@ -3,7 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from zoo.config import ConfigError, compose, validate
+from zoo.compose import compose
+from zoo.errors import ConfigError
+from zoo.load import validate
 
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))
 

@@ -14,7 +14,8 @@ from amp.policy import apply_policy
 from data import create_dataset
 from models import create_model
 from tests.conftest import run_cli
-from zoo.config import ConfigError, compose
+from zoo.compose import compose
+from zoo.errors import ConfigError
 
 
 @pytest.mark.parametrize("name,params", [("resnet18", 11_689_512), ("resnet34", 21_797_672),

@@ -138,7 +138,7 @@ def test_a_disk_too_small_for_two_checkpoints_is_refused_before_training(tmp_pat
 
     from models import create_model
     from zoo.checkpoint import check_disk_space
-    from zoo.config import ConfigError
+    from zoo.errors import ConfigError
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * 2**20, 10 * 2**20 - 2**19, 2**19))

@@ -18,7 +18,8 @@ from amp.report import precision_report
 from data.translation import BOS, EOS, read_pairs, tokenizer
 from models import create_model
 from tests.conftest import ROOT, run_cli
-from zoo.config import ConfigError, compose
+from zoo.compose import compose
+from zoo.errors import ConfigError
 from zoo.metrics import FlatCrossEntropy, NetWithLoss
 from zoo.translate import beam_search, bleu, greedy, length_penalty
 

@@ -13,7 +13,7 @@ from data.translation import make_batches
 from models import create_model
 from models.transformer import Dense, LayerNorm
 from tests.test_transformer import TINY, tiny_batch
-from zoo.config import compose
+from zoo.compose import compose
 from zoo.metrics import LabelSmoothedCrossEntropy
 
 

@@ -100,12 +100,17 @@ class TensorBoardLogger(Callback):
 
 
 class Evaluator(Callback):
-    """Evaluate every `every` epochs (not the last: the driver evaluates after training)."""
+    """Evaluate every `every` epochs (not the last: the driver evaluates after training) on the test split,
+    with the `model` of the current rung (the driver sets it)."""
 
-    def __init__(self, evaluate: Callable[[], Dict[str, float]], every: int, writer, epochs: int):
-        self.evaluate, self.every, self.writer, self.epochs = evaluate, every, writer, epochs
+    def __init__(self, test_ds, every: int, writer, epochs: int):
+        self.test_ds, self.every, self.writer, self.epochs = test_ds, every, writer, epochs
+        self.model = None
         self.history: List[Dict] = []
         self.t0 = time.perf_counter()  # eval times are seconds since the driver started training
+
+    def evaluate(self) -> Dict[str, float]:
+        return {k: float(v) for k, v in self.model.eval(self.test_ds, dataset_sink_mode=False).items()}
 
     def record(self, epoch: float, step: int, metrics: Dict[str, float]) -> None:
         self.history.append({"epoch": epoch, "step": step, "time_s": round(time.perf_counter() - self.t0, 3),

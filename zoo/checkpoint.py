@@ -9,7 +9,7 @@ import mindspore as ms
 import mindspore.nn as nn
 from mindspore.train import Callback
 
-from zoo.config import ConfigError
+from zoo.errors import ConfigError
 
 log = logging.getLogger("amp_zoo")
 
@@ -47,12 +47,14 @@ def load_weights(net: nn.Cell, path, model_name: str, params: dict = None) -> di
 AMP_STATE = ("scale_sense", "current_iterator_step", "last_overflow_iterator_step")
 
 
-def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, model_name: str = "") -> int:
-    """Load weights and optimizer state into a train step; returns the checkpoint's global step.
+def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, model_name: str = "",
+                    params: Optional[dict] = None) -> int:
+    """Load weights and optimizer state (from `path`, or `params` already read from it) into a train step;
+    returns the checkpoint's global step.
 
     Without `with_amp_state`, the loss-scale state and AMP counters are left as the new step set them
     (a lower fallback rung starts its own scale)."""
-    params = read_checkpoint(path)
+    params = dict(read_checkpoint(path) if params is None else params)
     params.pop("learning_rate", None)  # the schedule comes from the config; its position is global_step
     is_amp_state = lambda n: n in AMP_STATE or n.startswith("amp_")  # noqa: E731
     if not with_amp_state:
@@ -86,10 +88,9 @@ def average_checkpoints(paths) -> dict:
 
 
 def last_checkpoints(path, n: int):
-    """The checkpoint `path` and the n-1 written before it in its folder (by modification time)."""
-    from pathlib import Path
+    """The checkpoint `path` and the n-1 before it in its folder (by global step)."""
     path = Path(path).expanduser()
-    siblings = sorted(path.parent.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    siblings = checkpoints(path.parent)
     if path not in siblings:
         read_checkpoint(path)  # names the missing file
     upto = siblings[: siblings.index(path) + 1]
@@ -148,10 +149,24 @@ class AtomicCheckpoint(Callback):
             self.save(cb.train_network, cb.cur_step_num)
 
 
+CHECKPOINT_NAME = re.compile(r".+-e(\d+)-s(\d+)\.ckpt")  # <model>-e<epochs done>-s<global step>.ckpt
+
+
 def checkpoints(directory) -> List[Path]:
-    """Complete checkpoints (partial ones live in .partial/), oldest first by global step; other files ignored."""
-    steps = {p: re.fullmatch(r".+-e\d+-s(\d+)\.ckpt", p.name) for p in Path(directory).glob("*.ckpt")}
-    return sorted((p for p, m in steps.items() if m), key=lambda p: int(steps[p].group(1)))
+    """Complete checkpoints written by train.py (partial ones live in .partial/), oldest first by global step;
+    other files ignored. The one listing of checkpoints every tool uses."""
+    named = {p: CHECKPOINT_NAME.fullmatch(p.name) for p in Path(directory).glob("*.ckpt")}
+    return sorted((p for p, m in named.items() if m), key=lambda p: int(named[p].group(2)))
+
+
+def epoch_checkpoints(directory, steps_per_epoch: int) -> dict:
+    """{epoch: path} of the checkpoints written at epoch ends (a stop mid-epoch writes others)."""
+    found = {}
+    for path in checkpoints(directory):
+        epoch, step = map(int, CHECKPOINT_NAME.fullmatch(path.name).groups())
+        if step == epoch * steps_per_epoch:
+            found[epoch] = path
+    return found
 
 
 def resume_point(directory) -> Tuple[Path, dict]:
@@ -176,17 +191,15 @@ def inference_network(cfg, script: str):
     weights (averaged over decode.average_last checkpoints, Conv+BN folded when infer.fuse_conv_bn).
     Returns (network, the effective config, notes for the user, fused pairs or None)."""
     from amp.policy import apply_policy, check_device_dtype
-    from models import create_model
-    from zoo.config import apply_smoke
+    from models import build_model
     from zoo.fuse import fuse_conv_bn
     from zoo.runtime import set_context
 
     if not cfg.checkpoint:
         raise ConfigError(f"checkpoint is not set; run: python {script} recipe=NAME checkpoint=PATH/TO/model.ckpt")
-    cfg, smoke_note = apply_smoke(cfg)
-    notes = [smoke_note] if smoke_note else []
+    notes = []
     check_device_dtype(set_context(cfg.runtime), cfg.amp)
-    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    net = build_model(cfg)
     averaged = None
     if cfg.decode.average_last > 1:
         paths = last_checkpoints(cfg.checkpoint, cfg.decode.average_last)

@@ -1,72 +1,67 @@
-"""The configuration schema: every key a recipe may set, with its type and its valid values.
+"""The configuration schema: every key a recipe may set, with its type, its valid values and (RANGES) the
+range of every number.
 
-Hydra merges conf/ and recipes/ into `Config`; OmegaConf then rejects unknown keys and values outside
-an Enum before anything is imported from MindSpore. `validate` adds the checks a type cannot express
-(registered names, positive sizes) and `check_command_line` turns any failure into one line and exit 2.
+Hydra merges conf/ and recipes/ into `Config` (zoo/compose.py); OmegaConf then rejects unknown keys and
+values outside an Enum before anything is imported from MindSpore; zoo/load.py checks the rest.
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import os
-import sys
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
 
 
-class AmpLevel(str, Enum):
+class AmpLevel(StrEnum):
     O0 = "O0"
     O1 = "O1"
     O2 = "O2"
     O3 = "O3"
 
 
-class AmpDtype(str, Enum):
+class AmpDtype(StrEnum):
     float16 = "float16"
     bfloat16 = "bfloat16"
 
 
-class LossScaleType(str, Enum):
+class LossScaleType(StrEnum):
     none = "none"
     fixed = "fixed"
     dynamic = "dynamic"
 
 
-class Device(str, Enum):
+class Device(StrEnum):
     auto = "auto"
     CPU = "CPU"
     GPU = "GPU"
     Ascend = "Ascend"
 
 
-class Mode(str, Enum):
+class Mode(StrEnum):
     graph = "graph"
     pynative = "pynative"
 
 
-class OptimizerName(str, Enum):
+class OptimizerName(StrEnum):
     momentum = "momentum"
     sgd = "sgd"
     adam = "adam"
     adamw = "adamw"
 
 
-class ScheduleName(str, Enum):
+class ScheduleName(StrEnum):
     constant = "constant"
     cosine = "cosine"
     step = "step"
     inverse_sqrt = "inverse_sqrt"
 
 
-class LengthNorm(str, Enum):
+class LengthNorm(StrEnum):
     gnmt = "gnmt"         # score / ((5 + length) / 6) ** length_penalty (Wu et al. 2016; tensor2tensor)
     fairseq = "fairseq"   # score / length ** length_penalty, length counting EOS (fairseq --lenpen)
 
@@ -171,7 +166,7 @@ class DecodeConfig:
     batch_size: int = 256             # sentences decoded together (x beam rows), sorted by length
 
 
-class ExportFormat(str, Enum):
+class ExportFormat(StrEnum):
     MINDIR = "MINDIR"
     ONNX = "ONNX"
     AIR = "AIR"
@@ -234,173 +229,39 @@ class Config:
     output: Optional[str] = None      # eval.py: where to write metrics JSON
 
 
-def apply_smoke(cfg):
-    """With no dataset.path, a recipe whose real data is not embedded runs its `smoke` block instead:
-    a short run on the embedded data that proves the recipe works, not the benchmark."""
-    if cfg.dataset.path is not None or not cfg.smoke:
-        return cfg, None
-    from omegaconf import OmegaConf, open_dict
-    smoke = OmegaConf.to_container(cfg.smoke)
-    try:
-        merged = OmegaConf.merge(cfg, smoke)
-    except Exception as e:
-        raise ConfigError(f"smoke: {_one_line(e)}") from None
-    with open_dict(merged):
-        merged.smoke = {}
-    note = (f"SMOKE RUN: dataset.path is unset, so {cfg.recipe_name} runs on embedded {merged.dataset.name} data "
-            f"with {smoke}; this proves the recipe works, it is not the benchmark. Set dataset.path to the "
-            f"{cfg.dataset.name} files for the published schedule")
-    return merged, note
+# The valid range of every number in the schema, checked before anything compiles: (low, high), either end
+# None for unbounded; a low given as a float (0.0) is exclusive for floats that must be positive.
+RANGES = {
+    "model.num_classes": (1, None),
+    "dataset.batch_size": (1, None), "dataset.max_tokens": (0, None), "dataset.eval_batch_size": (1, None),
+    "dataset.image_size": (8, 4096), "dataset.channels": (0, 4), "dataset.num_workers": (1, 256),
+    "dataset.test_fraction": (0.0, 1.0), "dataset.shift": (0, 64),
+    "optimizer.lr": (0.0, None), "optimizer.reference_batch_size": (0, None), "optimizer.momentum": (0, 1),
+    "optimizer.weight_decay": (0, None), "optimizer.eps": (0.0, None),
+    "schedule.warmup_epochs": (0, None), "schedule.warmup_steps": (0, None), "schedule.min_lr": (0, None),
+    "schedule.gamma": (0.0, 1),
+    "amp.loss_scale.scale": (0.0, None), "amp.loss_scale.init_scale": (0.0, None), "amp.loss_scale.factor": (2, None),
+    "amp.loss_scale.window": (1, None), "amp.loss_scale.min_scale": (0.0, None),
+    "amp.fallback.overflow_rate": (0.0, 1), "amp.fallback.window": (1, None),
+    "trainer.epochs": (1, None), "trainer.max_steps": (0, None), "trainer.label_smoothing": (0, 1),
+    "trainer.ignore_index": (-100, None), "trainer.eval_every": (0, None), "trainer.ckpt_every": (0, None),
+    "trainer.keep_last": (1, None), "trainer.sink_size": (-1, None), "trainer.log_every": (1, None),
+    "decode.beam": (1, 64), "decode.length_penalty": (0, 10), "decode.average_last": (1, None),
+    "decode.batch_size": (1, None),
+    "infer.batch_size": (1, None),
+    "runtime.device_id": (0, 63), "runtime.seed": (0, 2**31 - 1),
+}
+# Keys whose value may also be exactly this (outside the range): sink_size -1 is "a whole epoch".
+SPECIAL = {"trainer.sink_size": (-1,)}
+
+
+def register_schema() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="schema", node=Config)
 
 
 def load_run_config(run_dir):
     """A run directory's config.yaml over the current schema (keys added since the run get their defaults)."""
     from omegaconf import OmegaConf
     return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(Path(run_dir) / "config.yaml"))
-
-
-def register_schema() -> None:
-    ConfigStore.instance().store(name="schema", node=Config)
-
-
-class ConfigError(ValueError):
-    """A bad value in the configuration: the message names it and what would be valid."""
-
-
-def fail(message: str, code: int = 2) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(code)
-
-
-def choices_hint(value: str, valid) -> str:
-    valid = sorted(valid)
-    close = difflib.get_close_matches(str(value), valid, n=3, cutoff=0.5)
-    hint = f"did you mean {', '.join(close)}? " if close else ""
-    return f"{hint}valid: {', '.join(valid)}"
-
-
-def validate(cfg) -> None:
-    """Checks a type cannot express: registered names, sizes, paths, keep-list names."""
-    from omegaconf import OmegaConf
-
-    from amp.names import check_policy_names
-    from amp.policy import check_device_dtype
-    from data import DATASETS
-    from models import MODELS, check_model_params
-    from zoo.runtime import pick_device
-
-    cfg, _ = apply_smoke(cfg)
-    try:  # keys appended with "+key=value" escape Hydra's struct check
-        OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg, resolve=False))
-    except Exception as e:
-        raise ConfigError(_one_line(e)) from None
-
-    if cfg.model.name not in MODELS:
-        raise ConfigError(f"model.name={cfg.model.name!r} is not a registered model; "
-                          + choices_hint(cfg.model.name, MODELS))
-    check_model_params(cfg.model.name, dict(cfg.model.params))
-    if cfg.dataset.name not in DATASETS:
-        raise ConfigError(f"dataset.name={cfg.dataset.name!r} is not a registered dataset; "
-                          + choices_hint(cfg.dataset.name, DATASETS))
-    for key in ("dataset.batch_size", "dataset.eval_batch_size", "trainer.epochs", "model.num_classes"):
-        section, name = key.split(".")
-        if cfg[section][name] < 1:
-            raise ConfigError(f"{key}={cfg[section][name]} must be at least 1")
-    if cfg.dataset.path is not None and not Path(cfg.dataset.path).expanduser().exists():
-        if cfg.dataset.params.get("install"):  # data a system package provides (dataset.params.install says how)
-            raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist: install {cfg.dataset.params.install}, "
-                              f"or set dataset.path to a folder with its files")
-        raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist; give a folder with the "
-                          f"{cfg.dataset.name} files, or leave it unset for the embedded data")
-    check_policy_names(cfg.amp)
-    check_device_dtype(pick_device(str(getattr(cfg.runtime.device, "value", cfg.runtime.device))), cfg.amp)
-    ls = cfg.amp.loss_scale
-    for name in ("scale", "init_scale", "min_scale"):
-        if ls[name] <= 0:
-            raise ConfigError(f"amp.loss_scale.{name}={ls[name]} must be positive")
-    if ls.factor < 2:
-        raise ConfigError(f"amp.loss_scale.factor={ls.factor} must be at least 2")
-    if ls.window < 1:
-        raise ConfigError(f"amp.loss_scale.window={ls.window} must be at least 1")
-
-
-def _one_line(exc: BaseException) -> str:
-    """Hydra and OmegaConf errors span several lines; keep what names the bad value."""
-    from hydra.errors import MissingConfigException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
-
-    chain = []
-    while exc is not None:
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
-    for e in chain:
-        if isinstance(e, MissingConfigException):
-            missing = (e.missing_cfg_file or "").split("/")
-            group = missing[0] if len(missing) > 1 else "config"
-            name = missing[-1]
-            options = e.options or []
-            if options:
-                return f"{group}={name} not found; " + choices_hint(name, options)
-            return str(e).splitlines()[0]
-    for e in chain:
-        if isinstance(e, ValidationError):
-            key = getattr(e, "full_key", "") or "value"
-            msg = str(getattr(e, "msg", e)).splitlines()[0]
-            return f"{key}: {msg}"
-        if isinstance(e, (ConfigKeyError, ConfigAttributeError)):
-            key = getattr(e, "full_key", "") or str(getattr(e, "key", ""))
-            schema = getattr(e, "object_type", None)
-            if dataclasses.is_dataclass(schema):
-                section = key.rsplit(".", 1)[0] if "." in key else "the top level"
-                return (f"unknown key {key}; "
-                        + choices_hint(key.rsplit(".", 1)[-1], [f.name for f in dataclasses.fields(schema)])
-                        .replace("valid:", f"valid keys of {section}:"))
-            return f"unknown key {key} (a key the config does not have yet is added with +{key}=VALUE)"
-        if isinstance(e, OmegaConfBaseException):
-            return str(getattr(e, "msg", e)).splitlines()[0]
-    return str(chain[0]).splitlines()[0]
-
-
-def compose(overrides: List[str], config_name: str = "config"):
-    """Compose the config outside @hydra.main (tests, eval.py, amp.report), with ${hydra:...} resolvable."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict
-
-    register_schema()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
-
-
-def check_command_line(argv: List[str], config_name: str = "config") -> None:
-    """Compose and validate every run the command line asks for; on any error print one line, exit 2."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    overrides = [a for a in argv if not a.startswith("-")]
-    for a in overrides:
-        if a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
-            out = Path(a.split("=", 1)[1]).expanduser()
-            existing = next((p for p in [out, *out.parents] if p.exists()), None)
-            if out.exists() and not out.is_dir():
-                fail(f"{a.split('=', 1)[0]}={out} is a file; give a directory for the run's files")
-            if existing is not None and not os.access(existing, os.W_OK):
-                fail(f"{a.split('=', 1)[0]}={out}: {existing} is not writable; give a directory you can write to")
-    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        return  # Hydra's own flags (--help, --cfg, ...): let Hydra handle them
-    try:
-        if "-m" in argv or "--multirun" in argv:
-            parsed = OverridesParser.create().parse_overrides(overrides)
-            runs = [run for batch in BasicSweeper.split_arguments(parsed, None) for run in batch]
-        else:
-            runs = [overrides]
-        for run in runs:
-            validate(compose(run, config_name))
-    except ConfigError as e:
-        fail(str(e))
-    except Exception as e:  # Hydra/OmegaConf composition errors
-        fail(_one_line(e))

@@ -14,6 +14,8 @@ import numpy as np
 import mindspore as ms
 import mindspore.nn as nn
 
+from zoo.cells import replace_child
+
 log = logging.getLogger("amp_zoo")
 
 
@@ -76,7 +78,5 @@ def fuse_conv_bn(net: nn.Cell) -> Tuple[nn.Cell, Dict]:
         conv_parent, conv_name = parents[id(conv)]
         bn_parent, bn_name = parents[id(bn)]
         for parent, name, new in ((conv_parent, conv_name, fold(conv, bn)), (bn_parent, bn_name, nn.Identity())):
-            parent._cells[name] = new  # pylint: disable=protected-access
-            if isinstance(parent, nn.SequentialCell):
-                parent.cell_list = list(parent.cells())
+            replace_child(parent, name, new)
     return net, {"fused_pairs": len(pairs), "found_by": how}

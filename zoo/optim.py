@@ -8,7 +8,7 @@ import math
 import mindspore.nn as nn
 import numpy as np
 
-from zoo.config import ConfigError
+from zoo.errors import ConfigError
 
 NO_DECAY_MARKERS = ("beta", "gamma", "bias", "moving_mean", "moving_variance")
 
@@ -22,7 +22,7 @@ def scaled_lr(opt_cfg, global_batch: int) -> float:
 
 def lr_schedule(sched_cfg, base_lr: float, steps_per_epoch: int, epochs: int) -> np.ndarray:
     total = steps_per_epoch * epochs
-    name = str(getattr(sched_cfg.name, "value", sched_cfg.name))
+    name = str(sched_cfg.name)
     warmup = sched_cfg.warmup_steps or int(round(sched_cfg.warmup_epochs * steps_per_epoch))
     steps = np.arange(total, dtype=np.float64)
     if name == "constant":
@@ -53,7 +53,7 @@ def param_groups(params, opt_cfg):
 
 def create_optimizer(params, opt_cfg, lr: np.ndarray, loss_scale: float) -> nn.Optimizer:
     """`loss_scale` > 1 only for a fixed scale without overflow skipping: the optimizer unscales then."""
-    name = str(getattr(opt_cfg.name, "value", opt_cfg.name))
+    name = str(opt_cfg.name)
     groups = param_groups(params, opt_cfg)
     lr = list(map(float, lr))
     if name == "momentum":

@@ -13,7 +13,7 @@ def configured_isa(argv) -> str:
     if not argv:
         return "auto"
     try:
-        from zoo.config import compose
+        from zoo.compose import compose
         return str(compose([a for a in argv if not a.startswith("-")]).runtime.onednn_isa)
     except Exception:  # noqa: BLE001  (composition errors are reported by the entry point)
         return "auto"
@@ -40,13 +40,15 @@ def cap_onednn_isa(argv=None) -> str:
 
 
 def quiet_mindspore() -> None:
-    """MindSpore's C++ [WARNING] lines drown the training log; GLOG_v=2 (or lower) brings them back."""
-    os.environ.setdefault("GLOG_v", "3")
+    """MindSpore's C++ [WARNING] and [ERROR] lines drown the console (a compile error prints its whole trace
+    there; the driver reports it in one line and keeps the trace in train.log); GLOG_v=3 (or lower) brings
+    them back."""
+    os.environ.setdefault("GLOG_v", "4")
 
 
 def pick_device(requested: str) -> str:
     import mindspore as ms
-    from zoo.config import ConfigError
+    from zoo.errors import ConfigError
 
     def available(target: str) -> bool:
         try:
@@ -67,8 +69,8 @@ def set_context(runtime_cfg) -> str:
     """Device, execution mode and determinism; returns the device target in use."""
     import mindspore as ms
 
-    device = pick_device(str(getattr(runtime_cfg.device, "value", runtime_cfg.device)))
-    mode = str(getattr(runtime_cfg.mode, "value", runtime_cfg.mode))
+    device = pick_device(str(runtime_cfg.device))
+    mode = str(runtime_cfg.mode)
     ms.set_device(device, runtime_cfg.device_id)
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     if runtime_cfg.deterministic:

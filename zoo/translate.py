@@ -209,7 +209,7 @@ def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, 
 
     from data.translation import encode_pairs, params
 
-    form = form or str(getattr(cfg.decode.length_norm, "value", cfg.decode.length_norm))
+    form = form or str(cfg.decode.length_norm)
     net.set_train(False)
     examples, pairs, sp = encode_pairs(cfg.dataset, split)
     max_len = params(cfg.dataset)["max_len"]

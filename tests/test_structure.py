@@ -1,0 +1,151 @@
+"""The shape of the code: an acyclic import graph, every number of the schema range-checked, a user's keys
+winning over a smoke block, the pass arithmetic of a resume, and a model that does not compile as one line."""
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from zoo.config import RANGES, Config
+from zoo.load import check_command_line, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("zoo", "amp", "models", "data", "bench")
+
+
+def project_modules():
+    modules = {}
+    for path in ROOT.glob("*.py"):
+        modules[path.stem] = path
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            modules[name.removesuffix(".__init__")] = path
+    return modules
+
+
+def import_graph():
+    """module -> the project modules it imports anywhere in its body (top level or inside functions)."""
+    modules = project_modules()
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    sub = f"{node.module}.{alias.name}"
+                    edges.add(sub if sub in modules else node.module)
+        graph[name] = sorted(e for e in edges if e in modules and e != name)
+    return graph
+
+
+def find_cycle(graph):
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in graph[node]:
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        stack.pop()
+        return None
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_import_graph_is_acyclic():
+    graph = import_graph()
+    assert {"zoo.config", "zoo.load", "zoo.errors", "models", "data", "train"} <= set(graph)
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+    assert graph["zoo.errors"] == [] and graph["zoo.registry"] == ["zoo.errors"], "the leaves import nothing of ours"
+    assert graph["zoo.config"] == [], "the schema imports nothing of ours"
+
+
+def test_a_cycle_would_be_found():
+    assert find_cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
+
+
+def numeric_keys(schema=Config, prefix=""):
+    for f in dataclasses.fields(schema):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            yield from numeric_keys(type(default), f"{prefix}{f.name}.")
+        elif f.type in ("int", "float", int, float):
+            yield f"{prefix}{f.name}"
+
+
+def test_every_number_in_the_schema_has_a_range():
+    keys = set(numeric_keys())
+    assert len(keys) > 30
+    assert keys == set(RANGES), f"without a range: {sorted(keys - set(RANGES))}; stale: {sorted(set(RANGES) - keys)}"
+
+
+@pytest.mark.parametrize("key", sorted(RANGES))
+def test_an_out_of_range_value_is_one_error_line(key, capsys):
+    low, high = RANGES[key]
+    bad = (low - 1 if not isinstance(low, float) else (0.0 if low == 0.0 else low - 1)) if low is not None else high + 1
+    if key == "trainer.sink_size":
+        bad = -2
+    with pytest.raises(SystemExit) as e:
+        check_command_line(["recipe=lenet_o2", f"{key}={bad}"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith(f"error: {key}=") and "\n" not in err, err
+    if high is not None:
+        with pytest.raises(SystemExit):
+            check_command_line(["recipe=lenet_o2", f"{key}={high * 2 + 1}"])
+
+
+def test_the_users_keys_win_over_the_smoke_block():
+    cfg, note = load_config(["recipe=transformer_base_o2", "model.params.d_model=96", "trainer.epochs=3"])
+    assert cfg.model.params.d_model == 96 and cfg.trainer.epochs == 3, "the user's values, not the smoke block's"
+    assert cfg.model.params.heads == 4, "the smoke block's other keys still apply"
+    assert "model.params.heads=4" in note and "your model.params.d_model, trainer.epochs kept" in note
+    assert "trainer.epochs=" not in note.split("kept")[0].replace("your", "")
+
+
+def test_a_combination_that_cannot_run_names_both(capsys):
+    with pytest.raises(SystemExit):
+        check_command_line(["recipe=transformer_base_o2", "model.params.d_model=90"])
+    err = capsys.readouterr().err.strip()
+    assert "d_model" in err and "heads" in err and "smoke block" in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize("start, spe, epochs, expected", [
+    (0, 10, 3, [(0, 0, 3)]),
+    (20, 10, 3, [(2, 0, 3)]),
+    (25, 10, 3, [(2, 5, 3)]),
+    (14, 10, 3, [(1, 4, 2), (2, 0, 3)]),
+    (30, 10, 3, []),
+])
+def test_the_passes_of_a_resume(start, spe, epochs, expected):
+    from train import passes
+    assert passes(start, spe, epochs) == expected
+
+
+def test_no_function_of_train_py_is_longer_than_60_lines():
+    tree = ast.parse((ROOT / "train.py").read_text())
+    lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert {"main", "setup", "train", "train_rung", "finish", "passes"} <= set(lengths)
+    assert max(lengths.values()) <= 60, lengths
+
+
+def test_config_enums_are_plain_strings_to_omegaconf():
+    """StrEnum: `str(cfg.amp.level)` is "O2" and compares equal to it, with no `.value` unwrapping."""
+    cfg, _ = load_config(["recipe=lenet_o2", "amp.loss_scale.type=dynamic"])
+    assert str(cfg.amp.level) == "O2" == cfg.amp.level and f"{cfg.amp.loss_scale.type}" == "dynamic"
+    with pytest.raises(SystemExit):
+        check_command_line(["recipe=lenet_o2", "amp.level=O5"])
+
+
+def test_every_entry_point_loads_its_config_through_load_config():
+    for script in ("train.py", "eval.py", "export.py", "amp/report.py", "amp/audit.py", "bench/common.py"):
+        text = (ROOT / script).read_text()
+        assert "load_config" in text and "apply_smoke" not in text, script

@@ -1,0 +1,21 @@
+"""The error every bad input becomes, and the one line it is shown as. A leaf: it imports nothing of ours."""
+import difflib
+import sys
+
+
+class ConfigError(ValueError):
+    """A bad value in the configuration: the message names it and what would be valid."""
+
+
+def fail(message: str, code: int = 2) -> None:
+    """One `error:` line on stderr and exit `code` (2: bad input)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def choices_hint(value: str, valid) -> str:
+    """'did you mean X? valid: A, B, C' for a name that is not one of `valid`."""
+    valid = sorted(valid)
+    close = difflib.get_close_matches(str(value), valid, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return f"{hint}valid: {', '.join(valid)}"

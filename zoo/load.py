@@ -1,0 +1,165 @@
+"""`load_config(argv)`: the one way every entry point (train.py, eval.py, export.py, amp.report, amp.audit,
+amp.search, bench) gets its run: compose recipe and overrides, apply the recipe's smoke block under the
+user's own keys, and check every value before anything compiles. Any failure is a ConfigError: one line.
+"""
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from omegaconf import OmegaConf, open_dict
+
+from amp.names import check_policy_names
+from amp.policy import check_device_dtype
+import data  # noqa: F401  (registers the datasets)
+from models import check_model  # (and registers the models)
+from zoo.compose import compose, one_line
+from zoo.config import RANGES, SPECIAL, Config
+from zoo.errors import ConfigError, fail
+from zoo.registry import DATASETS, MODELS
+from zoo.runtime import pick_device
+
+
+def load_config(argv: List[str], composed=None, smoke: bool = True) -> Tuple[object, Optional[str]]:
+    """(config, smoke note or None) for the command line `argv` (Hydra overrides); `composed`: the config
+    @hydra.main already composed from the same overrides; smoke=False: the recipe as written even without
+    dataset.path (benchmarks of the full-size network on synthetic batches)."""
+    try:
+        cfg = composed if composed is not None else compose([a for a in argv if not a.startswith("-")])
+    except ConfigError:
+        raise
+    except Exception as e:  # Hydra/OmegaConf composition errors
+        raise ConfigError(one_line(e)) from None
+    cfg, note, kept = apply_smoke(cfg, user_keys(argv)) if smoke else (cfg, None, [])
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        if kept:
+            raise ConfigError(f"{e}; this run is {cfg.recipe_name}'s smoke block (dataset.path unset) with your "
+                              f"{', '.join(kept)} kept over the block's own value") from None
+        raise
+    return cfg, note
+
+
+def user_keys(argv: List[str]) -> List[str]:
+    """The config keys a command line sets (`key=value`, `+key=value`, `++key=value`; a group choice such as
+    `model=resnet34` sets the whole `model` section)."""
+    keys = []
+    for arg in argv:
+        if "=" in arg and not arg.startswith(("-", "~", "hydra.")):
+            keys.append(arg.split("=", 1)[0].lstrip("+"))
+    return keys
+
+
+def flatten(tree: Dict, prefix: str = "") -> Dict[str, object]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def apply_smoke(cfg, given: List[str] = ()) -> Tuple[object, Optional[str], List[str]]:
+    """With no dataset.path, a recipe whose real data is not embedded runs its `smoke` block instead: a short
+    run on the embedded data that proves the recipe works, not the benchmark. Keys the user gave win over the
+    block. Returns (config, note listing what the block changed, the user's keys kept over it)."""
+    if cfg.dataset.path is not None or not cfg.smoke:
+        return cfg, None, []
+    smoke = flatten(OmegaConf.to_container(cfg.smoke))
+    overlaps = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
+    kept = sorted({u for u in given for k in smoke if overlaps(k, u)})
+    applied = {k: v for k, v in smoke.items() if not any(overlaps(k, u) for u in kept)}
+    nested: Dict = {}
+    for key, value in applied.items():
+        *parents, leaf = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    try:
+        merged = OmegaConf.merge(cfg, nested)
+    except Exception as e:
+        raise ConfigError(f"smoke: {one_line(e)}") from None
+    with open_dict(merged):
+        merged.smoke = {}
+    changes = ", ".join(f"{k}={v}" for k, v in applied.items())
+    note = (f"SMOKE RUN: dataset.path is unset, so {cfg.recipe_name} runs on embedded {merged.dataset.name} data; "
+            f"the recipe's smoke block set {changes}" + (f" (your {', '.join(kept)} kept)" if kept else "")
+            + f". This proves the recipe works, it is not the benchmark: set dataset.path to the "
+            f"{cfg.dataset.name} files for the published schedule")
+    return merged, note, kept
+
+
+def check_ranges(cfg) -> None:
+    """Every number of the schema within its range (zoo/config.py RANGES)."""
+    for key, (low, high) in RANGES.items():
+        value = OmegaConf.select(cfg, key)
+        if value is None or value in SPECIAL.get(key, ()):
+            continue
+        exclusive = isinstance(low, float) and low == 0.0
+        too_low = low is not None and (value <= low if exclusive else value < low)
+        if too_low or (high is not None and value > high):
+            if exclusive:
+                valid = "positive" + (f" and at most {high}" if high is not None else "")
+            elif high is None:
+                valid = f"at least {low}"
+            else:
+                valid = f"from {low} to {high}"
+            also = f" (or {', '.join(map(str, SPECIAL[key]))})" if key in SPECIAL else ""
+            raise ConfigError(f"{key}={value} must be {valid}{also}")
+
+
+def validate(cfg) -> None:
+    """Checks a type cannot express: ranges, registered names, sizes, paths, keep-list names."""
+    try:  # keys appended with "+key=value" escape Hydra's struct check
+        OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg, resolve=False))
+    except Exception as e:
+        raise ConfigError(one_line(e)) from None
+    check_ranges(cfg)
+    MODELS.get(cfg.model.name, "model.name")
+    DATASETS.get(cfg.dataset.name, "dataset.name")
+    check_model(cfg)
+    classes = DATASETS.meta(cfg.dataset.name).get("classes") or len(cfg.dataset.params.get("classes") or [])
+    if classes and cfg.model.num_classes != classes:
+        raise ConfigError(f"model.num_classes={cfg.model.num_classes} does not match the {classes} classes of "
+                          f"dataset {cfg.dataset.name}; set model.num_classes={classes}")
+    if cfg.dataset.path is not None and not Path(cfg.dataset.path).expanduser().exists():
+        if cfg.dataset.params.get("install"):  # data a system package provides (dataset.params.install says how)
+            raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist: install {cfg.dataset.params.install}, "
+                              f"or set dataset.path to a folder with its files")
+        raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist; give a folder with the "
+                          f"{cfg.dataset.name} files, or leave it unset for the embedded data")
+    check_policy_names(cfg.amp)
+    check_device_dtype(pick_device(str(cfg.runtime.device)), cfg.amp)
+
+
+def check_command_line(argv: List[str]) -> None:
+    """Compose and check every run the command line asks for (several with -m); on any error print one line
+    and exit 2, before Hydra creates a run directory."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [a for a in argv if not a.startswith("-")]
+    for a in overrides:
+        if a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
+            out = Path(a.split("=", 1)[1]).expanduser()
+            existing = next((p for p in [out, *out.parents] if p.exists()), None)
+            if out.exists() and not out.is_dir():
+                fail(f"{a.split('=', 1)[0]}={out} is a file; give a directory for the run's files")
+            if existing is not None and not os.access(existing, os.W_OK):
+                fail(f"{a.split('=', 1)[0]}={out}: {existing} is not writable; give a directory you can write to")
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return  # Hydra's own flags (--help, --cfg, ...): let Hydra handle them
+    try:
+        if "-m" in argv or "--multirun" in argv:
+            parsed = OverridesParser.create().parse_overrides(overrides)
+            runs = [run for batch in BasicSweeper.split_arguments(parsed, None) for run in batch]
+        else:
+            runs = [overrides]
+        for run in runs:
+            load_config(run)
+    except ConfigError as e:
+        fail(str(e))
+    except Exception as e:  # Hydra's override grammar
+        fail(one_line(e))

@@ -1,0 +1,62 @@
+"""One registry for models, datasets and the Cells a keep-list may name (after timm's `_registry.py`).
+
+Registries live here, outside the packages they fill, so registering a model imports this module and not
+`models/__init__.py`:
+
+    from zoo.registry import MODELS
+
+    @MODELS.register()                       # key: the function's name; or .register("name", task=...)
+    def lenet5(num_classes=10): ...
+
+`MODELS.get("lenet5")` returns it or raises ConfigError with the close matches; `MODELS.meta(name)` gives
+what was registered with it (a dataset's `task`).
+"""
+from typing import Any, Callable, Dict, List, Optional
+
+from zoo.errors import ConfigError, choices_hint
+
+
+class Registry:
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: Dict[str, Any] = {}
+        self._meta: Dict[str, Dict[str, Any]] = {}
+
+    def register(self, name: Optional[str] = None, **meta) -> Callable:
+        """Decorator: register under `name` (default: the function's or class's own name) with metadata."""
+        def wrap(obj):
+            self.add(name or obj.__name__, obj, **meta)
+            return obj
+        return wrap
+
+    def add(self, name: str, obj, **meta) -> None:
+        self._items[name] = obj
+        self._meta[name] = meta
+
+    def remove(self, name: str) -> None:
+        self._items.pop(name, None)
+        self._meta.pop(name, None)
+
+    def get(self, name: str, key: str = ""):
+        if name not in self._items:
+            where = f"{key}={name!r}" if key else repr(name)
+            raise ConfigError(f"{where} is not a registered {self.kind}; " + choices_hint(name, self._items))
+        return self._items[name]
+
+    def meta(self, name: str) -> Dict[str, Any]:
+        self.get(name)
+        return self._meta[name]
+
+    def names(self) -> List[str]:
+        return sorted(self._items)
+
+    def __contains__(self, name) -> bool:
+        return name in self._items
+
+    def __iter__(self):
+        return iter(self.names())
+
+
+MODELS = Registry("model")
+DATASETS = Registry("dataset")
+CELLS = Registry("Cell")  # project Cells a keep-list may name, beside mindspore.nn's own (amp/names.py)
