@@ -125,44 +125,70 @@ def multi30k_scorer(run_dir: Path) -> dict:
 
 def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, plan_only: bool = False,
               runner: Callable = run_subprocess, scorer: Callable = multi30k_scorer,
-              readme: Optional[Path] = ROOT / "README.md") -> dict:
+              readme: Optional[Path] = ROOT / "README.md", only: Optional[List[str]] = None) -> dict:
+    """Rows for every recipe in `recipes`; runs (and scores) those in `only` (default: all) whose data is here."""
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "reproduce.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
     rows = []
     for name in recipes:
         card = recipe_card(name)
-        data = find_data(card, given)
-        row = {**card, "data": data, "seeds": SEEDS.get(name, [1]), "runs": []}
-        rows.append(row)
-        if data is None:
+        rows.append({**card, "data": find_data(card, given), "seeds": SEEDS.get(name, [1]), "runs": [],
+                     "progress": progress(runs, name, SEEDS.get(name, [1]))})
+    # seed-major: every recipe's first seed before any second one, so a stopped reproduce already compares
+    # the precision levels
+    todo = [(row, seed) for i in range(max(len(r["seeds"]) for r in rows))
+            for row in rows if row["data"] is not None and i < len(row["seeds"]) for seed in [row["seeds"][i]]]
+    todo = [(row, seed) for row, seed in todo if only is None or row["recipe"] in only]
+    for row, seed in todo:
+        name, data = row["recipe"], row["data"]
+        run_id, run_dir = f"{name}-s{seed}", runs / f"{name}-s{seed}"
+        if run_id in results["runs"] and results["runs"][run_id].get("data") == data:
+            row["runs"].append(results["runs"][run_id])
             continue
-        for seed in row["seeds"]:
-            run_id, run_dir = f"{name}-s{seed}", runs / f"{name}-s{seed}"
-            if run_id in results["runs"] and results["runs"][run_id].get("data") == data:
-                row["runs"].append(results["runs"][run_id])
+        if not (run_dir / "metrics.json").is_file():
+            cmd = train_command(name, data, seed, run_dir)
+            print(("would run: " if plan_only else "running: ") + " ".join(cmd[1:]), flush=True)
+            if plan_only:
                 continue
-            if not (run_dir / "metrics.json").is_file():
-                cmd = train_command(name, data, seed, run_dir)
-                print(("would run: " if plan_only else "running: ") + " ".join(cmd[1:]), flush=True)
-                if plan_only:
-                    continue
-                run_dir.mkdir(parents=True, exist_ok=True)
-                code = runner(cmd, run_dir.parent / f"{run_id}.out")
-                if code != 0 or not (run_dir / "metrics.json").is_file():
-                    print(f"{run_id}: train.py exited {code} before finishing (see {run_dir.parent}/{run_id}.out); "
-                          f"run bench.reproduce again to continue it", flush=True)
-                    continue
-            record = {"run": run_id, "seed": seed, "data": data, "run_dir": str(run_dir),
-                      **score(card, run_dir, scorer)}
-            results["runs"][run_id] = record
-            results_file.write_text(json.dumps(results, indent=2))
-            row["runs"].append(record)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            code = runner(cmd, run_dir.parent / f"{run_id}.out")
+            if code != 0 or not (run_dir / "metrics.json").is_file():
+                print(f"{run_id}: train.py exited {code} before finishing (see {run_dir.parent}/{run_id}.out); "
+                      f"run bench.reproduce again to continue it", flush=True)
+                continue
+        record = {"run": run_id, "seed": seed, "data": data, "run_dir": str(run_dir),
+                  **score(row, run_dir, scorer)}
+        results["runs"][run_id] = record
+        results_file.write_text(json.dumps(results, indent=2))
+        row["runs"].append(record)
+    for row in rows:
+        row["runs"].sort(key=lambda r: r["seed"])
     table = render(rows)
     (out / "REPRODUCE.md").write_text(table)
     if readme is not None and not plan_only:
         write_readme(table, readme)
     return {"rows": rows, "table": table}
+
+
+def progress(runs: Path, name: str, seeds: List[int]) -> str:
+    """Where unfinished runs of a recipe stand: the newest checkpoint of each, and val BLEU if scored."""
+    from zoo.checkpoint import CHECKPOINT_NAME, checkpoints
+    notes = []
+    for seed in seeds:
+        run_dir = runs / f"{name}-s{seed}"
+        found = checkpoints(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else []
+        if not found or (run_dir / "metrics.json").is_file():
+            continue
+        epoch, step = map(int, CHECKPOINT_NAME.fullmatch(found[-1].name).groups())
+        note = f"seed {seed}: epoch {epoch}, step {step:,}"
+        curve = run_dir / "multi30k_curve.json"
+        if curve.is_file():
+            scored = json.loads(curve.read_text())
+            last = max(scored, key=int)
+            note += f" (val BLEU {scored[last]['bleu_lowercase']:.1f} lowercased at epoch {last}, greedy)"
+        notes.append(note)
+    return "; ".join(notes)
 
 
 def family(name: str) -> str:
@@ -194,7 +220,8 @@ def render(rows: List[dict]) -> str:
             continue
         runs = r["runs"]
         if not runs:
-            lines.append(head + f"| {where} | not finished yet (`make reproduce` continues it) | - | - | - |")
+            state = f"in progress: {r['progress']}" if r.get("progress") else "not finished yet"
+            lines.append(head + f"| {where} | {state} (`make reproduce` continues it) | - | - | - |")
             continue
         values = [x["value"] for x in runs]
         ours = f"**{statistics.mean(values):.2f}**" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
@@ -254,9 +281,9 @@ def parse(argv: List[str]):
                 runs, out = (Path(value), out) if arg == "--runs" else (runs, Path(value))
         else:
             fail(f"unknown argument {arg!r}; valid: --data GROUP=PATH, --only RECIPE, --runs DIR, --out DIR, --plan")
-    return only or all_recipes, given, runs.resolve(), out, plan
+    return all_recipes, given, runs.resolve(), out, plan, only or None
 
 
 if __name__ == "__main__":
-    recipes, given, runs, out, plan = parse(sys.argv[1:])
-    print(reproduce(recipes, given, runs, out, plan)["table"])
+    recipes, given, runs, out, plan, only = parse(sys.argv[1:])
+    print(reproduce(recipes, given, runs, out, plan, only=only)["table"])

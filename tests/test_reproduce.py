@@ -93,3 +93,18 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_only_runs_the_named_recipes_and_shows_where_others_stand(tmp_path, fake_runner, monkeypatch):
+    data = tmp_path / "fashion"
+    data.mkdir()
+    monkeypatch.setitem(rp.SEEDS, "lenet_fashion_o0", [1])
+    monkeypatch.setitem(rp.SEEDS, "lenet_fashion_o2", [1])
+    half = tmp_path / "runs" / "lenet_fashion_o2-s1" / "checkpoints"
+    half.mkdir(parents=True)
+    (half / "lenet5-e0003-s00002811.ckpt").write_bytes(b"")
+    table = rp.reproduce(["lenet_fashion_o0", "lenet_fashion_o2"], {"fashion_mnist": str(data)}, tmp_path / "runs",
+                         tmp_path / "out", runner=fake_runner, readme=None, only=["lenet_fashion_o0"])["table"]
+    assert len(fake_runner.calls) == 1 and "recipe=lenet_fashion_o0" in fake_runner.calls[0]
+    row = next(line for line in table.splitlines() if "`lenet_fashion_o2`" in line)
+    assert "in progress: seed 1: epoch 3, step 2,811" in row
