@@ -1,6 +1,6 @@
 """Reproduce every recipe whose real data is on this machine, and write the table of published numbers.
 
-    python -m bench.reproduce [--data GROUP=PATH ...] [--only RECIPE ...] [--runs DIR] [--out DIR] [--plan]
+    python -m bench.reproduce [--data GROUP=PATH ...] [--only RECIPE ...] [--runs DIR] [--out DIR] [--plan|--table]
     make reproduce
 
 Every recipe in recipes/ gets a row. Its data group (`override /dataset: ...` in the recipe) is looked for at
@@ -13,8 +13,10 @@ Translation recipes are scored with the published protocol of bench/multi30k.py 
 beam search, test split). Not found: the row says so and gives the command that would run it.
 
 Writes OUT/reproduce.json (one record per run) and OUT/REPRODUCE.md (the table; --out, default
-bench/results/reproduce), and the same table into README.md between its `reproduce` markers: the README's
-"Published numbers" table comes from here and nowhere else. --plan prints what would run, and runs nothing.
+bench/results/reproduce), and the same table into README.md between its `reproduce` markers, after every
+finished run: the README's "Published numbers" table comes from here and nowhere else. --plan prints what
+would run and runs nothing; --table writes the table from the runs so far and runs nothing;
+--only RECIPE (repeatable) runs only those recipes (the table keeps every row).
 """
 import json
 import re
@@ -112,7 +114,7 @@ def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
                       protocol=f"last {len(result['averaged'])} averaged, beam {result['beam']}")
     else:
         value = metrics["final"][metric]
-        record.update(value=100 * value if metric.startswith("top") else value, protocol="final checkpoint")
+        record.update(value=round(100 * value if metric.startswith("top") else value, 2), protocol="final checkpoint")
     return record
 
 
@@ -139,12 +141,13 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
     # the precision levels
     todo = [(row, seed) for i in range(max(len(r["seeds"]) for r in rows))
             for row in rows if row["data"] is not None and i < len(row["seeds"]) for seed in [row["seeds"][i]]]
-    todo = [(row, seed) for row, seed in todo if only is None or row["recipe"] in only]
     for row, seed in todo:
         name, data = row["recipe"], row["data"]
         run_id, run_dir = f"{name}-s{seed}", runs / f"{name}-s{seed}"
         if run_id in results["runs"] and results["runs"][run_id].get("data") == data:
             row["runs"].append(results["runs"][run_id])
+            continue
+        if only is not None and name not in only:  # not asked for: its recorded runs only
             continue
         if not (run_dir / "metrics.json").is_file():
             cmd = train_command(name, data, seed, run_dir)
@@ -162,13 +165,20 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
         results["runs"][run_id] = record
         results_file.write_text(json.dumps(results, indent=2))
         row["runs"].append(record)
+        if not plan_only:  # the table as it stands after every finished run
+            publish(rows, out, readme)
+    table = publish(rows, out, None if plan_only else readme)
+    return {"rows": rows, "table": table}
+
+
+def publish(rows: List[dict], out: Path, readme: Optional[Path]) -> str:
     for row in rows:
         row["runs"].sort(key=lambda r: r["seed"])
     table = render(rows)
     (out / "REPRODUCE.md").write_text(table)
-    if readme is not None and not plan_only:
+    if readme is not None:
         write_readme(table, readme)
-    return {"rows": rows, "table": table}
+    return table
 
 
 def progress(runs: Path, name: str, seeds: List[int]) -> str:
@@ -259,6 +269,8 @@ def parse(argv: List[str]):
     for arg in it:
         if arg == "--plan":
             plan = True
+        elif arg == "--table":  # run nothing: the table from the runs recorded so far
+            only.append("(none)")
         elif arg in ("--data", "--only", "--runs", "--out"):
             value = next(it, None)
             if value is None:
@@ -280,7 +292,8 @@ def parse(argv: List[str]):
             else:
                 runs, out = (Path(value), out) if arg == "--runs" else (runs, Path(value))
         else:
-            fail(f"unknown argument {arg!r}; valid: --data GROUP=PATH, --only RECIPE, --runs DIR, --out DIR, --plan")
+            fail(f"unknown argument {arg!r}; valid: --data GROUP=PATH, --only RECIPE, --runs DIR, --out DIR, --plan, "
+                 f"--table")
     return all_recipes, given, runs.resolve(), out, plan, only or None
 
 

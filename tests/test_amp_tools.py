@@ -78,7 +78,7 @@ def test_audit_flags_overflow_and_vanishing_constants():
 
 def test_audit_runs_a_recipe_on_its_smoke_data():
     """`python -m amp.audit recipe=resnet34_o2` without dataset.path: the smoke block, like train.py."""
-    result = run_cli("-m amp.audit", "recipe=resnet34_o2", "model.params.width=8")
+    result = run_cli("-m amp.audit", "recipe=resnet34_o2", "+model.params.width=8", "dataset.batch_size=8")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "SMOKE RUN" in result.stderr and "your model.params.width kept" in result.stderr
+    assert "SMOKE RUN" in result.stderr and "your dataset.batch_size kept" in result.stderr
     assert "suggested: amp.keep_fp32=[" in result.stdout
