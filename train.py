@@ -19,7 +19,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, List, Optional, Tuple  # noqa: E402
 
@@ -92,7 +92,7 @@ class Rung:
     checkpoints: Any
     amp_summary: dict
     train_time: float
-    extra: dict = field(default_factory=dict)
+    stop: Any                # the GracefulStop callback: which signal, at which step
 
 
 def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=()) -> Optional[float]:
@@ -108,7 +108,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
         if rung.outcome == "finished":
             return finish(run, rung, transitions, summaries)
         if rung.outcome == "stopped":
-            stop = rung.extra["stop"]
+            stop = rung.stop
             log.warning("%s: stopped after step %d and saved %s", stop.signal, stop.step, rung.checkpoints.latest)
             print(f"stopped by {stop.signal} at step {stop.step}; resume with: python train.py "
                   f"recipe={cfg.recipe_name} hydra.run.dir={run_dir} resume=auto", flush=True)
@@ -125,7 +125,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
     return None
 
 
-def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: "Start") -> Run:
+def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
     from tensorboardX import SummaryWriter
 
@@ -195,14 +195,13 @@ def passes(start_step: int, steps_per_epoch: int, epochs: int) -> List[Tuple[int
     run as a pass of their own first: MindSpore wants every pass over a dataset to have the same length."""
     first_epoch, skip = divmod(start_step, steps_per_epoch)
     out = [(first_epoch, skip, first_epoch + 1)] if skip else []
-    if first_epoch + bool(skip) < epochs:
-        out.append((first_epoch + bool(skip), 0, epochs))
+    out.append((first_epoch + bool(skip), 0, epochs))
     return [p for p in out if p[0] < epochs]
 
 
-def build_step(run: Run, amp_cfg, start: Start):
-    """The model under the rung's precision policy, in a train step with its loss scale and optimizer, with
-    the start checkpoint's weights; returns (network, policy, plan, train step, Model)."""
+def build_step(run: Run, amp_cfg):
+    """The model under the rung's precision policy, in a train step with its loss scale and optimizer; returns
+    (network, policy, loss-scale plan, train step, Model, precision report)."""
     from mindspore.train import Model
 
     from amp.loss_scale import AmpTrainStep, plan_loss_scale
@@ -241,7 +240,7 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
     from zoo.checkpoint import AtomicCheckpoint, restore_weights
 
     cfg, t = run.cfg, run.cfg.trainer
-    net, policy, plan, step_cell, model, report = build_step(run, amp_cfg, start)
+    net, policy, plan, step_cell, model, report = build_step(run, amp_cfg)
     if start.checkpoint is not None:
         restore_weights(step_cell, start.checkpoint, with_amp_state=start.with_amp_state, model_name=cfg.model.name,
                         params=start.params)
@@ -287,8 +286,7 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
                 raise
             raise ConfigError(compile_error(run, e)) from e
     outcome = "stopped" if stop.signal else ("diverged" if watch.reason else "finished")
-    return Rung(outcome, net, policy, watch, checkpoints, telemetry.summary(), time.perf_counter() - t_train,
-                {"stop": stop})
+    return Rung(outcome, net, policy, watch, checkpoints, telemetry.summary(), time.perf_counter() - t_train, stop)
 
 
 def compile_error(run: Run, error: Exception) -> str:

@@ -41,7 +41,7 @@ def describe(amp_cfg) -> str:
     ls = amp_cfg.loss_scale
     kind = str(ls.type)
     scale = {"none": "no loss scaling", "fixed": f"fixed scale {ls.scale:g}", "dynamic": "dynamic scale"}[kind]
-    return f"{str(amp_cfg.level)} with {scale}"
+    return f"{amp_cfg.level} with {scale}"
 
 
 def ladder(amp_cfg) -> List:

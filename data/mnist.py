@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from data.sampling import EpochBatches, epoch_length, flip_and_shift
-from zoo.registry import DATASETS
 from zoo.errors import ConfigError
+from zoo.registry import DATASETS
 
 IDX_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),

@@ -35,9 +35,13 @@ def check_model(cfg) -> None:
     """The registered model's own check of its hyper-parameters and of how they fit the data, run before
     anything is built or compiled (registered as `check=` beside the constructor, which runs it too)."""
     check_model_params(cfg.model.name, dict(cfg.model.params))
+    args = model_args(cfg)
     check = MODELS.meta(cfg.model.name).get("check")
     if check is not None:
-        check(model_args(cfg), cfg.dataset)
+        check(args, cfg.dataset)
+    if "in_channels" in args and cfg.dataset.channels and cfg.dataset.channels != args["in_channels"]:
+        raise ConfigError(f"dataset.channels={cfg.dataset.channels} does not fit model.params.in_channels="
+                          f"{args['in_channels']}; make them equal")
 
 
 def create_model(name: str, num_classes: int, **params):

@@ -35,9 +35,6 @@ def check_lenet5(args: dict, data=None) -> None:
     if data is not None and data.image_size != 32:
         raise ConfigError(f"dataset.image_size={data.image_size} does not fit model lenet5, which takes 32x32 "
                           f"inputs; set dataset.image_size=32")
-    if data is not None and data.channels and data.channels != args["in_channels"]:
-        raise ConfigError(f"dataset.channels={data.channels} does not fit model.params.in_channels="
-                          f"{args['in_channels']}; make them equal")
 
 
 @MODELS.register(check=check_lenet5)

@@ -71,9 +71,6 @@ def check_resnet(args: dict, data=None) -> None:
         if args[key] < 1:
             raise ConfigError(f"{'model.' if key == 'num_classes' else 'model.params.'}{key}={args[key]} must be at "
                               f"least 1")
-    if data is not None and data.channels and data.channels != args["in_channels"]:
-        raise ConfigError(f"dataset.channels={data.channels} does not fit model.params.in_channels="
-                          f"{args['in_channels']}; make them equal")
 
 
 class ResNet(nn.Cell):

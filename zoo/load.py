@@ -15,7 +15,7 @@ from models import check_model  # (and registers the models)
 from zoo.compose import compose, one_line
 from zoo.config import RANGES, SPECIAL, Config
 from zoo.errors import ConfigError, fail
-from zoo.registry import DATASETS, MODELS
+from zoo.registry import DATASETS
 from zoo.runtime import pick_device
 
 
@@ -25,8 +25,6 @@ def load_config(argv: List[str], composed=None, smoke: bool = True) -> Tuple[obj
     dataset.path (benchmarks of the full-size network on synthetic batches)."""
     try:
         cfg = composed if composed is not None else compose([a for a in argv if not a.startswith("-")])
-    except ConfigError:
-        raise
     except Exception as e:  # Hydra/OmegaConf composition errors
         raise ConfigError(one_line(e)) from None
     cfg, note, kept = apply_smoke(cfg, user_keys(argv)) if smoke else (cfg, None, [])
@@ -117,9 +115,8 @@ def validate(cfg) -> None:
     except Exception as e:
         raise ConfigError(one_line(e)) from None
     check_ranges(cfg)
-    MODELS.get(cfg.model.name, "model.name")
     DATASETS.get(cfg.dataset.name, "dataset.name")
-    check_model(cfg)
+    check_model(cfg)  # the registered name first, then the model's own check
     classes = DATASETS.meta(cfg.dataset.name).get("classes") or len(cfg.dataset.params.get("classes") or [])
     if classes and cfg.model.num_classes != classes:
         raise ConfigError(f"model.num_classes={cfg.model.num_classes} does not match the {classes} classes of "
