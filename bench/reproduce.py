@@ -41,23 +41,15 @@ TOLERANCE = {"lenet_fashion": 0.5, "transformer_tiny_multi30k": 1.0}
 
 
 def recipe_card(name: str) -> dict:
-    """The recipe's data group, dataset.path default and target block, read from its YAML and its groups."""
+    """The recipe's data group, dataset.path default and target block, as Hydra composes the recipe."""
+    from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
-    card = OmegaConf.load(ROOT / "recipes" / f"{name}.yaml")
-    group = defaults_group(card)
-    data = OmegaConf.load(ROOT / "conf" / "dataset" / f"{group}.yaml")
-    path = card.get("dataset", {}).get("path", data.get("path"))
-    return {"recipe": name, "group": group, "default_path": path, "level": card.amp.level,
-            "target": OmegaConf.to_container(card.target), "description": card.description}
 
-
-def defaults_group(card) -> str:
-    for entry in card.defaults:
-        if isinstance(entry, dict) or hasattr(entry, "items"):
-            for key, value in entry.items():
-                if key.endswith("/dataset"):
-                    return str(value)
-    raise ValueError("no dataset in the recipe's defaults")
+    from zoo.compose import compose
+    cfg = compose([f"recipe={name}"])
+    return {"recipe": name, "group": HydraConfig.get().runtime.choices["dataset"], "default_path": cfg.dataset.path,
+            "level": str(cfg.amp.level), "target": OmegaConf.to_container(cfg.target),
+            "description": cfg.description}
 
 
 def find_data(card: dict, given: Dict[str, str]) -> Optional[str]:
