@@ -55,17 +55,31 @@ def vanishing_constants(cell, dtype: str) -> List[str]:
     return out
 
 
+def unit_flops(cell, inputs, output: np.ndarray) -> int:
+    """Multiply-adds x 2 of a matmul or convolution; one operation per output value for anything else."""
+    import mindspore.nn as nn
+
+    if isinstance(cell, nn.Dense):
+        return 2 * cell.in_channels * output.size
+    if isinstance(cell, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        return 2 * cell.in_channels // cell.group * int(np.prod(cell.kernel_size)) * output.size
+    if "MatMul" in type(cell).__name__ and len(inputs) == 2:
+        return 2 * int(inputs[0].shape[-1]) * output.size
+    return int(output.size)
+
+
 def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
-    """net_builder() -> a fresh fp32 network; batch: the network's inputs (Tensors)."""
+    """net_builder() -> a fresh fp32 network; batch: the network's inputs (Tensors). One row per compute unit
+    (amp.report.units: the Cells a keep-list names, e.g. Dense, LayerNorm, Softmax, BatchMatMul)."""
     import mindspore as ms
 
     from amp.policy import apply_policy, compute_dtype
-    from amp.report import _cells
+    from amp.report import units
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     net = net_builder()
     net.set_train(False)
-    leaves = [(p, c) for p, c in _cells(net) if not c.name_cells() and p != "(root)"]
+    leaves = units(net)
     record: Dict[str, Dict] = {}
 
     def hook_for(path, store):
@@ -95,6 +109,8 @@ def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
         nonzero = ref[ref != 0]
         row = {
             "path": path, "class": type(cell).__name__, "dtype": dtype,
+            "params": int(sum(p.size for p in cell.get_parameters())),
+            "flops": unit_flops(cell, record[path]["inputs"], ref),
             "max_abs_fp32": float(np.max(np.abs(ref))) if ref.size else 0.0,
             "underflow_share": float(np.mean(np.abs(nonzero) < tiny)) if nonzero.size else 0.0,
             "end_to_end_rel_err": _rel_err(policy_record[path]["output"], ref) if path in policy_record else None,

@@ -1,9 +1,10 @@
 """Cell names a recipe may put in `amp.keep_fp32` / `amp.force_fp16`, resolved through an explicit registry.
 
 The names are every Cell class of `mindspore.nn`, the project's own Cells (`@CELLS.register()` from
-zoo/registry.py), and a
-few group names (`BatchNorm` means BatchNorm1d/2d/3d). MindSpore's precision lists take Cells, not
-Primitives: a Primitive name is rejected with the Cell to use instead.
+zoo/registry.py), and a few group names (`BatchNorm` means BatchNorm1d/2d/3d). MindSpore's precision lists
+take Cells, not Primitives: a Primitive name is rejected with the Cell to use instead.
+`amp.keep_fp32` also takes sub-module paths of the network (`fc3`, `decoder.layers.3.ffn`): a name that does
+not start with a capital letter is a path, checked against the built network by amp.policy.apply_policy.
 """
 import difflib
 from typing import Dict, List, Tuple, Type
@@ -53,12 +54,23 @@ def resolve(names: List[str], key: str) -> Tuple[Type[nn.Cell], ...]:
             raise ConfigError(f"{key}: {name!r} is not a known Cell; {hint}valid: a mindspore.nn Cell class "
                               f"(LayerNorm, Softmax, BatchNorm2d, Dense, ...), a project Cell "
                               f"({', '.join(CELLS.names() or ['none yet'])}) "
-                              f"or a group ({', '.join(GROUPS)})")
+                              f"or a group ({', '.join(GROUPS)})" + ("; a sub-module path goes in amp.keep_fp32"
+                                                                     if is_path(name) else ""))
     return tuple(dict.fromkeys(classes))
 
 
+def is_path(name: str) -> bool:
+    """Class names are capitalised (mindspore.nn's, ours); sub-module paths are not (`fc3`, `layers.0.norm`)."""
+    return not name[:1].isupper()
+
+
+def split_keep(names: List[str]) -> Tuple[List[str], List[str]]:
+    """A keep-list as (Cell class names, sub-module paths)."""
+    return [n for n in names if not is_path(n)], [n for n in names if is_path(n)]
+
+
 def check_policy_names(amp_cfg) -> None:
-    keep = resolve(list(amp_cfg.keep_fp32 or []), "amp.keep_fp32")
+    keep = resolve(split_keep(list(amp_cfg.keep_fp32 or []))[0], "amp.keep_fp32")
     force = resolve(list(amp_cfg.force_fp16), "amp.force_fp16")
     both = sorted({c.__name__ for c in keep} & {c.__name__ for c in force})
     if both:

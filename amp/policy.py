@@ -6,6 +6,7 @@
 - O2: low precision by default; keep_fp32 Cells (default BatchNorm, LayerNorm) run in fp32 and cast their
   output back to low precision, as MindSpore's own O2 does.
 - O3: like O2 with an empty default keep-list.
+keep_fp32 names Cell classes (every instance) or sub-module paths (`fc3`, `decoder.layers.3.ffn`: that one).
 Parameters stay fp32 at every level; the network's output is cast to fp32 so the loss is computed in fp32.
 `Model` must then be given amp_level="O0", or the network would be cast a second time.
 """
@@ -16,7 +17,9 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore import dtype as mstype
 
-from amp.names import resolve
+import difflib
+
+from amp.names import NN_CELLS, resolve, split_keep
 from zoo.cells import replace_child
 from zoo.errors import ConfigError
 
@@ -64,9 +67,10 @@ def check_device_dtype(device: str, amp_cfg) -> None:
 
 
 def _walk(cell: nn.Cell, prefix: str, match, on_match) -> None:
+    """Replace every sub-Cell for which match(cell, path) holds by on_match(cell, path); not below it."""
     for name, child in list(cell.name_cells().items()):
         path = f"{prefix}.{name}" if prefix else name
-        if isinstance(child, match):
+        if match(child, path):
             replace_child(cell, name, on_match(child, path))
         else:
             _walk(child, path, match, on_match)
@@ -79,12 +83,29 @@ def _mark_subtree(cell: nn.Cell, path: str, reason: str, reasons: Dict[str, str]
             reasons[f"{path}.{sub_path}"] = reason
 
 
+def check_paths(net: nn.Cell, paths: List[str]) -> None:
+    known = [p for p, _ in net.cells_and_names() if p]
+    for path in paths:
+        if path not in known:
+            close = [c for c in NN_CELLS if c.lower() == path.lower()]  # a class name in lower case
+            close = close or difflib.get_close_matches(path, known, n=3, cutoff=0.6)
+            raise ConfigError(f"amp.keep_fp32: {path!r} is neither a Cell class nor a sub-module of "
+                              f"{type(net).__name__}; " + (f"did you mean {', '.join(close)}? " if close else "")
+                              + f"its sub-modules: {', '.join(known[:8])}{', ...' if len(known) > 8 else ''} "
+                              f"(python -m amp.report lists them all)")
+
+
 def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
     level = str(amp_cfg.level)
     dtype_name = str(amp_cfg.dtype)
     low = DTYPES[dtype_name]
     keep_names = keep_fp32_names(amp_cfg)
-    keep = resolve(keep_names, "amp.keep_fp32")
+    keep_classes, keep_paths = split_keep(keep_names)
+    check_paths(net, keep_paths)
+    keep = resolve(keep_classes, "amp.keep_fp32")
+
+    def kept(cell, path):
+        return isinstance(cell, keep) or path in keep_paths
     force = resolve(list(amp_cfg.force_fp16), "amp.force_fp16")
     policy = Policy(level, dtype_name, keep_names, list(amp_cfg.force_fp16))
     reasons = policy.reasons
@@ -97,12 +118,15 @@ def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
         def keep_in_fp32(cell, path):
             _mark_subtree(cell, path, "keep_fp32", reasons)
             return CastOutput(cell.to_float(mstype.float32), low)
-        if keep:
-            _walk(net, "", keep, keep_in_fp32)
+        if keep_names:
+            _walk(net, "", kept, keep_in_fp32)
     else:
         white = resolve(O1_WHITE_LIST, "O1 white list") if level == "O1" else ()
         force_only = tuple(c for c in force if c not in white)
         to_low = tuple(c for c in white + force_only if c not in keep)
+
+        def low_here(cell, path):
+            return isinstance(cell, to_low) and not any(path == k or path.startswith(k + ".") for k in keep_paths)
         for path, _ in net.cells_and_names():
             reasons[path] = f"{level} default"
 
@@ -110,7 +134,7 @@ def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
             _mark_subtree(cell, path, "force_fp16" if isinstance(cell, force_only) else "O1 white list", reasons)
             return CastOutput(cell.to_float(low), mstype.float32)
         if to_low:
-            _walk(net, "", to_low, run_low)
+            _walk(net, "", low_here, run_low)
     reasons.pop("", None)
     if level == "O0" and not force:
         return net, policy

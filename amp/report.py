@@ -36,6 +36,27 @@ def _cells(net: nn.Cell, prefix: str = "") -> Iterator[Tuple[str, nn.Cell]]:
         yield from _cells(child, path)
 
 
+CONTAINERS = (nn.SequentialCell, nn.CellList, nn.CellDict)
+
+
+def is_unit(cell: nn.Cell) -> bool:
+    """A Cell a keep-list names as a whole: a leaf, or an instance of a mindspore.nn layer (Dense, LayerNorm;
+    our subclasses hold their kernels as children, which are details of the layer)."""
+    if not cell.name_cells():
+        return True
+    return any(c.__module__.startswith("mindspore.nn") and c is not nn.Cell and not issubclass(c, CONTAINERS)
+               for c in type(cell).__mro__ if isinstance(c, type) and issubclass(c, nn.Cell))
+
+
+def units(net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
+    """(path, cell) of the network's compute units (is_unit), in order, none inside another."""
+    out: List[Tuple[str, nn.Cell]] = []
+    for path, cell in _cells(net):
+        if path != "(root)" and is_unit(cell) and not any(path.startswith(p + ".") for p, _ in out):
+            out.append((path, cell))
+    return out
+
+
 def precision_report(net: nn.Cell, policy: Policy) -> Dict:
     rows: List[Dict] = []
     stored = working_low = 0

@@ -1,6 +1,6 @@
 """Score a Multi30k training run from its checkpoints: the val BLEU curve per epoch, then the published protocol.
 
-    python -m bench.multi30k RUN_DIR [--curve-beam 1] [--no-final]
+    python -m bench.multi30k RUN_DIR [--curve-beam 1] [--no-final] [--no-curve]
 
 RUN_DIR is a `train.py recipe=transformer_tiny_multi30k_*` run directory (its config.yaml and checkpoints/).
 1. Every epoch checkpoint not scored yet: val BLEU (greedy unless --curve-beam), lowercased and cased, into
@@ -8,6 +8,7 @@ RUN_DIR is a `train.py recipe=transformer_tiny_multi30k_*` run directory (its co
 2. The published protocol: the last `decode.average_last` epoch checkpoints averaged, beam `decode.beam`,
    length penalty as the recipe says; test_2016_flickr and val, lowercased (the comparable number) and
    cased; the last checkpoint alone beside it. Written to RUN_DIR/multi30k_result.json.
+--no-curve skips step 1 (the final number first, the curve in a later call); --no-final skips step 2.
 Decoding is incremental (zoo/translate.py); sentences/s and tokens/s are in each record.
 """
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
@@ -54,8 +55,8 @@ def main(argv) -> dict:
     from zoo.translate import translate
 
     curve_beam, argv = pop_option(argv, "--curve-beam", 1)
-    final = "--no-final" not in argv
-    argv = [a for a in argv if a != "--no-final"]
+    final, scan = "--no-final" not in argv, "--no-curve" not in argv
+    argv = [a for a in argv if a not in ("--no-final", "--no-curve")]
     if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
         fail(f"give one run directory holding config.yaml and checkpoints/; got {argv or 'nothing'}")
     run_dir = Path(argv[0])
@@ -71,7 +72,7 @@ def main(argv) -> dict:
     curve_file = run_dir / "multi30k_curve.json"
     curve = json.loads(curve_file.read_text()) if curve_file.is_file() else {}
     for epoch, path in ckpts.items():
-        if str(epoch) in curve:
+        if str(epoch) in curve or not scan:
             continue
         load_weights(net, path, name)
         record = translate(net, val, "test", curve_beam, cfg.decode.length_penalty)
@@ -79,7 +80,8 @@ def main(argv) -> dict:
         curve_file.write_text(json.dumps(curve, indent=2))
         print(f"epoch {epoch}: val BLEU {record['bleu_lowercase']:.2f} lowercased, {record['bleu']:.2f} cased "
               f"(beam {curve_beam}, {record['sentences_per_s']} sentences/s)", flush=True)
-    plot(curve, run_dir / "multi30k_curve.png", f"{cfg.recipe_name}: val BLEU per epoch (beam {curve_beam})")
+    if curve:
+        plot(curve, run_dir / "multi30k_curve.png", f"{cfg.recipe_name}: val BLEU per epoch (beam {curve_beam})")
     if not final:
         return {"curve": curve}
 

@@ -17,10 +17,10 @@ ms.set_device("CPU")  # once, before any kernel runs: MindSpore refuses to set i
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run one of the project's commands as a user would, in a fresh process."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               HYDRA_FULL_ERROR="0")
+def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600, env=None) -> subprocess.CompletedProcess:
+    """Run one of the project's commands as a user would, in a fresh process (`env`: added variables)."""
+    env = dict(os.environ, **(env or {}))
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])), HYDRA_FULL_ERROR="0")
     return subprocess.run([sys.executable, *script.split(), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -49,6 +49,10 @@ EXPECTED = {
     ("O2", ("LayerNorm", "Dense"), ()): dict(conv=F16, bn=F16, fc=F32, ln=F32, head=F32),
     ("O1", None, ("LayerNorm",)): dict(conv=F16, bn=F32, fc=F16, ln=F16, head=F16),
     ("O1", ("Dense",), ()): dict(conv=F16, bn=F32, fc=F32, ln=F32, head=F32),
+    # sub-module paths: that one Cell, not its class (amp.search writes them)
+    ("O3", ("head",), ()): dict(conv=F16, bn=F16, fc=F16, ln=F16, head=F32),
+    ("O3", ("LayerNorm", "conv"), ()): dict(conv=F32, bn=F16, fc=F16, ln=F32, head=F16),
+    ("O1", ("fc",), ()): dict(conv=F16, bn=F32, fc=F32, ln=F32, head=F16),
 }
 
 
@@ -76,3 +80,11 @@ def test_report_says_why(pynative_mode):
     rows = {r["path"]: r for r in precision_report(wrapped, policy)["cells"]}
     assert rows["ln"]["why"] == "force_fp16" and rows["fc"]["why"] == "O1 white list"
     assert rows["bn"]["why"] == "O1 default" and rows["bn"]["compute_dtype"] == "float32"
+
+
+def test_a_keep_path_that_is_not_a_sub_module_names_the_close_ones(pynative_mode):
+    from zoo.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"'haed' is neither a Cell class nor a sub-module of Tiny; did you mean head"):
+        observe("O3", ["haed"])
+    with pytest.raises(ConfigError, match=r"did you mean LayerNorm"):
+        observe("O3", ["layernorm"])

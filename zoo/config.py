@@ -209,6 +209,19 @@ class TargetConfig:
 
 
 @dataclass
+class SearchConfig:
+    """python -m amp.search: the most low precision a recipe takes within a tolerance of O0 (amp/search.py)."""
+    tolerance: float = 0.5            # largest allowed drop against O0, in the metric's unit (top1: points)
+    metric: str = ""                  # "": the recipe's target.metric; top1, top5, loss (lower is better), bleu...
+    seeds: List[int] = field(default_factory=lambda: [1, 2])
+    budget_epochs: int = 0            # every run's trainer.epochs; 0: the recipe's
+    budget_steps: int = 0             # > 0: every run stops at this step (trainer.max_steps)
+    pin_fp32: List[str] = field(default_factory=list)  # Cell classes or sub-module paths always in fp32
+    pin_low: List[str] = field(default_factory=list)   # never kept in fp32 by the search
+    out: str = ""                     # "": runs/search/<recipe>
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
@@ -221,6 +234,7 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     infer: InferConfig = field(default_factory=InferConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
     smoke: Dict[str, Any] = field(default_factory=dict)  # merged over the config when dataset.path is unset
     recipe_name: str = ""
     description: str = ""
@@ -250,6 +264,7 @@ RANGES = {
     "decode.batch_size": (1, None),
     "infer.batch_size": (1, None),
     "runtime.device_id": (0, 63), "runtime.seed": (0, 2**31 - 1),
+    "search.tolerance": (0, None), "search.budget_epochs": (0, None), "search.budget_steps": (0, None),
 }
 # Keys whose value may also be exactly this (outside the range): sink_size -1 is "a whole epoch".
 SPECIAL = {"trainer.sink_size": (-1,)}

@@ -1,0 +1,455 @@
+"""Precision-policy search: the most low precision a recipe takes within a tolerance of O0 (fp32).
+
+    python -m amp.search recipe=NAME [search.tolerance=0.5] [search.seeds=[1,2]] [search.budget_epochs=N]
+        [search.budget_steps=N] [search.metric=top1] [search.pin_fp32=[...]] [search.pin_low=[...]]
+        [search.out=DIR] [key=value ...]
+
+1. Evidence: amp.audit runs one real training batch with every Cell in low precision (O3) and measures each
+   compute unit (Conv2d, Dense, LayerNorm, Softmax, BatchMatMul, ...): overflow, float constants that vanish,
+   local error against fp32, underflow.
+2. Ranking: overflow first, then vanishing constants, local error above the audit's tolerance, underflow;
+   within each, by local error. Units that only select or move values (ReLU, max-pooling, Flatten, Dropout)
+   are not candidates: low precision costs them nothing beyond their input's rounding. Neither are pinned
+   ones: search.pin_fp32 (always fp32) and search.pin_low (never), Cell classes or sub-module paths.
+3. Candidates: candidate k runs the first k ranked units (and the pinned ones) in fp32 and everything else in
+   low precision (amp.level=O3 with that keep-list, the recipe's loss scale). Strategy: bisection for the
+   smallest k within tolerance, assuming that keeping more in fp32 does not hurt. It trains k=0 (O3), k=n
+   (every candidate fp32), then about log2(n) more, where a linear scan would train up to n: every candidate
+   is a full training run at the budget, and the ranking puts the risky units first.
+4. Judging: every candidate trains with train.py like the O0 reference: the same seeds (so the same initial
+   weights and batches), data and budget, fallback off. Its metric is compared with O0's seed by seed; the
+   mean difference must not be worse than search.tolerance. A candidate that diverges (non-finite weights, or
+   overflow at the minimum dynamic scale) is rejected whatever its metric; overflowed steps are counted.
+5. Output, in search.out (default runs/search/RECIPE): search.json (every training run), result.json (the
+   evidence, candidates and winner), SEARCH.md (the table),
+   search.png (metric against low-precision share), RECIPE_searched.yaml (the recipe with the winning policy:
+   copy it into recipes/ to use it), and the override line.
+Resumable: each training run is a train.py run directory (runs/o0-s1, runs/keep-<hash>-s1) continued with
+resume=auto; finished ones are read, not trained again. On CPU low precision is slower than fp32: the search
+maximises the share that pays off on Ascend and GPU.
+"""
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()  # entry point (python -m): before MindSpore is imported
+quiet_mindspore()
+
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402
+
+from zoo.errors import ConfigError, fail  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Flatten", "Dropout", "Identity")
+TIERS = ("overflow", "constant", "error", "underflow")  # the audit's flags, most serious first
+METRICS = {"top1": 100.0, "top5": 100.0, "loss": -1.0, "bleu": 1.0, "bleu_lowercase": 1.0}  # reported unit, sign
+SET_BY_SEARCH = ("amp.level", "amp.keep_fp32", "amp.force_fp16", "amp.fallback.enabled", "runtime.seed",
+                 "hydra.run.dir", "resume", "trainer.max_steps")
+
+
+@dataclass
+class Unit:
+    path: str
+    cls: str
+    params: int
+    flops: int
+    flags: List[str]
+    local_rel_err: float
+
+
+@dataclass
+class Candidate:
+    k: int                      # the first k ranked units in fp32 (and search.pin_fp32)
+    kept: List[str]             # unit paths in fp32
+    keep_fp32: List[str]        # the same as a keep-list: class names where a whole class is kept, else paths
+    low_params: float           # share of parameters in low precision
+    low_flops: float            # share of FLOPs in low precision
+    runs: Dict[str, dict] = field(default_factory=dict)  # seed -> run record
+    verdict: str = ""           # "within", "outside", "diverged"
+    delta: Optional[float] = None
+
+
+# --- evidence and ranking -------------------------------------------------------------------------------------
+
+def evidence(cfg) -> Tuple[List[Unit], dict]:
+    """amp.audit on one training batch at O3: every compute unit with its flags, parameters and FLOPs."""
+    import mindspore as ms
+    from omegaconf import OmegaConf
+
+    from amp.audit import audit
+    from data import create_dataset
+    from models import build_model
+
+    ms.set_seed(cfg.runtime.seed)
+    batch = next(create_dataset(cfg.dataset, "train").create_tuple_iterator())
+    o3 = OmegaConf.merge(cfg.amp, {"level": "O3", "keep_fp32": [], "force_fp16": []})
+    result = audit(lambda: build_model(cfg), o3, batch[:-1])
+    units = [Unit(r["path"], r["class"], r["params"], r["flops"], r["flags"], r["local_rel_err"])
+             for r in result["cells"]]
+    return units, result
+
+
+def rank(units: List[Unit]) -> List[Unit]:
+    def key(u: Unit):
+        tier = next((i for i, t in enumerate(TIERS) if t in u.flags), len(TIERS))
+        return tier, -u.local_rel_err
+    return sorted((u for u in units if u.cls not in EXACT), key=key)
+
+
+def matching(names: List[str], units: List[Unit], net, key: str) -> List[str]:
+    """Unit paths a keep-list names (Cell classes: every instance; paths: that sub-module and below)."""
+    from amp.names import resolve, split_keep
+    from amp.report import units as unit_cells
+
+    classes, paths = split_keep(list(names))
+    cells = dict(unit_cells(net))
+    known = {p for p, _ in net.cells_and_names() if p}
+    for p in paths:
+        if p not in known:
+            raise ConfigError(f"{key}: {p!r} is not a sub-module of {type(net).__name__}; units: "
+                              f"{', '.join(u.path for u in units[:8])}{', ...' if len(units) > 8 else ''}")
+    resolved = resolve(classes, key)
+    return [u.path for u in units
+            if isinstance(cells[u.path], resolved) or any(u.path == p or u.path.startswith(p + ".") for p in paths)]
+
+
+def keep_list(kept: List[str], units: List[Unit], net) -> List[str]:
+    """The shortest keep-list for exactly these units: a class name where every unit of that class is kept,
+    a sub-module path where every unit below it is, the unit's own path otherwise."""
+    from amp.names import resolve
+    from amp.report import units as unit_cells
+
+    cells, left, out = dict(unit_cells(net)), [u.path for u in units if u.path in kept], []
+    for cls in dict.fromkeys(type(cells[p]).__name__ for p in left):
+        try:
+            resolved = resolve([cls], "keep")
+        except ConfigError:
+            continue  # not a nameable class (a model's private Cell): named by path below
+        members = [u.path for u in units if isinstance(cells[u.path], resolved)]
+        if all(m in kept for m in members):
+            out.append(cls)
+            left = [p for p in left if p not in members]
+    for path in sorted({".".join(p.split(".")[:i]) for p in left for i in range(1, p.count(".") + 1)},
+                       key=lambda a: a.count(".")):
+        below = [u.path for u in units if u.path.startswith(path + ".")]
+        if below and all(b in kept for b in below) and all(b in left for b in below):
+            out.append(path)
+            left = [p for p in left if p not in below]
+    return out + left
+
+
+def candidate(k: int, ranked: List[Unit], pinned: List[str], units: List[Unit], net) -> Candidate:
+    kept = sorted(set(pinned) | {u.path for u in ranked[:k]}, key=[u.path for u in units].index)
+    low = [u for u in units if u.path not in kept]
+    share = lambda attr: sum(getattr(u, attr) for u in low) / max(sum(getattr(u, attr) for u in units), 1)  # noqa: E731
+    return Candidate(k, kept, keep_list(kept, units, net), share("params"), share("flops"))
+
+
+# --- training runs --------------------------------------------------------------------------------------------
+
+def run_name(kept: Optional[List[str]], seed: int) -> str:
+    if kept is None:
+        return f"o0-s{seed}"
+    return f"keep-{hashlib.sha1(','.join(sorted(kept)).encode()).hexdigest()[:10]}-s{seed}"
+
+
+def train_command(base: List[str], policy: List[str], seed: int, run_dir: Path) -> List[str]:
+    cmd = [sys.executable, str(ROOT / "train.py"), *base, *policy, "amp.fallback.enabled=false",
+           f"runtime.seed={seed}", "logger.progress_bar=false", f"hydra.run.dir={run_dir}"]
+    if list((run_dir / "checkpoints").glob("*.ckpt")):
+        cmd.append("resume=auto")
+    return cmd
+
+
+def run_train(cmd: List[str], log: Path) -> Tuple[int, str]:
+    """train.py in its own process (a diverged or killed run cannot take the search down); its last
+    `error:` line."""
+    with open(log, "a") as out:
+        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=os.getcwd())
+    errors = [ln for ln in log.read_text().splitlines() if ln.startswith("error: ")]
+    return code, errors[-1][7:] if errors else f"exit code {code} (see {log})"
+
+
+def read_run(run_dir: Path, metric: str) -> dict:
+    m = json.loads((run_dir / "metrics.json").read_text())
+    amp = m["amp"]
+    return {"status": "finished", "metric": m["final"][metric], "overflow_steps": amp.get("overflow_steps", 0),
+            "skipped_steps": amp.get("skipped_steps", 0), "steps": m["steps"], "wall_time_s": m["wall_time_s"]}
+
+
+class Runs:
+    """Training runs of one search directory, each trained once: search.json remembers what finished."""
+
+    def __init__(self, out: Path, base: List[str], metric: str, runner: Callable = run_train):
+        self.out, self.base, self.metric, self.runner = out, base, metric, runner
+        self.file = out / "search.json"
+        self.state = json.loads(self.file.read_text()) if self.file.is_file() else {"runs": {}}
+        self.trained = 0  # runs trained (or continued) by this call
+
+    def get(self, kept: Optional[List[str]], seed: int) -> dict:
+        name = run_name(kept, seed)
+        done = self.state["runs"].get(name)
+        if done and done["status"] in ("finished", "diverged"):
+            return done
+        run_dir = self.out / "runs" / name
+        if (run_dir / "metrics.json").is_file():  # finished before the search recorded it
+            record = read_run(run_dir, self.metric)
+        else:
+            policy = (["amp.level=O0", "amp.keep_fp32=null", "amp.loss_scale.type=none"] if kept is None else
+                      ["amp.level=O3", f"amp.keep_fp32=[{','.join(kept)}]"])
+            run_dir.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            code, error = self.runner(train_command(self.base, policy, seed, run_dir), self.out / "runs" / f"{name}.log")
+            self.trained += 1
+            if code == 0 and (run_dir / "metrics.json").is_file():
+                record = read_run(run_dir, self.metric)
+            elif code == 1:  # train.py's divergence exit: the run is over, its policy rejected
+                record = {"status": "diverged", "reason": error, "wall_time_s": round(time.perf_counter() - t0, 1)}
+            else:
+                raise ConfigError(f"train.py failed for {name}: {error}")
+        record.update({"kept": kept, "seed": seed})
+        self.state["runs"][name] = record
+        self.file.write_text(json.dumps(self.state, indent=2))
+        return record
+
+
+# --- the search -----------------------------------------------------------------------------------------------
+
+def judge(c: Candidate, runs: Runs, seeds: List[int], reference: Dict[int, dict], scale: float, tol: float) -> None:
+    for seed in seeds:
+        c.runs[str(seed)] = runs.get(c.kept, seed)
+        if c.runs[str(seed)]["status"] == "diverged":
+            c.verdict = "diverged"
+            return
+    deltas = [(c.runs[str(s)]["metric"] - reference[s]["metric"]) * scale for s in seeds]
+    c.delta = sum(deltas) / len(deltas)
+    c.verdict = "within" if c.delta >= -tol else "outside"
+
+
+def bisect(n: int, passes: Callable[[int], bool]) -> Optional[int]:
+    """The smallest k in 0..n with passes(k), assuming passes is monotone; None if not even n passes."""
+    if passes(0):
+        return 0
+    if n == 0 or not passes(n):
+        return None
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if passes(mid) else (mid, hi)
+    return hi
+
+
+def search(cfg, base: List[str], out: Path, log=print, runner: Callable = run_train) -> dict:
+    from models import build_model
+
+    s = cfg.search
+    metric = s.metric or cfg.target.metric
+    scale = METRICS[metric]
+    t0 = time.perf_counter()
+    units, audit_result = evidence(cfg)
+    net = build_model(cfg)
+    pinned = matching(s.pin_fp32, units, net, "search.pin_fp32")
+    never = set(matching(s.pin_low, units, net, "search.pin_low"))
+    both = sorted(set(pinned) & never)
+    if both:
+        raise ConfigError(f"{', '.join(both)} is pinned both fp32 (search.pin_fp32) and low (search.pin_low)")
+    ranked = [u for u in rank(units) if u.path not in pinned and u.path not in never]
+    audit_s = time.perf_counter() - t0
+    shown = [u.path + (" (" + ",".join(u.flags) + ")" if u.flags else "") for u in ranked[:12]]
+    log(f"{len(units)} compute units, {len(ranked)} candidates for fp32 in this order: {', '.join(shown)}"
+        + (", ..." if len(ranked) > 12 else ""))
+
+    runs = Runs(out, base, metric, runner)
+    reference = {seed: runs.get(None, seed) for seed in s.seeds}
+    for seed, r in reference.items():
+        if r["status"] != "finished":
+            raise ConfigError(f"the O0 reference diverged at seed {seed}: {r['reason']}; fix the recipe first")
+    values = ", ".join(f"{r['metric'] * abs(scale):.2f}" for r in reference.values())
+    log(f"O0 reference: {metric} {values} (seeds {', '.join(map(str, s.seeds))})")
+    tried: Dict[int, Candidate] = {}
+
+    def passes(k: int) -> bool:
+        if k not in tried:
+            c = candidate(k, ranked, pinned, units, net)
+            judge(c, runs, list(s.seeds), reference, scale, s.tolerance)
+            tried[k] = c
+            log(f"k={k}: fp32 [{', '.join(c.keep_fp32)}], {c.low_flops:.1%} of FLOPs low: {c.verdict}"
+                + (f" ({c.delta:+.2f})" if c.delta is not None else f" ({next(iter(c.runs.values())).get('reason')})"))
+        return tried[k].verdict == "within"
+
+    best = bisect(len(ranked), passes)
+    result = {"recipe": cfg.recipe_name, "metric": metric, "tolerance": s.tolerance, "seeds": list(s.seeds),
+              "strategy": "bisection over the ranked units", "units": [asdict(u) for u in units],
+              "ranked": [u.path for u in ranked], "pinned_fp32": pinned, "pinned_low": sorted(never),
+              "reference": {str(k): v for k, v in reference.items()},
+              "candidates": [asdict(tried[k]) for k in sorted(tried)], "winner": None if best is None else best,
+              "audit": audit_result, "audit_s": round(audit_s, 1),
+              "cost": {"runs": len(runs.state["runs"]), "trained_now": runs.trained,
+                       "train_wall_s": round(sum(r.get("wall_time_s", 0) for r in runs.state["runs"].values()), 1),
+                       "search_wall_s_now": round(time.perf_counter() - t0, 1)}}
+    return result
+
+
+# --- output ---------------------------------------------------------------------------------------------------
+
+def to_markdown(result: dict) -> str:
+    scale = METRICS[result["metric"]]
+    ref = result["reference"]
+    ref_mean = sum(r["metric"] for r in ref.values()) / len(ref) * abs(scale)
+    lines = [f"# amp.search: {result['recipe']}", "",
+             f"Metric {result['metric']}, tolerance {result['tolerance']:g}, seeds {result['seeds']}; "
+             f"O0 reference {ref_mean:.2f}. Strategy: {result['strategy']}.", "",
+             "| k | fp32 keep-list | low-precision params | low-precision FLOPs | "
+             f"{result['metric']} per seed | delta to O0 | overflowed steps | time | verdict |",
+             "|---:|---|---:|---:|---|---:|---:|---:|---|"]
+    for c in result["candidates"]:
+        runs = c["runs"].values()
+        per_seed = ", ".join(f"{r['metric'] * abs(scale):.2f}" if r["status"] == "finished" else "diverged"
+                             for r in runs)
+        overflow = sum(r.get("overflow_steps", 0) for r in runs)
+        wall = sum(r.get("wall_time_s", 0) for r in runs)
+        delta = "-" if c["delta"] is None else f"{c['delta']:+.2f}"
+        lines.append(f"| {c['k']} | {', '.join(c['keep_fp32']) or '(none)'} | {c['low_params']:.1%} | "
+                     f"{c['low_flops']:.1%} | {per_seed} | {delta} | {overflow} | {wall:.0f} s | {c['verdict']} |")
+    lines += ["", winner_line(result),
+              f"Cost: {result['cost']['runs']} training runs, {result['cost']['train_wall_s']:.0f} s of training "
+              f"in all; this call trained {result['cost']['trained_now']} of them in "
+              f"{result['cost']['search_wall_s_now']:.0f} s (audit {result['audit_s']:.0f} s)."]
+    return "\n".join(lines) + "\n"
+
+
+def winning(result: dict) -> Optional[dict]:
+    return next((c for c in result["candidates"] if c["k"] == result["winner"]), None)
+
+
+def winner_line(result: dict) -> str:
+    c = winning(result)
+    if c is None:
+        return (f"No candidate is within {result['tolerance']:g} of O0, not even with every candidate unit in fp32: "
+                f"check search.pin_low, or give more budget or tolerance.")
+    return (f"Winner: amp.level=O3 amp.keep_fp32=[{','.join(c['keep_fp32'])}] ({c['low_flops']:.1%} of FLOPs, "
+            f"{c['low_params']:.1%} of parameters in low precision; {c['delta']:+.2f} against O0)")
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in result["candidates"]:
+        x = 100 * c["low_flops"]
+        if c["delta"] is None:
+            ax.scatter([x], [-2 * result["tolerance"]], marker="x", color="red")
+            ax.annotate(f"k={c['k']} diverged", (x, -2 * result["tolerance"]), fontsize=8)
+        else:
+            ax.scatter([x], [c["delta"]], color="tab:blue" if c["verdict"] == "within" else "tab:orange")
+            ax.annotate(f"k={c['k']}", (x, c["delta"]), fontsize=8)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhline(-result["tolerance"], color="grey", ls="--", lw=0.8, label=f"tolerance -{result['tolerance']:g}")
+    ax.set_xlabel("share of FLOPs in low precision (%)")
+    ax.set_ylabel(f"{result['metric']}: candidate - O0 (mean over seeds)")
+    ax.set_title(f"amp.search {result['recipe']}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def searched_recipe(result: dict, out: Path) -> Optional[Path]:
+    """The recipe with the winning policy, as a recipe of its own that includes the original."""
+    c = winning(result)
+    if c is None:
+        return None
+    name = f"{result['recipe']}_searched"
+    text = (f"# @package _global_\n"
+            f"# {result['recipe']} with the policy `python -m amp.search recipe={result['recipe']}` found: the most low\n"
+            f"# precision within {result['tolerance']:g} {result['metric']} of O0 over seeds {result['seeds']} "
+            f"({c['low_flops']:.1%} of FLOPs, {c['delta']:+.2f}).\n"
+            f"# Copy this file into recipes/ and run: python train.py recipe={name}\n"
+            f"defaults:\n  - {result['recipe']}\n  - _self_\n\n"
+            f"description: {result['recipe']} with the amp.search policy (O3, keep-list of {len(c['keep_fp32'])})\n\n"
+            f"amp:\n  level: O3\n  keep_fp32: [{', '.join(c['keep_fp32'])}]\n")
+    path = out / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def check_settings(cfg, argv: List[str]) -> List[str]:
+    """The search's own settings; returns the overrides every training run gets."""
+    from data import task
+
+    s = cfg.search
+    given = [a.split("=", 1)[0].lstrip("+~") for a in argv]
+    for key in SET_BY_SEARCH:
+        if key in given:
+            raise ConfigError(f"{key} is set by amp.search for every run; pin Cells with search.pin_fp32 / "
+                              f"search.pin_low, seeds with search.seeds, the directory with search.out")
+    valid = [m for m in METRICS if m in ("top1", "top5", "loss") or task(cfg) == "translation"]
+    metric = s.metric or cfg.target.metric
+    if metric not in valid:
+        raise ConfigError(f"search.metric={metric!r} is not a metric of this {task(cfg)} recipe; valid: {', '.join(valid)}")
+    if not s.seeds or any(seed < 0 for seed in s.seeds) or len(set(s.seeds)) != len(s.seeds):
+        raise ConfigError(f"search.seeds={list(s.seeds)} must be one or more distinct seeds >= 0, e.g. [1,2]")
+    base = [a for a in argv if not a.split("=", 1)[0].lstrip("+~").startswith("search.")]
+    base += ["trainer.eval_every=0"]
+    if s.budget_epochs:
+        base.append(f"trainer.epochs={s.budget_epochs}")
+    if s.budget_steps:
+        base.append(f"trainer.max_steps={s.budget_steps}")
+    return base
+
+
+def prepare_out(cfg, base: List[str]) -> Path:
+    """search.out, holding this search's training settings: a directory that holds another search's is refused
+    (its runs would be compared with runs trained differently)."""
+    out = Path(cfg.search.out or Path("runs", "search", cfg.recipe_name))
+    settings = {"recipe": cfg.recipe_name, "train_overrides": base}
+    file = out / "settings.json"
+    if file.is_file():
+        old = json.loads(file.read_text())
+        if old != settings:
+            raise ConfigError(f"search.out={out} holds a search with other training settings "
+                              f"({' '.join(old['train_overrides'])}); give another search.out or remove it")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(settings, indent=2))
+    except OSError as e:
+        raise ConfigError(f"search.out={out} cannot be written: {e.strerror}") from None
+    return out
+
+
+def main(argv: List[str]) -> dict:
+    from zoo.load import load_config
+    from zoo.runtime import set_context
+
+    try:
+        cfg, smoke_note = load_config(argv)
+        if smoke_note:
+            print(smoke_note, file=sys.stderr)
+        base = check_settings(cfg, argv)
+        out = prepare_out(cfg, base)
+        set_context(cfg.runtime)
+        result = search(cfg, base, out)
+    except ConfigError as e:
+        fail(str(e))
+    (out / "result.json").write_text(json.dumps(result, indent=2))
+    md = to_markdown(result)
+    (out / "SEARCH.md").write_text(md)
+    plot(result, out / "search.png")
+    recipe = searched_recipe(result, out)
+    print(md + (f"Recipe: {recipe}\n" if recipe else ""))
+    if recipe is None:
+        sys.exit(1)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

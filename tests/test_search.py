@@ -1,0 +1,159 @@
+"""amp.search: on a model with one Cell that overflows in fp16, the search keeps exactly that Cell in fp32."""
+import json
+import os
+import textwrap
+
+import pytest
+
+from tests.conftest import run_cli
+
+MODEL = '''
+import mindspore.nn as nn
+from zoo.registry import MODELS
+
+
+class Rescale(nn.Cell):
+    """x * 1e5 * 1e-5: the identity in fp32; in fp16, 1e5 is already inf (a scale that overflows)."""
+    def __init__(self):
+        super().__init__()
+        self.gain, self.inv = 1e5, 1e-5
+
+    def construct(self, x):
+        return x * self.gain * self.inv
+
+
+class RescaleNet(nn.Cell):
+    def __init__(self, num_classes=10, hidden=64):
+        super().__init__()
+        self.flatten, self.fc1, self.relu = nn.Flatten(), nn.Dense(32 * 32, hidden), nn.ReLU()
+        self.rescale, self.fc2 = Rescale(), nn.Dense(hidden, num_classes)
+
+    def construct(self, x):
+        return self.fc2(self.rescale(self.relu(self.fc1(self.flatten(x)))))
+
+
+@MODELS.register()
+def rescalenet(num_classes=10, hidden=64):
+    return RescaleNet(num_classes, hidden)
+'''
+
+RECIPE = '''
+# @package _global_
+# RescaleNet on MNIST, O2, dynamic loss scale: its Rescale Cell overflows in fp16.
+defaults:
+  - override /dataset: mnist
+model:
+  name: rescalenet
+  num_classes: 10
+amp:
+  level: O2
+  loss_scale: {type: dynamic, init_scale: 1024, min_scale: 1}
+optimizer:
+  lr: 0.05
+trainer:
+  epochs: 2
+target:
+  metric: top1
+  published: null
+  source: none
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory):
+    root = tmp_path_factory.mktemp("search")
+    (root / "rescale_models.py").write_text(textwrap.dedent(MODEL))
+    (root / "recipes" / "recipe").mkdir(parents=True)
+    (root / "recipes" / "recipe" / "rescalenet_o2.yaml").write_text(RECIPE.lstrip())
+    return root, [f"hydra.searchpath=[file://{root / 'recipes'}]", "recipe=rescalenet_o2", "search.seeds=[1]",
+                  "search.tolerance=2", f"search.out={root / 'out'}"]
+
+
+def plugin_env(root):
+    return {"AMP_ZOO_PLUGINS": "rescale_models", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def run_search(root, args, *extra):
+    return run_cli("-m amp.search", *args, *extra, timeout=900, env=plugin_env(root))
+
+
+def test_search_keeps_exactly_the_overflowing_cell_and_resumes(plugin):
+    root, args = plugin
+    result = run_search(root, args)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = json.loads((root / "out" / "result.json").read_text())
+    assert out["ranked"][0] == "rescale"  # the audit saw it overflow
+    assert "overflow" in next(u for u in out["units"] if u["path"] == "rescale")["flags"]
+    by_k = {c["k"]: c for c in out["candidates"]}
+    assert by_k[0]["verdict"] == "diverged"  # all fp16: the rescale overflows every step
+    winner = by_k[out["winner"]]
+    assert winner["kept"] == ["rescale"] and winner["keep_fp32"] == ["rescale"] and winner["verdict"] == "within"
+    assert 0.9 < winner["low_flops"] < 1.0  # fc1 and fc2 in fp16 hold nearly all the FLOPs
+    assert "Winner: amp.level=O3 amp.keep_fp32=[rescale]" in result.stdout
+    assert (root / "out" / "search.png").stat().st_size > 0
+    recipe = (root / "out" / "rescalenet_o2_searched.yaml").read_text()
+    assert "- rescalenet_o2" in recipe and "keep_fp32: [rescale]" in recipe
+    # the winning policy as a user runs it: only the rescale computes in fp32
+    (root / "recipes" / "recipe" / "rescalenet_o2_searched.yaml").write_text(recipe)
+    report = run_cli("-m amp.report", args[0], "recipe=rescalenet_o2_searched", env=plugin_env(root))
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "| rescale | Rescale | float32 |" in report.stdout and "| fc1 | Dense | float16 |" in report.stdout
+
+    again = run_search(root, args)  # a resumed search trains nothing it has already judged
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "this call trained 0 of them" in again.stdout
+    assert json.loads((root / "out" / "result.json").read_text())["winner"] == out["winner"]
+
+
+def test_pinned_cells_are_respected(plugin):
+    root, args = plugin
+    pinned = run_search(root, args, "search.pin_fp32=[fc2]")
+    assert pinned.returncode == 0, pinned.stderr[-3000:]
+    out = json.loads((root / "out" / "result.json").read_text())
+    assert "fc2" not in out["ranked"] and all("fc2" in c["kept"] for c in out["candidates"])
+    assert sorted(next(c for c in out["candidates"] if c["k"] == out["winner"])["kept"]) == ["fc2", "rescale"]
+
+    never = run_search(root, args, "search.pin_low=[rescale]")  # the one Cell that must be fp32 may not be: no winner
+    assert never.returncode == 1, never.stderr[-3000:]
+    out = json.loads((root / "out" / "result.json").read_text())
+    assert out["winner"] is None and all("rescale" not in c["kept"] for c in out["candidates"])
+    assert "No candidate is within 2 of O0" in never.stdout
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["search.tolerance=-1"], "search.tolerance=-1"),
+    (["search.metric=bleu"], "search.metric='bleu' is not a metric of this classification recipe"),
+    (["search.seeds=[]"], "search.seeds=[] must be one or more distinct seeds"),
+    (["amp.level=O2"], "amp.level is set by amp.search for every run"),
+    (["search.pin_fp32=[nosuch]"], "search.pin_fp32: 'nosuch' is not a sub-module of LeNet5"),
+    (["search.pin_fp32=[Dense]", "search.pin_low=[fc1]"], "fc1 is pinned both fp32"),
+])
+def test_bad_search_settings_are_one_line(tmp_path, extra, message):
+    result = run_cli("-m amp.search", "recipe=lenet_o2", f"search.out={tmp_path / 'out'}", *extra)
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
+    assert result.returncode == 2 and len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_search_directory_with_other_settings_is_refused(tmp_path):
+    (tmp_path / "settings.json").write_text(json.dumps({"recipe": "lenet_o2", "train_overrides": ["x=1"]}))
+    result = run_cli("-m amp.search", "recipe=lenet_o2", f"search.out={tmp_path}")
+    assert result.returncode == 2 and "holds a search with other training settings (x=1)" in result.stderr
+
+
+def test_bisection_and_keep_list_compression():
+    from amp.search import Unit, bisect, keep_list
+    from models import create_model
+
+    calls = []
+
+    def passes(k):
+        calls.append(k)
+        return k >= 5
+    assert bisect(12, passes) == 5 and len(calls) <= 2 + 4
+    assert bisect(3, lambda k: False) is None and bisect(3, lambda k: True) == 0
+
+    net = create_model("lenet5", num_classes=10)
+    units = [Unit(p, type(c).__name__, 0, 1, [], 0.0) for p, c in net.cells_and_names() if p]
+    assert keep_list(["fc1", "fc2", "fc3"], units, net) == ["Dense"]
+    assert keep_list(["conv1", "fc3"], units, net) == ["conv1", "fc3"]
