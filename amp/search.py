@@ -167,13 +167,16 @@ def train_command(base: List[str], policy: List[str], seed: int, run_dir: Path) 
     return cmd
 
 
-def run_train(cmd: List[str], log: Path) -> Tuple[int, str]:
-    """train.py in its own process (a diverged or killed run cannot take the search down); its last
-    `error:` line."""
+def run_train(cmd: List[str], log: Path) -> Tuple[int, Optional[str]]:
+    """train.py in its own process (a diverged or killed run cannot take the search down): its exit code and
+    its `error:` line (None: it crashed without one)."""
+    start = log.stat().st_size if log.is_file() else 0
     with open(log, "a") as out:
         code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=os.getcwd())
-    errors = [ln for ln in log.read_text().splitlines() if ln.startswith("error: ")]
-    return code, errors[-1][7:] if errors else f"exit code {code} (see {log})"
+    with open(log) as f:
+        f.seek(start)
+        errors = [ln for ln in f.read().splitlines() if ln.startswith("error: ")]
+    return code, errors[-1][7:] if errors else None
 
 
 def read_run(run_dir: Path, metric: str) -> dict:
@@ -209,10 +212,11 @@ class Runs:
             self.trained += 1
             if code == 0 and (run_dir / "metrics.json").is_file():
                 record = read_run(run_dir, self.metric)
-            elif code == 1:  # train.py's divergence exit: the run is over, its policy rejected
+            elif code == 1 and error:  # train.py's divergence exit: the run is over, its policy rejected
                 record = {"status": "diverged", "reason": error, "wall_time_s": round(time.perf_counter() - t0, 1)}
-            else:
-                raise ConfigError(f"train.py failed for {name}: {error}")
+            else:  # a bad setting (exit 2) or a crash: nothing to judge, nothing recorded
+                raise ConfigError(f"train.py failed for {name}: {error or f'exit code {code}, no error line'} "
+                                  f"(see {self.out / 'runs' / f'{name}.log'})")
         record.update({"kept": kept, "seed": seed})
         self.state["runs"][name] = record
         self.file.write_text(json.dumps(self.state, indent=2))
