@@ -154,6 +154,8 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
                 continue
         record = {"run": run_id, "seed": seed, "data": data, "run_dir": str(run_dir),
                   **score(row, run_dir, scorer)}
+        # read again before writing: another reproduce (say --only another recipe) may have recorded a run since
+        results = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
         results["runs"][run_id] = record
         results_file.write_text(json.dumps(results, indent=2))
         row["runs"].append(record)
