@@ -302,29 +302,38 @@ def search(cfg, base: List[str], out: Path, log=print, runner: Callable = run_tr
 
 # --- output ---------------------------------------------------------------------------------------------------
 
+def spread(values: List[float]) -> float:
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1)) ** 0.5
+
+
 def to_markdown(result: dict) -> str:
-    scale = METRICS[result["metric"]]
-    ref = result["reference"]
-    ref_mean = sum(r["metric"] for r in ref.values()) / len(ref) * abs(scale)
+    scale = abs(METRICS[result["metric"]])
+    ref = [r["metric"] * scale for r in result["reference"].values()]
     lines = [f"# amp.search: {result['recipe']}", "",
-             f"Metric {result['metric']}, tolerance {result['tolerance']:g}, seeds {result['seeds']}; "
-             f"O0 reference {ref_mean:.2f}. Strategy: {result['strategy']}.", "",
+             f"Metric {result['metric']}, tolerance {result['tolerance']:g}, seeds {result['seeds']}. "
+             f"Strategy: {result['strategy']}.", "",
              "| k | fp32 keep-list | low-precision params | low-precision FLOPs | "
              f"{result['metric']} per seed | delta to O0 | overflowed steps | time | verdict |",
-             "|---:|---|---:|---:|---|---:|---:|---:|---|"]
+             "|---:|---|---:|---:|---|---:|---:|---:|---|",
+             f"| O0 | everything | 0% | 0% | {', '.join(f'{v:.2f}' for v in ref)} | - | - | "
+             f"{sum(r['wall_time_s'] for r in result['reference'].values()):.0f} s | reference |"]
     for c in result["candidates"]:
         runs = c["runs"].values()
-        per_seed = ", ".join(f"{r['metric'] * abs(scale):.2f}" if r["status"] == "finished" else "diverged"
-                             for r in runs)
+        per_seed = ", ".join(f"{r['metric'] * scale:.2f}" if r["status"] == "finished" else "diverged" for r in runs)
         overflow = sum(r.get("overflow_steps", 0) for r in runs)
         wall = sum(r.get("wall_time_s", 0) for r in runs)
         delta = "-" if c["delta"] is None else f"{c['delta']:+.2f}"
         lines.append(f"| {c['k']} | {', '.join(c['keep_fp32']) or '(none)'} | {c['low_params']:.1%} | "
                      f"{c['low_flops']:.1%} | {per_seed} | {delta} | {overflow} | {wall:.0f} s | {c['verdict']} |")
-    lines += ["", winner_line(result),
-              f"Cost: {result['cost']['runs']} training runs, {result['cost']['train_wall_s']:.0f} s of training "
-              f"in all; this call trained {result['cost']['trained_now']} of them in "
-              f"{result['cost']['search_wall_s_now']:.0f} s (audit {result['audit_s']:.0f} s)."]
+    lines += ["", winner_line(result)]
+    if len(ref) > 1 and spread(ref) > result["tolerance"]:
+        lines.append(f"Warning: O0's own spread over the seeds (std {spread(ref):.2f}) is larger than the tolerance: "
+                     f"at this budget the metric cannot tell candidates apart; give more search.budget_steps or "
+                     f"search.budget_epochs.")
+    lines.append(f"Cost: {result['cost']['runs']} training runs, {result['cost']['train_wall_s']:.0f} s of training "
+                 f"in all; this call trained {result['cost']['trained_now']} of them in "
+                 f"{result['cost']['search_wall_s_now']:.0f} s (audit {result['audit_s']:.0f} s).")
     return "\n".join(lines) + "\n"
 
 
@@ -355,6 +364,8 @@ def plot(result: dict, path: Path) -> None:
         else:
             ax.scatter([x], [c["delta"]], color="tab:blue" if c["verdict"] == "within" else "tab:orange")
             ax.annotate(f"k={c['k']}", (x, c["delta"]), fontsize=8)
+    ax.scatter([0], [0], color="black", marker="s", label="O0 (fp32)")
+    ax.set_xlim(-5, 105)
     ax.axhline(0, color="black", lw=0.8)
     ax.axhline(-result["tolerance"], color="grey", ls="--", lw=0.8, label=f"tolerance -{result['tolerance']:g}")
     ax.set_xlabel("share of FLOPs in low precision (%)")
