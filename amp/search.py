@@ -49,8 +49,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Flatten", "Dropout", "Identity")
 TIERS = ("overflow", "constant", "error", "underflow")  # the audit's flags, most serious first
 METRICS = {"top1": 100.0, "top5": 100.0, "loss": -1.0, "bleu": 1.0, "bleu_lowercase": 1.0}  # reported unit, sign
-SET_BY_SEARCH = ("amp.level", "amp.keep_fp32", "amp.force_fp16", "amp.fallback.enabled", "runtime.seed",
-                 "hydra.run.dir", "resume", "trainer.max_steps")
+SET_BY_SEARCH = {  # keys the search sets for every run -> what to give instead
+    "amp.level": "search.pin_fp32 / search.pin_low", "amp.keep_fp32": "search.pin_fp32 / search.pin_low",
+    "amp.force_fp16": "search.pin_low", "amp.fallback.enabled": "nothing (the search judges divergence itself)",
+    "runtime.seed": "search.seeds", "hydra.run.dir": "search.out", "resume": "nothing (a search always resumes)",
+    "trainer.max_steps": "search.budget_steps", "trainer.epochs": "search.budget_epochs"}
 
 
 @dataclass
@@ -115,6 +118,10 @@ def matching(names: List[str], units: List[Unit], net, key: str) -> List[str]:
             raise ConfigError(f"{key}: {p!r} is not a sub-module of {type(net).__name__}; units: "
                               f"{', '.join(u.path for u in units[:8])}{', ...' if len(units) > 8 else ''}")
     resolved = resolve(classes, key)
+    for cls in resolved:
+        if not any(isinstance(cells[u.path], cls) for u in units):
+            raise ConfigError(f"{key}: {cls.__name__} matches no compute unit of {type(net).__name__}; its classes: "
+                              f"{', '.join(sorted({u.cls for u in units}))}")
     return [u.path for u in units
             if isinstance(cells[u.path], resolved) or any(u.path == p or u.path.startswith(p + ".") for p in paths)]
 
@@ -403,10 +410,9 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
 
     s = cfg.search
     given = [a.split("=", 1)[0].lstrip("+~") for a in argv]
-    for key in SET_BY_SEARCH:
+    for key, instead in SET_BY_SEARCH.items():
         if key in given:
-            raise ConfigError(f"{key} is set by amp.search for every run; pin Cells with search.pin_fp32 / "
-                              f"search.pin_low, seeds with search.seeds, the directory with search.out")
+            raise ConfigError(f"{key} is set by amp.search for every run; give {instead}")
     valid = [m for m in METRICS if m in ("top1", "top5", "loss") or task(cfg) == "translation"]
     metric = s.metric or cfg.target.metric
     if metric not in valid:

@@ -124,7 +124,9 @@ def test_pinned_cells_are_respected(plugin):
     (["search.tolerance=-1"], "search.tolerance=-1"),
     (["search.metric=bleu"], "search.metric='bleu' is not a metric of this classification recipe"),
     (["search.seeds=[]"], "search.seeds=[] must be one or more distinct seeds"),
-    (["amp.level=O2"], "amp.level is set by amp.search for every run"),
+    (["amp.level=O2"], "amp.level is set by amp.search for every run; give search.pin_fp32 / search.pin_low"),
+    (["trainer.epochs=3"], "trainer.epochs is set by amp.search for every run; give search.budget_epochs"),
+    (["search.pin_fp32=[LayerNorm]"], "search.pin_fp32: LayerNorm matches no compute unit of LeNet5"),
     (["search.pin_fp32=[nosuch]"], "search.pin_fp32: 'nosuch' is not a sub-module of LeNet5"),
     (["search.pin_fp32=[Dense]", "search.pin_low=[fc1]"], "fc1 is pinned both fp32"),
 ])
