@@ -321,14 +321,14 @@ def to_markdown(result: dict) -> str:
              f"Metric {result['metric']}, tolerance {result['tolerance']:g}, seeds {result['seeds']}. "
              f"Strategy: {result['strategy']}.", "",
              "| k | fp32 keep-list | low-precision params | low-precision FLOPs | "
-             f"{result['metric']} per seed | delta to O0 | overflowed steps | time | verdict |",
+             f"{result['metric']} per seed | delta to O0 | overflowed / skipped steps | time | verdict |",
              "|---:|---|---:|---:|---|---:|---:|---:|---|",
              f"| O0 | everything | 0% | 0% | {', '.join(f'{v:.2f}' for v in ref)} | - | - | "
              f"{sum(r['wall_time_s'] for r in result['reference'].values()):.0f} s | reference |"]
     for c in result["candidates"]:
         runs = c["runs"].values()
         per_seed = ", ".join(f"{r['metric'] * scale:.2f}" if r["status"] == "finished" else "diverged" for r in runs)
-        overflow = sum(r.get("overflow_steps", 0) for r in runs)
+        overflow = f"{sum(r.get('overflow_steps', 0) for r in runs)} / {sum(r.get('skipped_steps', 0) for r in runs)}"
         wall = sum(r.get("wall_time_s", 0) for r in runs)
         delta = "-" if c["delta"] is None else f"{c['delta']:+.2f}"
         lines.append(f"| {c['k']} | {', '.join(c['keep_fp32']) or '(none)'} | {c['low_params']:.1%} | "
