@@ -160,10 +160,11 @@ def candidate(k: int, ranked: List[Unit], pinned: List[str], units: List[Unit], 
 
 # --- training runs --------------------------------------------------------------------------------------------
 
-def run_name(kept: Optional[List[str]], seed: int) -> str:
-    if kept is None:
+def run_name(keep_fp32: Optional[List[str]], seed: int) -> str:
+    """A run is named by the keep-list it trains with: the same policy is never trained twice."""
+    if keep_fp32 is None:
         return f"o0-s{seed}"
-    return f"keep-{hashlib.sha1(','.join(sorted(kept)).encode()).hexdigest()[:10]}-s{seed}"
+    return f"keep-{hashlib.sha1(','.join(sorted(keep_fp32)).encode()).hexdigest()[:10]}-s{seed}"
 
 
 def train_command(base: List[str], policy: List[str], seed: int, run_dir: Path) -> List[str]:
@@ -202,8 +203,10 @@ class Runs:
         self.state = json.loads(self.file.read_text()) if self.file.is_file() else {"runs": {}}
         self.trained = 0  # runs trained (or continued) by this call
 
-    def get(self, kept: Optional[List[str]], seed: int) -> dict:
-        name = run_name(kept, seed)
+    def get(self, kept: Optional[List[str]], seed: int, keep_fp32: Optional[List[str]] = None) -> dict:
+        """The run of the O0 reference (kept None) or of a candidate: the units `kept` in fp32, trained with
+        the keep-list `keep_fp32` that the search writes out for them (so what is judged is what is written)."""
+        name = run_name(None if kept is None else keep_fp32, seed)
         done = self.state["runs"].get(name)
         if done and done["status"] in ("finished", "diverged"):
             return done
@@ -212,7 +215,7 @@ class Runs:
             record = read_run(run_dir, self.metric)
         else:
             policy = (["amp.level=O0", "amp.keep_fp32=null", "amp.loss_scale.type=none"] if kept is None else
-                      ["amp.level=O3", f"amp.keep_fp32=[{','.join(kept)}]"])
+                      ["amp.level=O3", f"amp.keep_fp32=[{','.join(keep_fp32)}]"])
             run_dir.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
             code, error = self.runner(train_command(self.base, policy, seed, run_dir), self.out / "runs" / f"{name}.log")
@@ -224,7 +227,7 @@ class Runs:
             else:  # a bad setting (exit 2) or a crash: nothing to judge, nothing recorded
                 raise ConfigError(f"train.py failed for {name}: {error or f'exit code {code}, no error line'} "
                                   f"(see {self.out / 'runs' / f'{name}.log'})")
-        record.update({"kept": kept, "seed": seed})
+        record.update({"kept": kept, "keep_fp32": keep_fp32, "seed": seed})
         self.state["runs"][name] = record
         self.file.write_text(json.dumps(self.state, indent=2))
         return record
@@ -234,7 +237,7 @@ class Runs:
 
 def judge(c: Candidate, runs: Runs, seeds: List[int], reference: Dict[int, dict], scale: float, tol: float) -> None:
     for seed in seeds:
-        c.runs[str(seed)] = runs.get(c.kept, seed)
+        c.runs[str(seed)] = runs.get(c.kept, seed, c.keep_fp32)
         if c.runs[str(seed)]["status"] == "diverged":
             c.verdict = "diverged"
             return
