@@ -355,7 +355,8 @@ def winner_line(result: dict) -> str:
     c = winning(result)
     if c is None:
         return (f"No candidate is within {result['tolerance']:g} of O0, not even with every candidate unit in fp32: "
-                f"check search.pin_low, or give more budget or tolerance.")
+                f"what stays low (search.pin_low, the value-moving units, glue ops) matters, or the tolerance is "
+                f"below this budget's run-to-run noise; give more budget or tolerance.")
     return (f"Winner: amp.level=O3 amp.keep_fp32=[{','.join(c['keep_fp32'])}] ({c['low_flops']:.1%} of FLOPs, "
             f"{c['low_params']:.1%} of parameters in low precision; {c['delta']:+.2f} against O0)")
 
