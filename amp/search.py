@@ -76,6 +76,7 @@ class Candidate:
     runs: Dict[str, dict] = field(default_factory=dict)  # seed -> run record
     verdict: str = ""           # "within", "outside", "diverged"
     delta: Optional[float] = None
+    reason: str = ""            # why a diverged candidate diverged (train.py's error line)
 
 
 # --- evidence and ranking -------------------------------------------------------------------------------------
@@ -239,7 +240,7 @@ def judge(c: Candidate, runs: Runs, seeds: List[int], reference: Dict[int, dict]
     for seed in seeds:
         c.runs[str(seed)] = runs.get(c.kept, seed, c.keep_fp32)
         if c.runs[str(seed)]["status"] == "diverged":
-            c.verdict = "diverged"
+            c.verdict, c.reason = "diverged", f"seed {seed}: {c.runs[str(seed)]['reason']}"
             return
     deltas = [(c.runs[str(s)]["metric"] - reference[s]["metric"]) * scale for s in seeds]
     c.delta = sum(deltas) / len(deltas)
@@ -294,7 +295,7 @@ def search(cfg, base: List[str], out: Path, log=print, runner: Callable = run_tr
             judge(c, runs, list(s.seeds), reference, scale, s.tolerance)
             tried[k] = c
             log(f"k={k}: fp32 [{', '.join(c.keep_fp32)}], {c.low_flops:.1%} of FLOPs low: {c.verdict}"
-                + (f" ({c.delta:+.2f})" if c.delta is not None else f" ({next(iter(c.runs.values())).get('reason')})"))
+                + (f" ({c.delta:+.2f})" if c.delta is not None else f" ({c.reason})"))
         return tried[k].verdict == "within"
 
     best = bisect(len(ranked), passes)
