@@ -10,14 +10,13 @@ keep_fp32 names Cell classes (every instance) or sub-module paths (`fc3`, `decod
 Parameters stay fp32 at every level; the network's output is cast to fp32 so the loss is computed in fp32.
 `Model` must then be given amp_level="O0", or the network would be cast a second time.
 """
+import difflib
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
 import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore import dtype as mstype
-
-import difflib
 
 from amp.names import NN_CELLS, resolve, split_keep
 from zoo.cells import replace_child

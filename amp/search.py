@@ -35,17 +35,15 @@ quiet_mindspore()
 
 import hashlib  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402
 
+from zoo import train_run  # noqa: E402
 from zoo.errors import ConfigError, fail  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Flatten", "Dropout", "Identity")
 TIERS = ("overflow", "constant", "error", "underflow")  # the audit's flags, most serious first
 METRICS = {"top1": 100.0, "top5": 100.0, "loss": -1.0, "bleu": 1.0, "bleu_lowercase": 1.0}  # reported unit, sign
@@ -168,20 +166,10 @@ def run_name(keep_fp32: Optional[List[str]], seed: int) -> str:
     return f"keep-{hashlib.sha1(','.join(sorted(keep_fp32)).encode()).hexdigest()[:10]}-s{seed}"
 
 
-def train_command(base: List[str], policy: List[str], seed: int, run_dir: Path) -> List[str]:
-    cmd = [sys.executable, str(ROOT / "train.py"), *base, *policy, "amp.fallback.enabled=false",
-           f"runtime.seed={seed}", "logger.progress_bar=false", f"hydra.run.dir={run_dir}"]
-    if list((run_dir / "checkpoints").glob("*.ckpt")):
-        cmd.append("resume=auto")
-    return cmd
-
-
 def run_train(cmd: List[str], log: Path) -> Tuple[int, Optional[str]]:
-    """train.py in its own process (a diverged or killed run cannot take the search down): its exit code and
-    its `error:` line (None: it crashed without one)."""
+    """train.py's exit code and its `error:` line (None: it crashed without one), from this run of it."""
     start = log.stat().st_size if log.is_file() else 0
-    with open(log, "a") as out:
-        code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=os.getcwd())
+    code = train_run.run_logged(cmd, log)  # the user's directory: relative paths in overrides hold
     with open(log) as f:
         f.seek(start)
         errors = [ln for ln in f.read().splitlines() if ln.startswith("error: ")]
@@ -198,8 +186,8 @@ def read_run(run_dir: Path, metric: str) -> dict:
 class Runs:
     """Training runs of one search directory, each trained once: search.json remembers what finished."""
 
-    def __init__(self, out: Path, base: List[str], metric: str, runner: Callable = run_train):
-        self.out, self.base, self.metric, self.runner = out, base, metric, runner
+    def __init__(self, out: Path, base: List[str], metric: str):
+        self.out, self.base, self.metric = out, base, metric
         self.file = out / "search.json"
         self.state = json.loads(self.file.read_text()) if self.file.is_file() else {"runs": {}}
         self.trained = 0  # runs trained (or continued) by this call
@@ -219,7 +207,9 @@ class Runs:
                       ["amp.level=O3", f"amp.keep_fp32=[{','.join(keep_fp32)}]"])
             run_dir.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
-            code, error = self.runner(train_command(self.base, policy, seed, run_dir), self.out / "runs" / f"{name}.log")
+            cmd = train_run.train_command([*self.base, *policy, "amp.fallback.enabled=false", f"runtime.seed={seed}"],
+                                          run_dir)
+            code, error = run_train(cmd, self.out / "runs" / f"{name}.log")
             self.trained += 1
             if code == 0 and (run_dir / "metrics.json").is_file():
                 record = read_run(run_dir, self.metric)
@@ -260,7 +250,7 @@ def bisect(n: int, passes: Callable[[int], bool]) -> Optional[int]:
     return hi
 
 
-def search(cfg, base: List[str], out: Path, log=print, runner: Callable = run_train) -> dict:
+def search(cfg, base: List[str], out: Path, log=print) -> dict:
     from models import build_model
 
     s = cfg.search
@@ -280,7 +270,7 @@ def search(cfg, base: List[str], out: Path, log=print, runner: Callable = run_tr
     log(f"{len(units)} compute units, {len(ranked)} candidates for fp32 in this order: {', '.join(shown)}"
         + (", ..." if len(ranked) > 12 else ""))
 
-    runs = Runs(out, base, metric, runner)
+    runs = Runs(out, base, metric)
     reference = {seed: runs.get(None, seed) for seed in s.seeds}
     for seed, r in reference.items():
         if r["status"] != "finished":
@@ -414,9 +404,9 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
     from data import task
 
     s = cfg.search
-    given = [a.split("=", 1)[0].lstrip("+~") for a in argv]
+    keys = [a.split("=", 1)[0].lstrip("+~") for a in argv]
     for key, instead in SET_BY_SEARCH.items():
-        if key in given:
+        if key in keys:
             raise ConfigError(f"{key} is set by amp.search for every run; give {instead}")
     valid = [m for m in METRICS if m in ("top1", "top5", "loss") or task(cfg) == "translation"]
     metric = s.metric or cfg.target.metric
@@ -424,7 +414,7 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
         raise ConfigError(f"search.metric={metric!r} is not a metric of this {task(cfg)} recipe; valid: {', '.join(valid)}")
     if not s.seeds or any(seed < 0 for seed in s.seeds) or len(set(s.seeds)) != len(s.seeds):
         raise ConfigError(f"search.seeds={list(s.seeds)} must be one or more distinct seeds >= 0, e.g. [1,2]")
-    base = [a for a in argv if not a.split("=", 1)[0].lstrip("+~").startswith("search.")]
+    base = [a for a, key in zip(argv, keys) if not key.startswith("search.")]
     base += ["trainer.eval_every=0"]
     if s.budget_epochs:
         base.append(f"trainer.epochs={s.budget_epochs}")

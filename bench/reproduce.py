@@ -27,6 +27,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from zoo import train_run
+
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 # Where this project's machines keep data that no package installs (benchmarks and tests only).
@@ -60,16 +62,12 @@ def find_data(card: dict, given: Dict[str, str]) -> Optional[str]:
 
 
 def train_command(recipe: str, data: str, seed: int, run_dir: Path) -> List[str]:
-    cmd = [sys.executable, "train.py", f"recipe={recipe}", f"dataset.path={data}", f"runtime.seed={seed}",
-           f"hydra.run.dir={run_dir}", "logger.progress_bar=false", *EXTRA.get(recipe, [])]
-    if any((run_dir / "checkpoints").glob("*.ckpt")):
-        cmd.append("resume=auto")
-    return cmd
+    return train_run.train_command([f"recipe={recipe}", f"dataset.path={data}", f"runtime.seed={seed}",
+                                    *EXTRA.get(recipe, [])], run_dir)
 
 
 def run_subprocess(cmd: List[str], log: Path) -> int:
-    with open(log, "a") as out:
-        return subprocess.call(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    return train_run.run_logged(cmd, log, cwd=ROOT)
 
 
 def training_wall_time(train_log: Path) -> Optional[float]:

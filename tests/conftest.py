@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
@@ -23,6 +24,16 @@ def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600, env=None) -> 
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])), HYDRA_FULL_ERROR="0")
     return subprocess.run([sys.executable, *script.split(), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def fork(root: Path, module: str, model_src: str, recipe: str, recipe_src: str):
+    """A model module and its recipe outside the repository, as a user forks one: returns the environment
+    that imports the module and the Hydra override that finds the recipe."""
+    (root / f"{module}.py").write_text(textwrap.dedent(model_src))
+    (root / "recipes" / "recipe").mkdir(parents=True, exist_ok=True)
+    (root / "recipes" / "recipe" / f"{recipe}.yaml").write_text(recipe_src.lstrip())
+    env = {"AMP_ZOO_PLUGINS": module, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return env, f"hydra.searchpath=[file://{root / 'recipes'}]"
 
 
 @pytest.fixture

@@ -1,9 +1,7 @@
 """Forking a recipe: a new model in a module outside the repo and its recipe on Hydra's search path."""
 import json
-import os
-import textwrap
 
-from tests.conftest import run_cli
+from tests.conftest import fork, run_cli
 
 MODEL = '''
 import mindspore.nn as nn
@@ -46,34 +44,26 @@ target:
 '''
 
 
-def test_forked_recipe_trains_without_touching_the_repo(tmp_path, monkeypatch):
-    (tmp_path / "my_models.py").write_text(textwrap.dedent(MODEL))
-    (tmp_path / "my_recipes" / "recipe").mkdir(parents=True)
-    (tmp_path / "my_recipes" / "recipe" / "tinynet_o2.yaml").write_text(RECIPE.lstrip())
-    monkeypatch.setenv("AMP_ZOO_PLUGINS", "my_models")
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    search = f"hydra.searchpath=[file://{tmp_path / 'my_recipes'}]"
+def test_forked_recipe_trains_without_touching_the_repo(tmp_path):
+    env, search = fork(tmp_path, "my_models", MODEL, "tinynet_o2", RECIPE)
     run = tmp_path / "run"
-    result = run_cli("train.py", search, "recipe=tinynet_o2", "logger.progress_bar=false", f"hydra.run.dir={run}")
+    result = run_cli("train.py", search, "recipe=tinynet_o2", "logger.progress_bar=false", f"hydra.run.dir={run}",
+                     env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["model"] == "tinynet" and metrics["amp_level"] == "O2" and metrics["steps"] == 250
     assert metrics["final"]["top1"] > 0.8
-    report = run_cli("-m amp.report", search, "recipe=tinynet_o2")
+    report = run_cli("-m amp.report", search, "recipe=tinynet_o2", env=env)
     assert report.returncode == 0 and "| fc1 | Dense | float16 |" in report.stdout
 
 
-def test_a_forked_model_that_does_not_compile_is_one_line(tmp_path, monkeypatch):
+def test_a_forked_model_that_does_not_compile_is_one_line(tmp_path):
     broken = MODEL.replace("return self.fc2(self.relu(self.fc1(self.flatten(x))))",
                            "return self.fc2(self.flatten(x))  # shape bug: fc2 takes `hidden` features")
-    (tmp_path / "my_models.py").write_text(textwrap.dedent(broken))
-    (tmp_path / "my_recipes" / "recipe").mkdir(parents=True)
-    (tmp_path / "my_recipes" / "recipe" / "tinynet_o2.yaml").write_text(RECIPE.lstrip())
-    monkeypatch.setenv("AMP_ZOO_PLUGINS", "my_models")
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env, search = fork(tmp_path, "my_models", broken, "tinynet_o2", RECIPE)
     run = tmp_path / "run"
-    result = run_cli("train.py", f"hydra.searchpath=[file://{tmp_path / 'my_recipes'}]", "recipe=tinynet_o2",
-                     "logger.progress_bar=false", f"hydra.run.dir={run}")
+    result = run_cli("train.py", search, "recipe=tinynet_o2", "logger.progress_bar=false", f"hydra.run.dir={run}",
+                     env=env)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]

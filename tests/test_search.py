@@ -1,11 +1,9 @@
 """amp.search: on a model with one Cell that overflows in fp16, the search keeps exactly that Cell in fp32."""
 import json
-import os
-import textwrap
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import fork, run_cli
 
 MODEL = '''
 import mindspore.nn as nn
@@ -62,24 +60,18 @@ target:
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory):
     root = tmp_path_factory.mktemp("search")
-    (root / "rescale_models.py").write_text(textwrap.dedent(MODEL))
-    (root / "recipes" / "recipe").mkdir(parents=True)
-    (root / "recipes" / "recipe" / "rescalenet_o2.yaml").write_text(RECIPE.lstrip())
-    return root, [f"hydra.searchpath=[file://{root / 'recipes'}]", "recipe=rescalenet_o2", "search.seeds=[1]",
-                  "search.tolerance=2", f"search.out={root / 'out'}"]
+    env, search = fork(root, "rescale_models", MODEL, "rescalenet_o2", RECIPE)
+    return root, env, [search, "recipe=rescalenet_o2", "search.seeds=[1]", "search.tolerance=2",
+                       f"search.out={root / 'out'}"]
 
 
-def plugin_env(root):
-    return {"AMP_ZOO_PLUGINS": "rescale_models", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-
-
-def run_search(root, args, *extra):
-    return run_cli("-m amp.search", *args, *extra, timeout=900, env=plugin_env(root))
+def run_search(env, args, *extra):
+    return run_cli("-m amp.search", *args, *extra, timeout=900, env=env)
 
 
 def test_search_keeps_exactly_the_overflowing_cell_and_resumes(plugin):
-    root, args = plugin
-    result = run_search(root, args)
+    root, env, args = plugin
+    result = run_search(env, args)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     out = json.loads((root / "out" / "result.json").read_text())
     assert out["ranked"][0] == "rescale"  # the audit saw it overflow
@@ -95,25 +87,25 @@ def test_search_keeps_exactly_the_overflowing_cell_and_resumes(plugin):
     assert "- rescalenet_o2" in recipe and "keep_fp32: [rescale]" in recipe
     # the winning policy as a user runs it: only the rescale computes in fp32
     (root / "recipes" / "recipe" / "rescalenet_o2_searched.yaml").write_text(recipe)
-    report = run_cli("-m amp.report", args[0], "recipe=rescalenet_o2_searched", env=plugin_env(root))
+    report = run_cli("-m amp.report", args[0], "recipe=rescalenet_o2_searched", env=env)
     assert report.returncode == 0, report.stderr[-2000:]
     assert "| rescale | Rescale | float32 |" in report.stdout and "| fc1 | Dense | float16 |" in report.stdout
 
-    again = run_search(root, args)  # a resumed search trains nothing it has already judged
+    again = run_search(env, args)  # a resumed search trains nothing it has already judged
     assert again.returncode == 0, again.stderr[-3000:]
     assert "this call trained 0 of them" in again.stdout
     assert json.loads((root / "out" / "result.json").read_text())["winner"] == out["winner"]
 
 
 def test_pinned_cells_are_respected(plugin):
-    root, args = plugin
-    pinned = run_search(root, args, "search.pin_fp32=[fc2]")
+    root, env, args = plugin
+    pinned = run_search(env, args, "search.pin_fp32=[fc2]")
     assert pinned.returncode == 0, pinned.stderr[-3000:]
     out = json.loads((root / "out" / "result.json").read_text())
     assert "fc2" not in out["ranked"] and all("fc2" in c["kept"] for c in out["candidates"])
     assert sorted(next(c for c in out["candidates"] if c["k"] == out["winner"])["kept"]) == ["fc2", "rescale"]
 
-    never = run_search(root, args, "search.pin_low=[rescale]")  # the one Cell that must be fp32 may not be: no winner
+    never = run_search(env, args, "search.pin_low=[rescale]")  # the one Cell that must be fp32 may not be: no winner
     assert never.returncode == 1, never.stderr[-3000:]
     out = json.loads((root / "out" / "result.json").read_text())
     assert out["winner"] is None and all("rescale" not in c["kept"] for c in out["candidates"])

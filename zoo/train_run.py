@@ -1,0 +1,22 @@
+"""train.py in a process of its own, for the tools that train many runs (bench.reproduce, amp.search): one
+run killed or diverged cannot take the tool down, and a run directory that holds a checkpoint continues."""
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def train_command(overrides: List[str], run_dir: Path) -> List[str]:
+    """`python train.py OVERRIDES` into run_dir, with resume=auto when run_dir already holds a checkpoint."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}", "logger.progress_bar=false"]
+    if any((run_dir / "checkpoints").glob("*.ckpt")):
+        cmd.append("resume=auto")
+    return cmd
+
+
+def run_logged(cmd: List[str], log: Path, cwd: Optional[Path] = None) -> int:
+    """Run cmd with its output appended to log; its exit code."""
+    with open(log, "a") as out:
+        return subprocess.call(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
