@@ -1,10 +1,11 @@
 """BENCHMARKS.md for the Transformer at real scale, from the JSON the Transformer benchmarks wrote.
 
-    python -m bench.transformer_report OUT_DIR [RUN_DIR ...]
+    python -m bench.transformer_report OUT_DIR [RUN_DIR ...] [--reference TORCH_DIR]
 
-Reads bench/results/transformer_speed*.json, transformer_parts.json and decode.json, and each Multi30k run
-directory's multi30k_result.json / multi30k_curve.json (bench.multi30k) when given; copies them and the curve
-plots into OUT_DIR and writes OUT_DIR/BENCHMARKS.md. Every number in it comes from those files.
+Reads bench/results/transformer_speed*.json, transformer_parts.json and decode.json, each Multi30k run
+directory's multi30k_result.json / multi30k_curve.json (bench.multi30k) when given, and the PyTorch reference's
+curve.json / compare.json (bench.torch_multi30k); copies them and the curve plots into OUT_DIR and writes
+OUT_DIR/BENCHMARKS.md. Every number in it comes from those files.
 """
 import json
 import shutil
@@ -91,7 +92,25 @@ def multi30k_tables(lines, runs, out: Path):
             lines.append("")
 
 
+def reference_table(lines, ref: Path, out: Path):
+    """Our val curve against the PyTorch reference trained on the same batches (bench.torch_multi30k)."""
+    compare = json.loads((ref / "compare.json").read_text())
+    curve = json.loads((ref / "curve.json").read_text())
+    shutil.copy(ref / "compare.json", out / "pytorch_reference_compare.json")
+    shutil.copy(ref / "curve.json", out / "pytorch_reference_curve.json")
+    shutil.copy(ref / "curve.png", out / "pytorch_reference.png")
+    lines += table("The same training in PyTorch (`bench.torch_multi30k`)",
+                   "PyTorch eager, fp32, the same model, sentencepiece vocabulary, token batches in the same order, "
+                   "learning rate per step, Adam and label smoothing; another random initialisation. Val BLEU "
+                   "lowercased, greedy, after each epoch. ![ours against PyTorch](pytorch_reference.png)",
+                   ["epoch", "updates", "ours", "PyTorch", "ours - PyTorch", "PyTorch train loss"],
+                   [(r["epoch"], curve[str(r["epoch"])]["step"], f"{r['ours']:.2f}", f"{r['pytorch']:.2f}",
+                     f"{r['ours'] - r['pytorch']:+.2f}", curve[str(r["epoch"])]["train_loss"]) for r in compare])
+
+
 def main(argv) -> Path:
+    from bench.common import pop_option
+    reference, argv = pop_option(argv, "--reference", "", str)
     if not argv:
         from zoo.errors import fail
         fail("give the output folder, then any Multi30k run directories")
@@ -104,6 +123,8 @@ def main(argv) -> Path:
     parts_table(lines)
     decode_table(lines)
     multi30k_tables(lines, argv[1:], out)
+    if reference:
+        reference_table(lines, Path(reference), out)
     for name in ("transformer_parts.json", "decode.json", *[p.name for p in RESULTS.glob("transformer_speed*.json")]):
         if (RESULTS / name).is_file():
             shutil.copy(RESULTS / name, out / name)
