@@ -164,8 +164,12 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     writer = None
     if cfg.logger.tensorboard and rank == 0:  # on resume, TensorBoard drops the killed run's events from here on
         writer = SummaryWriter(str(run_dir / "tb"), purge_step=start.step + 1 if start.checkpoint else None)
-    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size * world), steps_per_epoch,
-                     cfg.trainer.epochs)
+    k = cfg.trainer.update_freq  # batches an update: the learning rate is a schedule over updates
+    if k > 1:
+        log.info("gradient accumulation: %d batches an update (%s per update)", k,
+                 f"up to {k * per_step} tokens" if by_tokens else f"{k * per_step} samples")
+    lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size * world * k),
+                     -(-steps_per_epoch // k), cfg.trainer.epochs)
     evaluator = Evaluator(test_ds, cfg.trainer.eval_every, writer, cfg.trainer.epochs)
     return Run(cfg, run_dir, device, rank, world, sink, steps_per_epoch, per_step, test_ds, writer, lr, StepTimer(),
                evaluator, t_start, smoke_note)
@@ -221,7 +225,7 @@ def build_step(run: Run, amp_cfg):
     plan = plan_loss_scale(amp_cfg.loss_scale)
     optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, run.lr, plan.optimizer_loss_scale)
     loss_fn = create_loss(cfg.trainer)
-    step_cell = AmpTrainStep(NetWithLoss(net, loss_fn), optimizer, plan, run.device)
+    step_cell = AmpTrainStep(NetWithLoss(net, loss_fn), optimizer, plan, run.device, cfg.trainer.update_freq)
     if run.is_main:
         check_disk_space(run.run_dir / "checkpoints", step_cell)
     model = Model(step_cell, eval_network=NetWithEval(net, loss_fn), metrics=metrics(), eval_indexes=[0, 1, 2],
@@ -259,8 +263,8 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
         callbacks.append(checkpoints)
     if run.writer is not None:
         run.writer.add_scalar("amp/rung", number, start.step)
-        callbacks.append(TensorBoardLogger(run.writer, lambda s: float(run.lr[min(s, len(run.lr) - 1)]),
-                                           run.per_step, t.log_every, run.timer))
+        lr_at = lambda s: float(run.lr[min(s // t.update_freq, len(run.lr) - 1)])  # noqa: E731  (s counts batches)
+        callbacks.append(TensorBoardLogger(run.writer, lr_at, run.per_step, t.log_every, run.timer))
     if cfg.logger.progress_bar and run.is_main:
         callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every))
     if t.max_steps > 0:

@@ -16,6 +16,12 @@ is exactly MindSpore's TrainOneStepCell and counts nothing: per-step checks cost
 (about 25 us per extra kernel, and a single in-graph counter update cost 7% by itself; bench/overhead.py), and an
 update with inf/NaN in it leaves the weights non-finite for good, so `telemetry()` finds it by checking the
 weights when it is read (every log_every steps). Its `amp_steps` stays 0: callbacks count steps on the host.
+
+Gradient accumulation (`update_freq` k > 1, fairseq's --update-freq): every batch adds its unscaled gradients
+to `amp_accum.*` (Parameters, so a checkpoint taken mid-update resumes exactly); every k-th batch the optimizer
+takes their mean and they are zeroed. An update is skipped when any of its k batches overflowed or had
+non-finite inputs. Steps, counters and the dynamic scale's growth window still count batches; the learning
+rate (the optimizer's own step) counts updates.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -63,7 +69,8 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
 
     Returns (loss, overflow, loss scale used for this step)."""
 
-    def __init__(self, net_with_loss: nn.Cell, optimizer: nn.Optimizer, plan: LossScalePlan, device: str):
+    def __init__(self, net_with_loss: nn.Cell, optimizer: nn.Optimizer, plan: LossScalePlan, device: str,
+                 update_freq: int = 1):
         sense = plan.update_cell if plan.update_cell is not None else Tensor(plan.scale, mstype.float32)
         super().__init__(net_with_loss, optimizer, sense)
         self.skip_on_overflow = plan.skip_on_overflow
@@ -81,6 +88,11 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         self.amp_nonfinite_inputs = Parameter(zero(), name="amp_nonfinite_inputs", requires_grad=False)
         # non-finite gradients or loss that were applied to the weights (no overflow skipping): divergence
         self.amp_nonfinite_updates = Parameter(zero(), name="amp_nonfinite_updates", requires_grad=False)
+        self.update_freq = update_freq
+        if update_freq > 1:
+            self.amp_accum = self.weights.clone(prefix="amp_accum", init="zeros")
+            self.amp_micro_steps = Parameter(zero(), name="amp_micro_steps", requires_grad=False)
+            self.amp_accum_skip = Parameter(zero(), name="amp_accum_skip", requires_grad=False)  # 1: drop this update
 
     def overflow_of(self, grads):
         if self.on_cpu:
@@ -104,7 +116,9 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         grads = self.grad_reducer(grads)
         overflow = ops.logical_and(self.overflow_of(grads), ops.logical_not(bad_input))
         overflow = self.process_loss_scale(overflow)
-        if not ops.logical_or(overflow, bad_input):
+        if self.update_freq > 1:  # a Python constant
+            loss = self.accumulate(loss, grads, ops.cast(ops.logical_or(overflow, bad_input), mstype.int32))
+        elif not ops.logical_or(overflow, bad_input):
             loss = ops.depend(loss, self.optimizer(grads))
         ov = ops.cast(overflow, mstype.int32)
         bad = ops.cast(bad_input, mstype.int32)
@@ -123,7 +137,23 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         loss = self.network(*inputs)
         sens = ops.fill(ops.dtype(loss), ops.shape(loss), self.sens)
         grads = self.grad_reducer(self.grad(self.network, self.weights)(*inputs, sens))
+        if self.update_freq > 1:
+            return self.accumulate(loss, grads, Tensor(0, mstype.int32)), self.no_overflow, self.scale_sense
         return ops.depend(loss, self.optimizer(grads)), self.no_overflow, self.scale_sense
+
+    def accumulate(self, loss, grads, skip):
+        """Add this batch's gradients; on every update_freq-th batch, update with their mean (unless a batch of
+        it was skipped) and start again from zero."""
+        loss = ops.depend(loss, self.hyper_map(ops.assign_add, self.amp_accum, grads))
+        loss = ops.depend(loss, ops.assign(self.amp_accum_skip, ops.maximum(self.amp_accum_skip, skip)))
+        loss = ops.depend(loss, ops.assign_add(self.amp_micro_steps, Tensor(1, mstype.int32)))
+        if self.amp_micro_steps % self.update_freq == 0:
+            if self.amp_accum_skip == 0:
+                mean = self.hyper_map(ops.partial(_scaled, 1.0 / self.update_freq), self.amp_accum)
+                loss = ops.depend(loss, self.optimizer(mean))
+            loss = ops.depend(loss, self.hyper_map(_zero, self.amp_accum))
+            loss = ops.depend(loss, ops.assign(self.amp_accum_skip, Tensor(0, mstype.int32)))
+        return loss
 
     def weights_finite(self) -> bool:
         if "finite_check" not in self.__dict__:  # kept out of the Cell tree: it holds the same Parameters
@@ -139,6 +169,14 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
             out["amp_nonfinite_updates"] = 1
         out["loss_scale"] = float(self.scale_sense.asnumpy().reshape(()))
         return out
+
+
+def _scaled(factor, x):
+    return x * ops.cast(factor, x.dtype)
+
+
+def _zero(x):
+    return ops.assign(x, ops.zeros_like(x))
 
 
 def finite_sum(tensors) -> Tensor:

@@ -1,4 +1,5 @@
-"""Loss scaling on CPU through AmpTrainStep: skipped steps, scale updates, unscaling, saved state."""
+"""Loss scaling on CPU through AmpTrainStep: skipped steps, scale updates, unscaling, saved state, and gradient
+accumulation (update_freq)."""
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
@@ -31,14 +32,14 @@ def loss_scale(**kw):
     return OmegaConf.create({**base, **kw})
 
 
-def make_step(ls_cfg, level="O0", seed=0):
+def make_step(ls_cfg, level="O0", seed=0, update_freq=1):
     ms.set_seed(seed)
     net = MLP()
     net, _ = apply_policy(net, OmegaConf.create({"level": level, "dtype": "float16", "keep_fp32": None,
                                                  "force_fp16": []}))
     plan = plan_loss_scale(ls_cfg)
     opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9, loss_scale=plan.optimizer_loss_scale)
-    step = AmpTrainStep(nn.WithLossCell(net, nn.CrossEntropyLoss()), opt, plan, "CPU")
+    step = AmpTrainStep(nn.WithLossCell(net, nn.CrossEntropyLoss()), opt, plan, "CPU", update_freq)
     step.set_train()
     return net, step
 
@@ -139,5 +140,58 @@ def test_loss_scale_state_survives_a_checkpoint(graph_mode, tmp_path):
     for _ in range(5):  # both continue identically, including the next scale changes
         assert run(step) == run(step2)
         assert step.telemetry() == step2.telemetry()
+    for k, v in weights(net).items():
+        np.testing.assert_array_equal(weights(net2)[k], v)
+
+
+ACCUMULATE = [dict(type="none"), dict(type="dynamic", init_scale=8.0)]  # the plain step and the skipping step
+
+
+@pytest.mark.parametrize("ls", ACCUMULATE)
+def test_update_freq_2_is_one_update_on_both_batches(graph_mode, ls):
+    """Two half batches with update_freq=2 make the update one step on the whole batch makes (mean losses of
+    equal halves), and the weights do not move after the first half; momentum shows the update count."""
+    net1, step1 = make_step(loss_scale(**ls))
+    net2, step2 = make_step(loss_scale(**ls), update_freq=2)
+    before = weights(net2)
+    for i in range(3):
+        run(step1)
+        run(step2, X[:8], Y[:8])
+        if i == 0:
+            assert all(np.array_equal(before[k], v) for k, v in weights(net2).items()), "updated after one batch"
+        run(step2, X[8:], Y[8:])
+    w1, w2 = weights(net1), weights(net2)
+    for k in w1:
+        np.testing.assert_allclose(w2[k], w1[k], rtol=1e-5, atol=1e-6)
+    assert any(not np.array_equal(before[k], v) for k, v in w2.items())
+
+
+def test_a_bad_batch_drops_its_whole_accumulated_update(graph_mode):
+    net, step = make_step(loss_scale(type="dynamic", init_scale=8.0), update_freq=2)
+    before = weights(net)
+    x = X[:8].copy()
+    x[1, 1] = np.nan
+    run(step, x, Y[:8])
+    run(step, X[8:], Y[8:])  # clean, but its update holds the bad batch: dropped
+    assert all(np.array_equal(before[k], v) for k, v in weights(net).items())
+    t = step.telemetry()
+    assert t["amp_nonfinite_inputs"] == 1 and t["amp_steps"] == 2
+    run(step, X[:8], Y[:8])
+    run(step, X[8:], Y[8:])  # the next update starts clean
+    assert all(np.isfinite(v).all() for v in weights(net).values())
+    assert any(not np.array_equal(before[k], v) for k, v in weights(net).items())
+
+
+@pytest.mark.parametrize("ls", ACCUMULATE)
+def test_a_checkpoint_between_two_batches_of_an_update_resumes_exactly(graph_mode, tmp_path, ls):
+    net, step = make_step(loss_scale(**ls), update_freq=2)
+    for x, y in ((X[:8], Y[:8]), (X[8:], Y[8:]), (X[:8], Y[:8])):
+        run(step, x, y)
+    ms.save_checkpoint(step, str(tmp_path / "half.ckpt"))  # one batch of the second update in the accumulators
+    net2, step2 = make_step(loss_scale(**ls), seed=1, update_freq=2)
+    not_loaded, _ = ms.load_param_into_net(step2, ms.load_checkpoint(str(tmp_path / "half.ckpt")))
+    assert not not_loaded
+    for x, y in ((X[8:], Y[8:]), (X[:8], Y[:8]), (X[8:], Y[8:])):
+        assert run(step, x, y) == run(step2, x, y)
     for k, v in weights(net).items():
         np.testing.assert_array_equal(weights(net2)[k], v)

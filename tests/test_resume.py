@@ -145,3 +145,26 @@ def test_a_disk_too_small_for_two_checkpoints_is_refused_before_training(tmp_pat
     with pytest.raises(ConfigError, match=r"not enough disk space for checkpoints in .*: 0 MiB free, two "
                                           r"checkpoints of this run need 163 MiB"):
         check_disk_space(tmp_path / "checkpoints", create_model("resnet34", num_classes=10))
+
+
+def test_resume_with_half_an_accumulated_update_in_the_checkpoint_is_exact(tmp_path):
+    """update_freq=2 over 125-batch epochs: the epoch-1 checkpoint holds one batch of update 63; stopping
+    there and resuming gives the uninterrupted run's weights, optimizer state and accumulators bitwise."""
+    args = ["recipe=lenet_o0", "trainer.epochs=2", "trainer.update_freq=2", "logger.progress_bar=false"]
+    whole = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'a'}")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    first = run_cli("train.py", *args, "trainer.max_steps=125", f"hydra.run.dir={tmp_path / 'b'}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    half = weights(tmp_path / "b" / "checkpoints" / "lenet5-e0001-s00000125.ckpt")
+    assert np.abs(half["amp_accum.conv1.weight"]).sum() > 0, "the checkpoint holds a batch's gradients"
+    resumed = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'b'}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = weights(tmp_path / "a" / "checkpoints" / "lenet5-e0002-s00000250.ckpt")
+    b = weights(tmp_path / "b" / "checkpoints" / "lenet5-e0002-s00000250.ckpt")
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    other = run_cli("train.py", *[a for a in args if "update_freq" not in a], f"hydra.run.dir={tmp_path / 'b'}",
+                    "resume=auto")
+    assert other.returncode == 2
+    assert "written with gradient accumulation but this run has trainer.update_freq=1" in other.stderr

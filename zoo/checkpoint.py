@@ -60,6 +60,11 @@ def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, mode
     if not with_amp_state:
         params = {k: v for k, v in params.items() if not is_amp_state(k)}
     names = [p.name for p in step_cell.get_parameters() if p.name != "learning_rate"]
+    accumulates = lambda keys: any(k.startswith("amp_accum.") for k in keys)  # noqa: E731  (update_freq > 1)
+    if with_amp_state and accumulates(params) != accumulates(names):
+        given = "update_freq > 1" if accumulates(names) else "update_freq=1"
+        raise ConfigError(f"{path} was written {'with' if accumulates(params) else 'without'} gradient accumulation "
+                          f"but this run has trainer.{given}: resume with the trainer.update_freq it was trained with")
     missing = [n for n in names if n not in params and (with_amp_state or not is_amp_state(n))]
     if missing:
         raise ConfigError(f"{path} does not fit model {model_name!r}: {len(missing)} parameters are missing "

@@ -145,7 +145,8 @@ class AmpConfig:
 @dataclass
 class TrainerConfig:
     epochs: int = 1
-    max_steps: int = 0                # > 0: stop after this many steps (smoke runs, benchmarks)
+    max_steps: int = 0                # > 0: stop after this many steps (batches; smoke runs, benchmarks)
+    update_freq: int = 1              # batches whose gradients make one update (fairseq --update-freq)
     label_smoothing: float = 0.0
     ignore_index: int = -100          # label ignored by the loss (translation: 0, the padding id)
     eval_every: int = 1               # epochs; 0: only at the end
@@ -257,7 +258,7 @@ RANGES = {
     "amp.loss_scale.scale": (0.0, None), "amp.loss_scale.init_scale": (0.0, None), "amp.loss_scale.factor": (2, None),
     "amp.loss_scale.window": (1, None), "amp.loss_scale.min_scale": (0.0, None),
     "amp.fallback.overflow_rate": (0.0, 1), "amp.fallback.window": (1, None),
-    "trainer.epochs": (1, None), "trainer.max_steps": (0, None), "trainer.label_smoothing": (0, 1),
+    "trainer.epochs": (1, None), "trainer.max_steps": (0, None), "trainer.update_freq": (1, None), "trainer.label_smoothing": (0, 1),
     "trainer.ignore_index": (-100, None), "trainer.eval_every": (0, None), "trainer.ckpt_every": (0, None),
     "trainer.keep_last": (1, None), "trainer.sink_size": (-1, None), "trainer.log_every": (1, None),
     "decode.beam": (1, 64), "decode.length_penalty": (0, 10), "decode.average_last": (1, None),
