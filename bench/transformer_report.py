@@ -106,6 +106,9 @@ def reference_table(lines, ref: Path, out: Path):
                    ["epoch", "updates", "ours", "PyTorch", "ours - PyTorch", "PyTorch train loss"],
                    [(r["epoch"], curve[str(r["epoch"])]["step"], f"{r['ours']:.2f}", f"{r['pytorch']:.2f}",
                      f"{r['ours'] - r['pytorch']:+.2f}", curve[str(r["epoch"])]["train_loss"]) for r in compare])
+    diffs = [r["ours"] - r["pytorch"] for r in compare]
+    lines += [f"Mean of ours - PyTorch over epochs {compare[0]['epoch']}-{compare[-1]['epoch']}: "
+              f"{sum(diffs) / len(diffs):+.2f} BLEU (largest gap {max(diffs, key=abs):+.2f}).", ""]
 
 
 def main(argv) -> Path:
