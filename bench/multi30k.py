@@ -27,17 +27,18 @@ def split_cfg(cfg, prefix: str):
     return OmegaConf.merge(cfg, {"dataset": {"params": {"test_prefix": prefix}}})
 
 
-def plot(curve: dict, out: Path, title: str) -> None:
+def plot(lines, out: Path, title: str, xlabel: str = "epoch", ylabel: str = "BLEU (sacrebleu)") -> None:
+    """BLEU per epoch: `lines` are (label, curve, key) with curve {epoch: record} as multi30k_curve.json holds."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    epochs = sorted(int(e) for e in curve)
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(epochs, [curve[str(e)]["bleu_lowercase"] for e in epochs], marker=".", label="val BLEU, lowercased")
-    ax.plot(epochs, [curve[str(e)]["bleu"] for e in epochs], marker=".", label="val BLEU, cased")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("BLEU (sacrebleu)")
+    for label, curve, key in lines:
+        epochs = sorted(int(e) for e in curve)
+        ax.plot(epochs, [curve[str(e)][key] for e in epochs], marker=".", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -81,7 +82,8 @@ def main(argv) -> dict:
         print(f"epoch {epoch}: val BLEU {record['bleu_lowercase']:.2f} lowercased, {record['bleu']:.2f} cased "
               f"(beam {curve_beam}, {record['sentences_per_s']} sentences/s)", flush=True)
     if curve:
-        plot(curve, run_dir / "multi30k_curve.png", f"{cfg.recipe_name}: val BLEU per epoch (beam {curve_beam})")
+        plot([("val BLEU, lowercased", curve, "bleu_lowercase"), ("val BLEU, cased", curve, "bleu")],
+             run_dir / "multi30k_curve.png", f"{cfg.recipe_name}: val BLEU per epoch (beam {curve_beam})")
     if not final:
         return {"curve": curve}
 

@@ -31,6 +31,8 @@ def build_peer(vocab: int, d: int, heads: int, ffn: int, layers: int, dropout: f
     import torch
     import torch.nn as tnn
 
+    from models.transformer import sinusoids
+
     class Peer(tnn.Module):
         def __init__(self):
             super().__init__()
@@ -45,10 +47,7 @@ def build_peer(vocab: int, d: int, heads: int, ffn: int, layers: int, dropout: f
             for name, p in self.core.named_parameters():
                 (tnn.init.xavier_uniform_ if p.dim() > 1 else tnn.init.zeros_)(p) if "norm" not in name else None
             tnn.init.normal_(self.embed.weight, 0, d ** -0.5)
-            pos = torch.arange(max_len)[:, None] / torch.pow(10000, torch.arange(0, d, 2) / d)
-            pe = torch.zeros(max_len, d)
-            pe[:, 0::2], pe[:, 1::2] = torch.sin(pos), torch.cos(pos)
-            self.register_buffer("pe", pe)
+            self.register_buffer("pe", torch.from_numpy(sinusoids(max_len, d)))  # our model's own table
             self.drop = tnn.Dropout(dropout)
             self.causal = self.core.generate_square_subsequent_mask(max_len)
 
@@ -99,28 +98,9 @@ def greedy_bleu(model, cfg, split_cfg) -> dict:
             "decode_s": round(time.perf_counter() - t0, 1)}
 
 
-def plot(ours: dict, peer: dict, out: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for curve, label in ((ours, "ours (MindSpore, O0)"), (peer, "PyTorch eager reference")):
-        epochs = sorted(int(e) for e in curve)
-        ax.plot(epochs, [curve[str(e)]["bleu_lowercase"] for e in epochs], marker=".", label=label)
-    ax.set_xlabel("epoch (140 updates of <= 4,096 tokens; the same batches in the same order)")
-    ax.set_ylabel("val BLEU, lowercased (greedy)")
-    ax.set_title("Transformer-Tiny, Multi30k en-de: our run against a PyTorch reference", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
 def main(argv) -> dict:
     from bench.common import bench_config
-    from bench.multi30k import split_cfg
+    from bench.multi30k import plot, split_cfg
     from data.sampling import epoch_order
     from data.translation import encode_pairs, make_batches, params
     from zoo.cli import pop_option
@@ -192,7 +172,11 @@ def main(argv) -> dict:
         both = sorted(set(map(int, ours)) & set(map(int, curve)))
         result["compare"] = [{"epoch": e, "ours": ours[str(e)]["bleu_lowercase"],
                               "pytorch": curve[str(e)]["bleu_lowercase"]} for e in both]
-        plot({e: ours[e] for e in map(str, both)}, curve, out / "curve.png")
+        plot([("ours (MindSpore, O0)", {e: ours[e] for e in map(str, both)}, "bleu_lowercase"),
+              ("PyTorch eager reference", curve, "bleu_lowercase")], out / "curve.png",
+             "Transformer-Tiny, Multi30k en-de: our run against a PyTorch reference",
+             "epoch (140 updates of <= 4,096 tokens; the same batches in the same order)",
+             "val BLEU, lowercased (greedy)")
         (out / "compare.json").write_text(json.dumps(result["compare"], indent=2))
         for row in result["compare"]:
             print(f"epoch {row['epoch']}: ours {row['ours']:.2f}, PyTorch {row['pytorch']:.2f}")

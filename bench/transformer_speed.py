@@ -41,6 +41,8 @@ def torch_step(batch: int, length: int, vocab: int = 8000, d: int = 128):
     import torch
     import torch.nn as tnn
 
+    from models.transformer import sinusoids
+
     torch.manual_seed(0)
 
     class Peer(tnn.Module):
@@ -54,10 +56,7 @@ def torch_step(batch: int, length: int, vocab: int = 8000, d: int = 128):
                 for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):
                     if attn is not None:
                         attn.dropout = 0.0  # attention-weight dropout: none
-            pos = torch.arange(64)[:, None] / torch.pow(10000, torch.arange(0, d, 2) / d)
-            pe = torch.zeros(64, d)
-            pe[:, 0::2], pe[:, 1::2] = torch.sin(pos), torch.cos(pos)
-            self.register_buffer("pe", pe)
+            self.register_buffer("pe", torch.from_numpy(sinusoids(64, d)))  # our model's own table
             self.drop = tnn.Dropout(0.3)
 
         def embed_tokens(self, x):
