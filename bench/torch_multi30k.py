@@ -73,7 +73,7 @@ def greedy_bleu(model, cfg, split_cfg) -> dict:
     import torch
 
     from data.translation import encode_pairs, params
-    from zoo.translate import bleu, decode_batches, greedy
+    from zoo.translate import decode_batches, greedy, scores
 
     model.eval()
     examples, pairs, sp = encode_pairs(split_cfg.dataset, "test")
@@ -92,10 +92,8 @@ def greedy_bleu(model, cfg, split_cfg) -> dict:
                 return torch.log_softmax(logits, -1).gather(1, ids).numpy(), ids.numpy()
             for j, h in zip(take, greedy(step, len(src), max_len)[: len(take)]):
                 hyps[j] = sp.decode(h)
-    refs = [tgt for _, tgt in pairs][: len(hyps)]
     model.train()
-    return {"bleu": bleu(hyps, refs), "bleu_lowercase": bleu(hyps, refs, lowercase=True),
-            "decode_s": round(time.perf_counter() - t0, 1)}
+    return {**scores(hyps, pairs), "decode_s": round(time.perf_counter() - t0, 1)}
 
 
 def main(argv) -> dict:

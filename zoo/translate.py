@@ -124,6 +124,12 @@ def bleu(hypotheses: List[str], references: List[str], lowercase: bool = False) 
     return float(sacrebleu.corpus_bleu(hypotheses, [references], lowercase=lowercase).score)
 
 
+def scores(hypotheses: List[str], pairs) -> dict:
+    """Cased and lowercased BLEU of the hypotheses against the raw references of (source, reference) pairs."""
+    refs = [tgt for _, tgt in pairs][: len(hypotheses)]
+    return {"bleu": bleu(hypotheses, refs), "bleu_lowercase": bleu(hypotheses, refs, lowercase=True)}
+
+
 def unwrap(net):
     """The Transformer under the policy's CastOutput wrappers."""
     while not hasattr(net, "decode_step"):
@@ -240,9 +246,8 @@ def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, 
         for j, h in zip(take, ids):
             hyps[j] = sp.decode(h)
     seconds = time.perf_counter() - t0
-    refs = [tgt for _, tgt in pairs][: len(hyps)]
     if out is not None:
         Path(out).write_text("\n".join(hyps) + "\n", encoding="utf-8")
-    return {"bleu": bleu(hyps, refs), "bleu_lowercase": bleu(hyps, refs, lowercase=True), "sentences": len(hyps),
+    return {**scores(hyps, pairs), "sentences": len(hyps),
             "beam": beam, "length_penalty": alpha, "length_norm": form, "decode_s": round(seconds, 2),
             "sentences_per_s": round(len(hyps) / seconds, 1), "tokens_per_s": round(tokens / seconds, 1)}
