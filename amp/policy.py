@@ -82,13 +82,14 @@ def _mark_subtree(cell: nn.Cell, path: str, reason: str, reasons: Dict[str, str]
             reasons[f"{path}.{sub_path}"] = reason
 
 
-def check_paths(net: nn.Cell, paths: List[str]) -> None:
+def check_paths(net: nn.Cell, paths: List[str], key: str = "amp.keep_fp32") -> None:
+    """Every path names a sub-module of net, or one line naming the bad path, near matches and the sub-modules."""
     known = [p for p, _ in net.cells_and_names() if p]
     for path in paths:
         if path not in known:
             close = [c for c in NN_CELLS if c.lower() == path.lower()]  # a class name in lower case
             close = close or difflib.get_close_matches(path, known, n=3, cutoff=0.6)
-            raise ConfigError(f"amp.keep_fp32: {path!r} is neither a Cell class nor a sub-module of "
+            raise ConfigError(f"{key}: {path!r} is neither a Cell class nor a sub-module of "
                               f"{type(net).__name__}; " + (f"did you mean {', '.join(close)}? " if close else "")
                               + f"its sub-modules: {', '.join(known[:8])}{', ...' if len(known) > 8 else ''} "
                               f"(python -m amp.report lists them all)")

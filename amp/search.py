@@ -107,15 +107,12 @@ def rank(units: List[Unit]) -> List[Unit]:
 def matching(names: List[str], units: List[Unit], net, key: str) -> List[str]:
     """Unit paths a keep-list names (Cell classes: every instance; paths: that sub-module and below)."""
     from amp.names import resolve, split_keep
+    from amp.policy import check_paths
     from amp.report import units as unit_cells
 
     classes, paths = split_keep(list(names))
     cells = dict(unit_cells(net))
-    known = {p for p, _ in net.cells_and_names() if p}
-    for p in paths:
-        if p not in known:
-            raise ConfigError(f"{key}: {p!r} is not a sub-module of {type(net).__name__}; units: "
-                              f"{', '.join(u.path for u in units[:8])}{', ...' if len(units) > 8 else ''}")
+    check_paths(net, paths, key)
     resolved = resolve(classes, key)
     for cls in resolved:
         if not any(isinstance(cells[u.path], cls) for u in units):

@@ -119,7 +119,7 @@ def test_pinned_cells_are_respected(plugin):
     (["amp.level=O2"], "amp.level is set by amp.search for every run; give search.pin_fp32 / search.pin_low"),
     (["trainer.epochs=3"], "trainer.epochs is set by amp.search for every run; give search.budget_epochs"),
     (["search.pin_fp32=[LayerNorm]"], "search.pin_fp32: LayerNorm matches no compute unit of LeNet5"),
-    (["search.pin_fp32=[nosuch]"], "search.pin_fp32: 'nosuch' is not a sub-module of LeNet5"),
+    (["search.pin_fp32=[nosuch]"], "search.pin_fp32: 'nosuch' is neither a Cell class nor a sub-module of LeNet5"),
     (["search.pin_fp32=[Dense]", "search.pin_low=[fc1]"], "fc1 is pinned both fp32"),
 ])
 def test_bad_search_settings_are_one_line(tmp_path, extra, message):
