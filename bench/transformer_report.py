@@ -4,7 +4,8 @@
 
 Reads bench/results/transformer_speed*.json, transformer_parts.json and decode.json, each Multi30k run
 directory's multi30k_result.json / multi30k_curve.json (bench.multi30k) when given, and the PyTorch reference's
-curve.json / compare.json (bench.torch_multi30k); copies them and the curve plots into OUT_DIR and writes
+curve.json / compare.json (bench.torch_multi30k); with two or more runs, their val curves at equal optimizer
+updates (against the first run given); copies them and the curve plots into OUT_DIR and writes
 OUT_DIR/BENCHMARKS.md. Every number in it comes from those files.
 """
 import json
@@ -92,6 +93,43 @@ def multi30k_tables(lines, runs, out: Path):
             lines.append("")
 
 
+def updates_per_epoch(run: Path, curve: dict) -> float:
+    """Optimizer updates per epoch: the curve's batches per epoch over the run's trainer.update_freq."""
+    from omegaconf import OmegaConf
+    freq = OmegaConf.load(run / "config.yaml").trainer.get("update_freq", 1)
+    first = min(curve, key=int)
+    return curve[first]["step"] / int(first) / freq
+
+
+def runs_compared(lines, runs, out: Path):
+    """Every run's val curve against the first's at equal optimizer updates (O2 against O0, or another update
+    size): one plot over updates, and a table of the updates at least two runs were scored at."""
+    from bench.multi30k import plot
+
+    curves = {}
+    for run in map(Path, runs):
+        if (run / "multi30k_curve.json").is_file():
+            c = json.loads((run / "multi30k_curve.json").read_text())
+            per = updates_per_epoch(run, c)
+            curves[run.name] = {str(round(int(e) * per)): r for e, r in c.items()}
+    if len(curves) < 2:
+        return
+    names = list(curves)
+    plot([(n, curves[n], "bleu_lowercase") for n in names], out / "runs_compared.png",
+         "val BLEU (lowercased, greedy) at equal updates", xlabel="optimizer updates")
+    shared = sorted({u for n in names for u in curves[n] if sum(u in curves[m] for m in names) >= 2}, key=int)
+    rows = [(u, *(f"{curves[n][u]['bleu_lowercase']:.2f}" if u in curves[n] else "" for n in names)) for u in shared]
+    lines += table("Runs compared at equal updates",
+                   "Val BLEU lowercased, greedy, after the epoch ending at that update. ![runs compared](runs_compared.png)",
+                   ["updates", *(f"`{n}`" for n in names)], rows)
+    base = curves[names[0]]
+    for n in names[1:]:
+        diffs = [curves[n][u]["bleu_lowercase"] - base[u]["bleu_lowercase"] for u in curves[n] if u in base]
+        if diffs:
+            lines += [f"`{n}` - `{names[0]}` over the {len(diffs)} updates both were scored at: mean "
+                      f"{sum(diffs) / len(diffs):+.2f} BLEU, largest {max(diffs, key=abs):+.2f}.", ""]
+
+
 def reference_table(lines, ref: Path, out: Path):
     """Our val curve against the PyTorch reference trained on the same batches (bench.torch_multi30k)."""
     compare = json.loads((ref / "compare.json").read_text())
@@ -126,6 +164,7 @@ def main(argv) -> Path:
     parts_table(lines)
     decode_table(lines)
     multi30k_tables(lines, argv[1:], out)
+    runs_compared(lines, argv[1:], out)
     if reference:
         reference_table(lines, Path(reference), out)
     for name in ("transformer_parts.json", "decode.json", *[p.name for p in RESULTS.glob("transformer_speed*.json")]):

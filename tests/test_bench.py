@@ -28,3 +28,24 @@ def test_report_from_committed_results_without_raw_runs(tmp_path):
     assert "| resnet34 | O3 / fixed | 2 |" in md and "**no**" in md, "a parity miss is shown, not hidden"
     assert "overhead **+2.6%**" in md and "| lenet_o2 | 77.3 | 72.5 | 101.0% |" in md
     assert (tmp_path / "throughput_vs_o0.png").stat().st_size > 0
+
+
+def test_transformer_report_lines_runs_up_at_equal_updates(tmp_path):
+    """Two batches an update (update_freq 2): its epoch 2 is the same number of updates as epoch 1 of a run
+    with one batch an update, and that is where the report compares them."""
+    from bench.transformer_report import runs_compared
+
+    def run(name, freq, bleu):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.yaml").write_text(f"trainer:\n  update_freq: {freq}\n")
+        (d / "multi30k_curve.json").write_text(json.dumps(
+            {str(e): {"step": 140 * e, "bleu_lowercase": b, "bleu": b - 1} for e, b in enumerate(bleu, 1)}))
+        return d
+    lines = []
+    runs_compared(lines, [run("o0", 1, [10.0, 20.0]), run("k2", 2, [4.0, 12.5, 16.0, 21.0])], tmp_path)
+    md = "\n".join(lines)
+    assert "| 140 | 10.00 | 12.50 |" in md and "| 280 | 20.00 | 21.00 |" in md
+    assert "| 70 |" not in md, "updates only one run was scored at are left out"
+    assert "mean +1.75 BLEU, largest +2.50" in md
+    assert (tmp_path / "runs_compared.png").stat().st_size > 0
