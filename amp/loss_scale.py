@@ -20,8 +20,10 @@ weights when it is read (every log_every steps). Its `amp_steps` stays 0: callba
 Gradient accumulation (`update_freq` k > 1, fairseq's --update-freq): every batch adds its unscaled gradients
 to `amp_accum.*` (Parameters, so a checkpoint taken mid-update resumes exactly); every k-th batch the optimizer
 takes their mean and they are zeroed. An update is skipped when any of its k batches overflowed or had
-non-finite inputs. Steps, counters and the dynamic scale's growth window still count batches; the learning
-rate (the optimizer's own step) counts updates.
+non-finite inputs. The loss scale moves once per update, as fairseq's does: every batch of an update uses the
+same scale, it steps down at the end of an update in which a batch overflowed, and the dynamic scale's growth
+window counts updates. Steps and the AMP counters count batches; the learning rate (the optimizer's own step)
+counts updates.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -115,11 +117,13 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         grads = self.hyper_map(ops.partial(_grad_scale, scale), grads)
         grads = self.grad_reducer(grads)
         overflow = ops.logical_and(self.overflow_of(grads), ops.logical_not(bad_input))
-        overflow = self.process_loss_scale(overflow)
         if self.update_freq > 1:  # a Python constant
-            loss = self.accumulate(loss, grads, ops.cast(ops.logical_or(overflow, bad_input), mstype.int32))
-        elif not ops.logical_or(overflow, bad_input):
-            loss = ops.depend(loss, self.optimizer(grads))
+            # 2: an fp16 overflow (skip, and the scale steps down at the update), 1: bad input (skip only)
+            loss = self.accumulate(loss, grads, ops.cast(overflow, mstype.int32) * 2 + ops.cast(bad_input, mstype.int32))
+        else:
+            overflow = self.process_loss_scale(overflow)
+            if not ops.logical_or(overflow, bad_input):
+                loss = ops.depend(loss, self.optimizer(grads))
         ov = ops.cast(overflow, mstype.int32)
         bad = ops.cast(bad_input, mstype.int32)
         at_floor = ops.cast(ops.logical_and(overflow, scale.reshape(()) <= self.min_scale), mstype.int32)
@@ -142,12 +146,15 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         return ops.depend(loss, self.optimizer(grads)), self.no_overflow, self.scale_sense
 
     def accumulate(self, loss, grads, skip):
-        """Add this batch's gradients; on every update_freq-th batch, update with their mean (unless a batch of
-        it was skipped) and start again from zero."""
+        """Add this batch's gradients; on every update_freq-th batch, step the loss scale once for the whole
+        update (down if any of its batches overflowed: skip 2), update with the mean of the gradients unless a
+        batch of it was skipped (skip 1 or 2), and start again from zero."""
         loss = ops.depend(loss, self.hyper_map(ops.assign_add, self.amp_accum, grads))
         loss = ops.depend(loss, ops.assign(self.amp_accum_skip, ops.maximum(self.amp_accum_skip, skip)))
         loss = ops.depend(loss, ops.assign_add(self.amp_micro_steps, Tensor(1, mstype.int32)))
         if self.amp_micro_steps % self.update_freq == 0:
+            if self.skip_on_overflow:  # a Python constant
+                loss = ops.depend(loss, self.process_loss_scale(self.amp_accum_skip == 2))
             if self.amp_accum_skip == 0:
                 mean = self.hyper_map(ops.partial(_scaled, 1.0 / self.update_freq), self.amp_accum)
                 loss = ops.depend(loss, self.optimizer(mean))

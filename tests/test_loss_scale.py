@@ -195,3 +195,18 @@ def test_a_checkpoint_between_two_batches_of_an_update_resumes_exactly(graph_mod
         assert run(step, x, y) == run(step2, x, y)
     for k, v in weights(net).items():
         np.testing.assert_array_equal(weights(net2)[k], v)
+
+
+def test_with_update_freq_the_scale_moves_once_an_update(graph_mode):
+    """fairseq's rule: every batch of an update uses one scale, the growth window counts updates, and an
+    overflow in the first batch halves the scale once, at the end of its update, which is dropped."""
+    _, step = make_step(loss_scale(init_scale=4.0, window=2), update_freq=2)
+    used = [run(step, x, y)[2] for _ in range(4) for x, y in ((X[:8], Y[:8]), (X[8:], Y[8:]))]
+    assert used == [4.0, 4.0, 4.0, 4.0, 8.0, 8.0, 8.0, 8.0], "doubled after 2 clean updates (4 batches)"
+    net, step = make_step(loss_scale(init_scale=2.0 ** 24), level="O2", update_freq=2)
+    before = weights(net)
+    first, second = run(step, X[:8], Y[:8]), run(step, X[8:], Y[8:])
+    assert first[1] and first[2] == second[2] == 2.0 ** 24, "the second batch uses the update's scale"
+    t = step.telemetry()
+    assert t["loss_scale"] == 2.0 ** 23 and t["amp_overflow_steps"] >= 1
+    assert all(np.array_equal(before[k], v) for k, v in weights(net).items()), "the overflowed update is dropped"
