@@ -23,7 +23,8 @@ takes their mean and they are zeroed. An update is skipped when any of its k bat
 non-finite inputs. The loss scale moves once per update, as fairseq's does: every batch of an update uses the
 same scale, it steps down at the end of an update in which a batch overflowed, and the dynamic scale's growth
 window counts updates. Steps and the AMP counters count batches; the learning rate (the optimizer's own step)
-counts updates.
+counts updates. Overflow and non-finite-input counters count the batches that had them; skipped steps count
+every batch of a dropped update (its clean batches are not trained on either), at the update's end.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -129,7 +130,8 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         at_floor = ops.cast(ops.logical_and(overflow, scale.reshape(()) <= self.min_scale), mstype.int32)
         ops.assign_add(self.amp_steps, Tensor(1, mstype.int32))
         ops.assign_add(self.amp_overflow_steps, ov)
-        ops.assign_add(self.amp_skipped_steps, ov + bad)
+        if self.update_freq == 1:  # with accumulation, `accumulate` counts a dropped update's batches
+            ops.assign_add(self.amp_skipped_steps, ov + bad)
         ops.assign(self.amp_steps_since_overflow, (self.amp_steps_since_overflow + 1) * (1 - ov))
         ops.assign_add(self.amp_floor_overflows, at_floor)
         ops.assign_add(self.amp_nonfinite_losses, ops.cast(ops.logical_not(ops.isfinite(loss)), mstype.int32) * (1 - bad))
@@ -148,7 +150,8 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
     def accumulate(self, loss, grads, skip):
         """Add this batch's gradients; on every update_freq-th batch, step the loss scale once for the whole
         update (down if any of its batches overflowed: skip 2), update with the mean of the gradients unless a
-        batch of it was skipped (skip 1 or 2), and start again from zero."""
+        batch of it was skipped (skip 1 or 2; then all update_freq batches count as skipped), and start again
+        from zero."""
         loss = ops.depend(loss, self.hyper_map(ops.assign_add, self.amp_accum, grads))
         loss = ops.depend(loss, ops.assign(self.amp_accum_skip, ops.maximum(self.amp_accum_skip, skip)))
         loss = ops.depend(loss, ops.assign_add(self.amp_micro_steps, Tensor(1, mstype.int32)))
@@ -158,6 +161,8 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
             if self.amp_accum_skip == 0:
                 mean = self.hyper_map(ops.partial(_scaled, 1.0 / self.update_freq), self.amp_accum)
                 loss = ops.depend(loss, self.optimizer(mean))
+            else:
+                loss = ops.depend(loss, ops.assign_add(self.amp_skipped_steps, Tensor(self.update_freq, mstype.int32)))
             loss = ops.depend(loss, self.hyper_map(_zero, self.amp_accum))
             loss = ops.depend(loss, ops.assign(self.amp_accum_skip, Tensor(0, mstype.int32)))
         return loss

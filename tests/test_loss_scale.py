@@ -176,6 +176,7 @@ def test_a_bad_batch_drops_its_whole_accumulated_update(graph_mode):
     assert all(np.array_equal(before[k], v) for k, v in weights(net).items())
     t = step.telemetry()
     assert t["amp_nonfinite_inputs"] == 1 and t["amp_steps"] == 2
+    assert t["amp_skipped_steps"] == 2, "both batches of the dropped update are skipped, not only the bad one"
     run(step, X[:8], Y[:8])
     run(step, X[8:], Y[8:])  # the next update starts clean
     assert all(np.isfinite(v).all() for v in weights(net).values())
@@ -208,5 +209,5 @@ def test_with_update_freq_the_scale_moves_once_an_update(graph_mode):
     first, second = run(step, X[:8], Y[:8]), run(step, X[8:], Y[8:])
     assert first[1] and first[2] == second[2] == 2.0 ** 24, "the second batch uses the update's scale"
     t = step.telemetry()
-    assert t["loss_scale"] == 2.0 ** 23 and t["amp_overflow_steps"] >= 1
+    assert t["loss_scale"] == 2.0 ** 23 and t["amp_overflow_steps"] >= 1 and t["amp_skipped_steps"] == 2
     assert all(np.array_equal(before[k], v) for k, v in weights(net).items()), "the overflowed update is dropped"
