@@ -297,14 +297,18 @@ class Transformer(nn.Cell):
 
     # Incremental decoding (eval only): see zoo/translate.py. States are flat tuples of per-layer tensors
     # (k0, v0, k1, v1, ...): slicing one stacked tensor is a StridedSlice, which took 350 ms a step on this CPU.
-    def start_decoding(self, src):
-        """Cross-attention keys/values of the encoder output per layer (B, h, S, dh), the source bias, and an
-        empty self-attention cache per layer (B, h, max_len, dh)."""
+    def start_decoding(self, src, beam: int = 1):
+        """Cross-attention keys/values of the encoder output per layer, the source bias, and an empty
+        self-attention cache per layer (B * beam, h, max_len, dh): the encoder runs once per sentence and its
+        results are repeated for the sentence's `beam` hypotheses (rows b * beam ... b * beam + beam - 1)."""
         memory, src_bias = self.encode(src)
         cross = ()
         for layer in self.decoder:
             cross = cross + layer.cross_attn.heads(layer.cross_attn.kv(memory), 2)
-        empty = ops.zeros((src.shape[0], self.heads, self.max_len, self.d_model // self.heads), cross[0].dtype)
+        if beam > 1:
+            cross = tuple(ops.repeat_interleave(c, beam, 0) for c in cross)
+            src_bias = ops.repeat_interleave(src_bias, beam, 0)
+        empty = ops.zeros((src.shape[0] * beam, self.heads, self.max_len, self.d_model // self.heads), cross[0].dtype)
         return cross, src_bias, tuple(empty for _ in cross)
 
     def decode_step(self, token, t, cache, cross, src_bias):

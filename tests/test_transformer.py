@@ -136,6 +136,72 @@ def test_beam_search_finds_the_known_best_sequence():
     assert isinstance(greedy(step, 1, max_len)[0], list)
 
 
+def per_sentence_beam_search(step, batch, beam, max_len, alpha, form):
+    """fairseq's rules, one sentence and one candidate at a time (the reference for the batched search): in
+    score order, an EOS candidate finishes a hypothesis (while the sentence has fewer than `beam`), any other
+    extends one, until `beam` are extended; a sentence with `beam` finished hypotheses is done."""
+    rows = batch * beam
+    tokens = np.full((rows, max_len), 0, np.int32)
+    tokens[:, 0] = BOS
+    scores = np.full((batch, beam), -np.inf)
+    scores[:, 0] = 0.0
+    finished = [[] for _ in range(batch)]
+    reorder = np.arange(rows, dtype=np.int32)
+    for t in range(max_len - 1):
+        values, ids = step(tokens[:, t], t, reorder)
+        k = values.shape[1]
+        cand = (scores[:, :, None] + values.reshape(batch, beam, k)).reshape(batch, -1)
+        new_tokens, reorder = tokens.copy(), np.arange(rows, dtype=np.int32)
+        for b in range(batch):
+            kept, done = 0, len(finished[b]) >= beam
+            scores[b] = -np.inf
+            for idx in np.argsort(-cand[b], kind="stable")[: 2 * beam]:
+                if done or kept == beam or not np.isfinite(cand[b, idx]):
+                    break
+                row, token = b * beam + idx // k, ids[b * beam + idx // k, idx % k]
+                if token == EOS:
+                    if len(finished[b]) < beam:
+                        finished[b].append((cand[b, idx] / length_penalty(t + 1, alpha, form), tokens[row, 1:t + 1].tolist()))
+                    continue
+                new_tokens[b * beam + kept], reorder[b * beam + kept] = tokens[row], row
+                new_tokens[b * beam + kept, t + 1], scores[b, kept] = token, cand[b, idx]
+                kept += 1
+        tokens = new_tokens
+        if all(len(f) >= beam for f in finished):
+            break
+    return [max(finished[b] or [(scores[b, j] / length_penalty(max_len - 1, alpha, form), tokens[b * beam + j, 1:].tolist())
+                                for j in range(beam) if np.isfinite(scores[b, j])], key=lambda x: x[0])[1]
+            for b in range(batch)]
+
+
+def sentence_table_model(batch, beam, vocab, seed):
+    """Like table_model, with a table per sentence (row // beam), and every step's inputs recorded."""
+    step, _ = table_model(vocab, 0, seed)
+    calls = []
+
+    def per_sentence(last, t, reorder):
+        calls.append((last.copy(), reorder.copy()))
+        sentence = np.arange(len(last)) // beam
+        return step(last + (vocab * sentence if t == 0 else 0), t, reorder)  # a per-sentence first token
+    return per_sentence, calls
+
+
+def test_batched_beam_search_follows_the_per_sentence_rules():
+    """The vectorised search keeps, finishes and reorders the same hypotheses as the one-candidate-at-a-time
+    loop, with the same steps asked of the model, over narrow beams where sentences finish at different times."""
+    for seed in range(12):
+        batch, beam, max_len = 4, (2, 3, 5)[seed % 3], 7
+        for form, alpha in (("fairseq", 1.0), ("gnmt", 0.6)):
+            step1, calls1 = sentence_table_model(batch, beam, 6, seed)
+            step2, calls2 = sentence_table_model(batch, beam, 6, seed)
+            assert beam_search(step1, batch, beam, max_len, alpha, form) == \
+                per_sentence_beam_search(step2, batch, beam, max_len, alpha, form), (seed, form)
+            assert len(calls1) == len(calls2)
+            for (last1, order1), (last2, order2) in zip(calls1, calls2):
+                np.testing.assert_array_equal(last1, last2)
+                np.testing.assert_array_equal(order1, order2)
+
+
 @pytest.fixture(scope="module")
 def copy_model():
     """A tiny Transformer trained briefly to copy sources of 3-9 tokens: its hypotheses end (EOS) at

@@ -1,13 +1,13 @@
 """Decoding (greedy and beam search) and BLEU with sacrebleu.
 
-Incremental: the encoder runs once per batch; each step feeds one token per hypothesis through
+Incremental: the encoder runs once per batch, on each sentence once (not once per beam); each step feeds one token per hypothesis through
 `Transformer.decode_step`, whose self-attention keys and values live in a fixed-shape cache on the device
 (reordered there when beams swap), and returns only the top 2 x beam candidates of each row. Sentences are
 sorted by length into batches of `decode.batch_size`, all of one shape, so graph mode compiles one encoder and
 one step graph per split, and a step moves (rows x 2 x beam) numbers to the host, not (rows x max_len x
 vocabulary).
 
-The search itself (which candidates survive, when a sentence is done) runs on the host in numpy and is shared
+The search itself (which candidates survive, when a sentence is done) runs on the host, vectorised in numpy, and is shared
 with `full_recompute_step`, the reference that re-runs the whole decoder on the token buffer at every step:
 tests and bench/decode.py check that both give the same hypotheses.
 """
@@ -57,40 +57,36 @@ def beam_search(step: Step, batch: int, beam: int, max_len: int, alpha: float = 
     rows = batch * beam
     tokens = np.full((rows, max_len), PAD, np.int32)
     tokens[:, 0] = BOS
-    scores = np.zeros((batch, beam))
-    scores[:, 1:] = -np.inf  # at t=0 all beams are the same: keep one
+    scores = np.full((batch, beam), -np.inf)
+    scores[:, 0] = 0.0  # at t=0 all beams are the same: keep one
     finished: List[List] = [[] for _ in range(batch)]
     reorder = np.arange(rows, dtype=np.int32)
+    first_row = np.arange(batch)[:, None] * beam
     for t in range(max_len - 1):
         values, ids = step(tokens[:, t], t, reorder)
         k = values.shape[1]
         cand = (scores[:, :, None] + values.reshape(batch, beam, k)).reshape(batch, -1)
-        order = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * beam]
-        new_tokens, reorder = tokens.copy(), np.arange(rows, dtype=np.int32)
-        for b in range(batch):
-            kept = 0
-            if len(finished[b]) >= beam:  # done: its rows idle until the batch is
-                scores[b] = -np.inf
-                continue
-            for idx in order[b]:
-                score = cand[b, idx]
-                if not np.isfinite(score):
-                    break
-                src_beam = int(idx) // k
-                row, token = b * beam + src_beam, int(ids[b * beam + src_beam, int(idx) % k])
-                if token == EOS:
-                    if len(finished[b]) < beam:
-                        finished[b].append((score / length_penalty(t + 1, alpha, form), tokens[row, 1:t + 1].tolist()))
-                    continue
-                new_tokens[b * beam + kept] = tokens[row]
-                new_tokens[b * beam + kept, t + 1] = token
-                reorder[b * beam + kept] = row
-                scores[b, kept] = score
-                kept += 1
-                if kept == beam:
-                    break
-            scores[b, kept:] = -np.inf
-        tokens = new_tokens
+        order = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * beam]  # the best 2 x beam of each sentence
+        score = np.take_along_axis(cand, order, 1)
+        src_row = first_row + order // k
+        token = ids[src_row, order % k]
+        done = np.array([len(f) >= beam for f in finished])  # done sentences' rows idle until the batch is
+        live = np.isfinite(score) & ~done[:, None]
+        grows = live & (token != EOS)
+        rank = np.cumsum(grows, 1)  # in score order, candidates that extend a hypothesis, up to and with this one
+        # EOS ends a hypothesis if it comes before the beam is full (at most one EOS per source row, so the
+        # 2 x beam candidates always fill it); a sentence keeps its first `beam` finished hypotheses
+        for b, i in zip(*np.nonzero(live & (token == EOS) & (rank < beam))):
+            if len(finished[b]) < beam:
+                finished[b].append((score[b, i] / length_penalty(t + 1, alpha, form), tokens[src_row[b, i], 1:t + 1].tolist()))
+        b, i = np.nonzero(grows & (rank <= beam))
+        dest = first_row[b, 0] + rank[b, i] - 1
+        reorder = np.arange(rows, dtype=np.int32)
+        reorder[dest] = src_row[b, i]
+        tokens = tokens[reorder]
+        tokens[dest, t + 1] = token[b, i]
+        scores = np.full((batch, beam), -np.inf)
+        scores.reshape(-1)[dest] = score[b, i]
         if all(len(f) >= beam for f in finished):
             break
     out = []
@@ -156,7 +152,7 @@ class IncrementalDecoder:
                 self.model = model
 
             def construct(self, src):
-                return self.model.start_decoding(src)
+                return self.model.start_decoding(src, max(1, beam))
 
         class Next(nn.Cell):
             def __init__(self):
@@ -177,7 +173,7 @@ class IncrementalDecoder:
     def search(self, src: np.ndarray, alpha: float, form: str, max_len: int) -> List[List[int]]:
         ms, beam = self.ms, self.beam
         k = max(1, beam)
-        cross, src_bias, cache = self.start_cell(ms.Tensor(np.repeat(src, k, axis=0)))
+        cross, src_bias, cache = self.start_cell(ms.Tensor(src))
         # mutable: a tuple input is otherwise a graph constant, and every new cache would compile the step again
         state, cross = {"cache": ms.mutable(cache)}, ms.mutable(cross)
 
