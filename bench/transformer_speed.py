@@ -2,11 +2,12 @@
 
     python -m bench.transformer_speed [--rounds 8] [--steps 3] [--settings 0,1,2,3,4] [--shapes 16,32]
 
-Both sides: 4+4 layers, d_model 128, 4 heads, FFN 256, post-norm, vocabulary 8,000 with tied embeddings,
-sinusoidal positions, dropout 0.3 on embeddings and sublayer outputs (none on attention weights or after the
+Both sides: 4+4 layers, d_model 128, 4 heads, FFN 256, post-norm (no final LayerNorm), vocabulary 8,000 with
+tied embeddings, sinusoidal positions, dropout 0.3 on embeddings and sublayer outputs (none on attention weights or after the
 ReLU, as fairseq), label-smoothed (0.1) cross-entropy ignoring padding, Adam (0.9, 0.98). Batches are 128
 sentences x 16 and x 32 tokens of random ids. Ours is the driver's own train step (bench.common.train_step:
-the recipe's policy, loss scale and optimizer) at each AMP setting; PyTorch runs fp32 (its CPU peer). Variants
+the recipe's policy, loss scale and optimizer) at each AMP setting; PyTorch runs fp32 (its CPU peer), the same
+model bench.torch_multi30k trains for the quality comparison. Variants
 run in turn, `steps` steps each per round; a ratio is the median of per-round ratios, so drift on a shared
 machine cancels. Each of our settings keeps its compiled graphs (about 3 GB each at 128 x 32), so a run with
 every setting holds some 18 GB: measure O0 against PyTorch alone (`--settings 0`) for the headline ratio,
@@ -17,7 +18,6 @@ from zoo.runtime import cap_onednn_isa, quiet_mindspore
 ISA_NOTE = cap_onednn_isa(["recipe=transformer_tiny_multi30k_o0"])  # the recipe's setting, before MindSpore loads
 quiet_mindspore()
 
-import math  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -37,38 +37,16 @@ SETTINGS = [
 
 
 def torch_step(batch: int, length: int, vocab: int = 8000, d: int = 128):
-    """PyTorch's nn.Transformer with the same shapes and choices; returns a function running one step."""
+    """The PyTorch peer of bench.torch_multi30k (nn.Transformer layers as our model: post-norm without final
+    LayerNorms, tied embeddings, dropout where fairseq has it) at these shapes; returns a function running one
+    step."""
     import torch
     import torch.nn as tnn
 
-    from models.transformer import sinusoids
+    from bench.torch_multi30k import build_peer
 
     torch.manual_seed(0)
-
-    class Peer(tnn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = tnn.Embedding(vocab, d, padding_idx=0)
-            tnn.init.normal_(self.embed.weight, 0, d ** -0.5)
-            self.core = tnn.Transformer(d, 4, 4, 4, 256, dropout=0.3, batch_first=True)
-            for layer in [*self.core.encoder.layers, *self.core.decoder.layers]:
-                layer.dropout.p = 0.0  # activation dropout (after the ReLU): none, as ours and fairseq
-                for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):
-                    if attn is not None:
-                        attn.dropout = 0.0  # attention-weight dropout: none
-            self.register_buffer("pe", torch.from_numpy(sinusoids(64, d)))  # our model's own table
-            self.drop = tnn.Dropout(0.3)
-
-        def embed_tokens(self, x):
-            return self.drop(self.embed(x) * math.sqrt(d) + self.pe[: x.shape[1]])
-
-        def forward(self, src, tgt):
-            mask = self.core.generate_square_subsequent_mask(tgt.shape[1])
-            h = self.core(self.embed_tokens(src), self.embed_tokens(tgt), tgt_mask=mask, tgt_is_causal=True,
-                          src_key_padding_mask=src.eq(0), memory_key_padding_mask=src.eq(0))
-            return h @ self.embed.weight.T
-
-    model = Peer().train()
+    model = build_peer(vocab, d, 4, 256, 4, 0.3, 64).train()
     opt = torch.optim.Adam(model.parameters(), 1e-3, betas=(0.9, 0.98))
     loss_fn = tnn.CrossEntropyLoss(ignore_index=0, label_smoothing=0.1)
     g = torch.Generator().manual_seed(0)
