@@ -161,7 +161,8 @@ def per_sentence_beam_search(step, batch, beam, max_len, alpha, form):
                 row, token = b * beam + idx // k, ids[b * beam + idx // k, idx % k]
                 if token == EOS:
                     if len(finished[b]) < beam:
-                        finished[b].append((cand[b, idx] / length_penalty(t + 1, alpha, form), tokens[row, 1:t + 1].tolist()))
+                        normalised = cand[b, idx] / length_penalty(t + 1, alpha, form)
+                        finished[b].append((normalised, tokens[row, 1:t + 1].tolist()))
                     continue
                 new_tokens[b * beam + kept], reorder[b * beam + kept] = tokens[row], row
                 new_tokens[b * beam + kept, t + 1], scores[b, kept] = token, cand[b, idx]
@@ -169,9 +170,9 @@ def per_sentence_beam_search(step, batch, beam, max_len, alpha, form):
         tokens = new_tokens
         if all(len(f) >= beam for f in finished):
             break
-    return [max(finished[b] or [(scores[b, j] / length_penalty(max_len - 1, alpha, form), tokens[b * beam + j, 1:].tolist())
-                                for j in range(beam) if np.isfinite(scores[b, j])], key=lambda x: x[0])[1]
-            for b in range(batch)]
+    unfinished = [[(scores[b, j] / length_penalty(max_len - 1, alpha, form), tokens[b * beam + j, 1:].tolist())
+                   for j in range(beam) if np.isfinite(scores[b, j])] for b in range(batch)]
+    return [max(finished[b] or unfinished[b], key=lambda x: x[0])[1] for b in range(batch)]
 
 
 def sentence_table_model(batch, beam, vocab, seed):

@@ -1,15 +1,15 @@
 """Decoding (greedy and beam search) and BLEU with sacrebleu.
 
-Incremental: the encoder runs once per batch, on each sentence once (not once per beam); each step feeds one token per hypothesis through
-`Transformer.decode_step`, whose self-attention keys and values live in a fixed-shape cache on the device
-(reordered there when beams swap), and returns only the top 2 x beam candidates of each row. Sentences are
-sorted by length into batches of `decode.batch_size`, all of one shape, so graph mode compiles one encoder and
-one step graph per split, and a step moves (rows x 2 x beam) numbers to the host, not (rows x max_len x
-vocabulary).
+Incremental: the encoder runs once per batch, on each sentence once (not once per beam); each step feeds one
+token per hypothesis through `Transformer.decode_step`, whose self-attention keys and values live in a
+fixed-shape cache on the device (reordered there when beams swap), and returns only the top 2 x beam candidates
+of each row. Sentences are sorted by length into batches of `decode.batch_size`, all of one shape, so graph
+mode compiles one encoder and one step graph per split, and a step moves (rows x 2 x beam) numbers to the host,
+not (rows x max_len x vocabulary).
 
-The search itself (which candidates survive, when a sentence is done) runs on the host, vectorised in numpy, and is shared
-with `full_recompute_step`, the reference that re-runs the whole decoder on the token buffer at every step:
-tests and bench/decode.py check that both give the same hypotheses.
+The search itself (which candidates survive, when a sentence is done) runs on the host, vectorised in numpy,
+and is shared with `full_recompute_step`, the reference that re-runs the whole decoder on the token buffer at
+every step: tests and bench/decode.py check that both give the same hypotheses.
 """
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
@@ -78,7 +78,8 @@ def beam_search(step: Step, batch: int, beam: int, max_len: int, alpha: float = 
         # 2 x beam candidates always fill it); a sentence keeps its first `beam` finished hypotheses
         for b, i in zip(*np.nonzero(live & (token == EOS) & (rank < beam))):
             if len(finished[b]) < beam:
-                finished[b].append((score[b, i] / length_penalty(t + 1, alpha, form), tokens[src_row[b, i], 1:t + 1].tolist()))
+                normalised = score[b, i] / length_penalty(t + 1, alpha, form)
+                finished[b].append((normalised, tokens[src_row[b, i], 1:t + 1].tolist()))
         b, i = np.nonzero(grows & (rank <= beam))
         dest = first_row[b, 0] + rank[b, i] - 1
         reorder = np.arange(rows, dtype=np.int32)
