@@ -143,7 +143,7 @@ class IncrementalDecoder:
         import mindspore as ms
         import mindspore.nn as nn
 
-        model = unwrap(net)
+        model, beam = unwrap(net), max(1, beam)
         specials = np.zeros(model.embed.embedding_table.shape[0], np.float32)
         specials[[PAD, BOS]] = -np.inf  # padding and BOS are never generated
 
@@ -153,12 +153,12 @@ class IncrementalDecoder:
                 self.model = model
 
             def construct(self, src):
-                return self.model.start_decoding(src, max(1, beam))
+                return self.model.start_decoding(src, beam)
 
         class Next(nn.Cell):
             def __init__(self):
                 super().__init__(auto_prefix=False)
-                self.model, self.k, self.reorders = model, 2 * max(1, beam), beam > 1
+                self.model, self.k, self.reorders = model, 2 * beam, beam > 1
                 self.specials = ms.Tensor(specials)
 
             def construct(self, token, t, reorder, cache, cross, src_bias):
@@ -173,7 +173,6 @@ class IncrementalDecoder:
 
     def search(self, src: np.ndarray, alpha: float, form: str, max_len: int) -> List[List[int]]:
         ms, beam = self.ms, self.beam
-        k = max(1, beam)
         cross, src_bias, cache = self.start_cell(ms.Tensor(src))
         # mutable: a tuple input is otherwise a graph constant, and every new cache would compile the step again
         state, cross = {"cache": ms.mutable(cache)}, ms.mutable(cross)
@@ -184,7 +183,7 @@ class IncrementalDecoder:
             state["cache"] = ms.mutable(cache)
             return values.asnumpy(), ids.asnumpy()
         max_len = min(max_len, self.max_len)
-        return beam_search(step, len(src), k, max_len, alpha, form) if beam > 1 else greedy(step, len(src), max_len)
+        return beam_search(step, len(src), beam, max_len, alpha, form) if beam > 1 else greedy(step, len(src), max_len)
 
 
 def full_recompute_step(net, src: np.ndarray, beam: int, max_len: int, candidates: int) -> Step:
