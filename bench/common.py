@@ -75,7 +75,32 @@ def ratio(times: List[float], base: List[float]) -> float:
     return round(statistics.median(a / b for a, b in zip(times, base)), 3)
 
 
+def machine() -> dict:
+    """The machine a result was measured on: this project's machines have changed kind between sessions
+    (an Intel Xeon, then an AMD EPYC), and absolute times only compare on one kind."""
+    import platform
+
+    import psutil
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    try:
+        import mindspore
+        ms_version = mindspore.__version__
+    except ImportError:
+        ms_version = None
+    return {"cpu": cpu, "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30),
+            "mindspore": ms_version, "python": platform.python_version()}
+
+
+def describe(mach: dict) -> str:
+    """One line for a report: 'AMD EPYC, 2 cores, 23 GiB; MindSpore 2.10.0, Python 3.11.7'."""
+    return (f"{mach['cpu']}, {mach['cores']} cores, {mach['memory_gb']} GiB; MindSpore {mach['mindspore']}, "
+            f"Python {mach['python']}")
+
+
 def save_result(name: str, result: dict) -> Path:
+    """bench/results/<name>.json, with the machine it was measured on."""
+    result.setdefault("machine", machine())
     out = RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

@@ -77,7 +77,8 @@ def main(argv) -> dict:
             continue
         load_weights(net, path, name)
         record = translate(net, val, "test", curve_beam, cfg.decode.length_penalty)
-        curve[str(epoch)] = {"checkpoint": path.name, "step": epoch * steps_per_epoch, **record}
+        curve[str(epoch)] = {"checkpoint": path.name, "step": epoch * steps_per_epoch,
+                             "update_freq": cfg.trainer.get("update_freq", 1), **record}
         curve_file.write_text(json.dumps(curve, indent=2))
         print(f"epoch {epoch}: val BLEU {record['bleu_lowercase']:.2f} lowercased, {record['bleu']:.2f} cased "
               f"(beam {curve_beam}, {record['sentences_per_s']} sentences/s)", flush=True)

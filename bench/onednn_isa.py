@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.common import machine
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r'''
@@ -76,7 +78,7 @@ def main(repeats: int = 3) -> dict:
     print("\n".join(lines))
     out = ROOT / "bench" / "results" / "onednn_isa.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"repeats": repeats, "medians": result, "runs": runs}, indent=2))
+    out.write_text(json.dumps({"repeats": repeats, "machine": machine(), "medians": result, "runs": runs}, indent=2))
     return result
 
 

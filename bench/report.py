@@ -3,6 +3,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from bench.common import describe
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -188,8 +190,7 @@ def write_report(results, out: Path) -> None:
     pngs = plot(results, out)
     lines = [
         f"# Benchmarks ({results['matrix']} matrix)", "",
-        f"Machine: {mach['cpu']}, {mach['cores']} cores, {mach['memory_gb']} GiB; MindSpore {mach['mindspore']}, "
-        f"Python {mach['python']}; device CPU. Each row is train.py on the embedded data with the bench budget "
+        f"Machine: {describe(mach)}; device CPU. Each row is train.py on the embedded data with the bench budget "
         f"(bench/run.py); ResNet-34 and Transformer rows are smoke runs, not their published benchmarks. "
         f"Metric ± standard deviation over seeds where there are several. Throughput is steady state (from the "
         f"second step on); memory is the peak resident memory of the training process.", "",

@@ -8,7 +8,6 @@ bench/results/<device>-<date>/: results.json (one record per run), BENCHMARKS.md
 A killed bench picks up where it stopped: finished runs in results.json are not run again.
 """
 import json
-import platform
 import subprocess
 import sys
 import threading
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import psutil
 from tqdm import tqdm
+
+from bench.common import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -131,14 +132,6 @@ def finished(results) -> set:
     """Runs not to run again: finished, and their run directory still here (a fresh clone has results.json
     but not the raw runs, which the plots read)."""
     return {r["id"] for r in results["runs"] if r["status"] == "ok" and (ROOT / r["run_dir"]).exists()}
-
-
-def machine() -> dict:
-    import mindspore
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    return {"cpu": cpu, "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30),
-            "mindspore": mindspore.__version__, "python": platform.python_version()}
 
 
 def main(argv) -> Path:

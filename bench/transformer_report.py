@@ -13,12 +13,17 @@ import shutil
 import sys
 from pathlib import Path
 
-from bench.common import RESULTS
+from bench.common import RESULTS, describe
 
 
 def load(name: str):
     path = RESULTS / name
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def on_machine(data: dict) -> str:
+    """'Machine: ... ' for a result that recorded it (results from before 2026-11-23 did not: an Intel Xeon)."""
+    return f"Machine: {describe(data['machine'])}. " if "machine" in data else ""
 
 
 def table(title: str, intro: str, header, rows) -> list:
@@ -30,7 +35,7 @@ def table(title: str, intro: str, header, rows) -> list:
 def speed_tables(lines):
     for path in sorted(RESULTS.glob("transformer_speed*.json")):
         data = json.loads(path.read_text())
-        lines += [f"### Train step against PyTorch (`{path.name}`)", "",
+        lines += [f"### Train step against PyTorch (`{path.name}`)", "", on_machine(data) +
                   f"{data['peer']}; ours: {data.get('onednn', '')}. {data['rounds']} rounds of "
                   f"{data['steps_per_round']} steps per variant, alternating; ratios are medians of per-round ratios.", "",
                   "| shape | variant | ms/step | time vs our O0 | time vs PyTorch |", "|---|---|---:|---:|---:|"]
@@ -54,7 +59,7 @@ def decode_table(lines):
     data = load("decode.json")
     if not data:
         return
-    lines += table(f"Decoding ({data['recipe']}, checkpoint {data['checkpoint']})", "",
+    lines += table(f"Decoding ({data['recipe']}, checkpoint {data['checkpoint']})", on_machine(data).strip(),
                    ["search", "sentences", "seconds", "sentences/s", "tokens/s", "BLEU (lowercased)"],
                    [(name, r["sentences"], r["decode_s"], r["sentences_per_s"], r["tokens_per_s"],
                      f"{r['bleu_lowercase']:.2f}") for name, r in data["speed"].items()])
@@ -93,25 +98,32 @@ def multi30k_tables(lines, runs, out: Path):
             lines.append("")
 
 
-def updates_per_epoch(run: Path, curve: dict) -> float:
-    """Optimizer updates per epoch: the curve's batches per epoch over the run's trainer.update_freq."""
+def read_curve(run: Path):
+    """(name, {epoch: record}, optimizer updates per epoch) of a run directory's multi30k_curve.json, or of a
+    curve kept in bench/results (NAME_curve.json) after its run directory is gone; None without a curve."""
     from omegaconf import OmegaConf
-    freq = OmegaConf.load(run / "config.yaml").trainer.get("update_freq", 1)
+    if run.is_file():
+        name, curve, freq = run.name.removesuffix("_curve.json"), json.loads(run.read_text()), None
+    elif (run / "multi30k_curve.json").is_file():
+        name, curve = run.name, json.loads((run / "multi30k_curve.json").read_text())
+        freq = OmegaConf.load(run / "config.yaml").trainer.get("update_freq", 1)
+    else:
+        return None
     first = min(curve, key=int)
-    return curve[first]["step"] / int(first) / freq
+    freq = freq or curve[first].get("update_freq", 1)
+    return name, curve, curve[first]["step"] / int(first) / freq
 
 
 def runs_compared(lines, runs, out: Path):
     """Every run's val curve against the first's at equal optimizer updates (O2 against O0, or another update
-    size): one plot over updates, and a table of the updates at least two runs were scored at."""
+    size): one plot over updates, and a table of the updates at least two runs were scored at. A run is a run
+    directory or a kept NAME_curve.json."""
     from bench.multi30k import plot
 
     curves = {}
-    for run in map(Path, runs):
-        if (run / "multi30k_curve.json").is_file():
-            c = json.loads((run / "multi30k_curve.json").read_text())
-            per = updates_per_epoch(run, c)
-            curves[run.name] = {str(round(int(e) * per)): r for e, r in c.items()}
+    for found in filter(None, map(read_curve, map(Path, runs))):
+        name, c, per = found
+        curves[name] = {str(round(int(e) * per)): r for e, r in c.items()}
     if len(curves) < 2:
         return
     names = list(curves)
@@ -158,7 +170,8 @@ def main(argv) -> Path:
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Transformer benchmarks (CPU)", "",
-             "Measured on a 2-core x86 Xeon, 24 GiB, no accelerator, mindspore 2.10.0 (CPU build), Python 3.11. "
+             "Measured on this project's 2-core x86 machines (24 GiB, no accelerator), mindspore 2.10.0 (CPU build), "
+             "Python 3.11; a table whose result recorded its machine names it (earlier ones: an Intel Xeon). "
              "Nothing here ran on Ascend or GPU. Regenerate: `python -m bench.transformer_report OUT_DIR RUN_DIR...`.", ""]
     speed_tables(lines)
     parts_table(lines)

@@ -49,3 +49,21 @@ def test_transformer_report_lines_runs_up_at_equal_updates(tmp_path):
     assert "| 70 |" not in md, "updates only one run was scored at are left out"
     assert "mean +1.75 BLEU, largest +2.50" in md
     assert (tmp_path / "runs_compared.png").stat().st_size > 0
+
+
+def test_transformer_report_compares_a_kept_curve_by_its_update_freq(tmp_path):
+    """A run directory lost with its machine leaves its curve in bench/results (NAME_curve.json): the report
+    still lines it up at equal updates, by the update_freq its records carry."""
+    from bench.transformer_report import runs_compared
+
+    run = tmp_path / "o2"
+    run.mkdir()
+    (run / "config.yaml").write_text("trainer:\n  update_freq: 1\n")
+    (run / "multi30k_curve.json").write_text(json.dumps({"1": {"step": 140, "bleu_lowercase": 9.0, "bleu": 8.0}}))
+    kept = tmp_path / "k2_curve.json"
+    kept.write_text(json.dumps({str(e): {"step": 140 * e, "update_freq": 2, "bleu_lowercase": b, "bleu": b}
+                                for e, b in ((1, 4.0), (2, 12.5))}))
+    lines = []
+    runs_compared(lines, [run, kept], tmp_path)
+    md = "\n".join(lines)
+    assert "| 140 | 9.00 | 12.50 |" in md and "`k2`" in md
