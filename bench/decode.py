@@ -1,8 +1,10 @@
 """Decoding speed and exactness on a trained Transformer checkpoint.
 
-    python -m bench.decode RUN_DIR [--check 32]
+    python -m bench.decode RUN_DIR [--check 32] [key=value ...]
 
-RUN_DIR is a translation run (config.yaml, checkpoints/); its newest checkpoint is decoded. Reports, on the
+RUN_DIR is a translation run (config.yaml, checkpoints/); its newest checkpoint is decoded, under the run's
+config with any key=value given over it (`amp.level=O0`: an O2 run's fp32 weights decoded in fp32, as a CPU
+would serve them; fp16 on a CPU only adds casts). Reports, on the
 test split: sentences/s and tokens/s for greedy and for beam search at the recipe's beam (5 for
 Transformer-Tiny), with BLEU; and, on the first `--check` test sentences, whether the incremental decoder's
 hypotheses equal the full-recompute reference's (zoo/translate.py) at beam 1 and beam 4. Written to
@@ -20,6 +22,8 @@ from pathlib import Path  # noqa: E402
 
 def main(argv) -> dict:
     import mindspore as ms
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     from bench.common import pop_option, save_result, trained_network
     from data.translation import encode_pairs, params
@@ -28,15 +32,20 @@ def main(argv) -> dict:
     from zoo.translate import IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate
 
     check, argv = pop_option(argv, "--check", 32)
+    overrides = [a for a in argv if "=" in a]
+    argv = [a for a in argv if "=" not in a]
     if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
         fail(f"give one run directory holding config.yaml and checkpoints/; got {argv or 'nothing'}")
     run_dir = Path(argv[0])
-    cfg = load_run_config(run_dir)
+    try:
+        cfg = OmegaConf.merge(load_run_config(run_dir), OmegaConf.from_dotlist(overrides))
+    except OmegaConfBaseException as e:  # an unknown key or a bad value, in one line
+        fail(f"overrides {overrides}: {str(e).splitlines()[0]}")
     ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     if not ckpts:
         fail(f"no checkpoint in {run_dir / 'checkpoints'}")
     net = trained_network(cfg, ckpts[-1])
-    result = {"run": str(run_dir), "checkpoint": ckpts[-1].name, "recipe": cfg.recipe_name,
+    result = {"run": str(run_dir), "checkpoint": ckpts[-1].name, "recipe": cfg.recipe_name, "overrides": overrides,
               "decode_batch_size": cfg.decode.batch_size, "speed": {}}
     for beam in (1, cfg.decode.beam):
         translate(net, cfg, "test", beam, cfg.decode.length_penalty)  # compile every bucket's graphs first

@@ -59,7 +59,8 @@ def decode_table(lines):
     data = load("decode.json")
     if not data:
         return
-    lines += table(f"Decoding ({data['recipe']}, checkpoint {data['checkpoint']})", on_machine(data).strip(),
+    over = f", with {' '.join(data['overrides'])}" if data.get("overrides") else ""
+    lines += table(f"Decoding ({data['recipe']}, checkpoint {data['checkpoint']}{over})", on_machine(data).strip(),
                    ["search", "sentences", "seconds", "sentences/s", "tokens/s", "BLEU (lowercased)"],
                    [(name, r["sentences"], r["decode_s"], r["sentences_per_s"], r["tokens_per_s"],
                      f"{r['bleu_lowercase']:.2f}") for name, r in data["speed"].items()])
