@@ -107,4 +107,8 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from zoo.errors import ConfigError, fail
+    try:
+        main(sys.argv[1:])
+    except ConfigError as e:  # a checkpoint that does not fit, a run directory without data: one line
+        fail(str(e))

@@ -72,6 +72,23 @@ def test_parameter_names_do_not_change_with_the_level(pynative_mode):
     assert names["O0"] == names["O1"] == names["O2"] == names["O3"]
 
 
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_a_checkpoint_loads_into_the_network_under_its_policy(pynative_mode, tmp_path, level):
+    """Scoring a run loads each epoch's checkpoint into the network as it was built for the run: under O2's
+    wrappers the attribute paths gain `cell.`, the checkpoint's Parameter names do not, and every weight lands."""
+    from zoo.checkpoint import load_weights
+
+    trained = Tiny()
+    for p in trained.get_parameters():
+        p.set_data(ms.Tensor(np.random.RandomState(len(p.name)).randn(*p.shape).astype(np.float32)))
+    ms.save_checkpoint(trained, str(tmp_path / "tiny.ckpt"))
+    cfg = OmegaConf.create({"level": level, "dtype": "float16", "keep_fp32": None, "force_fp16": []})
+    wrapped, _ = apply_policy(Tiny(), cfg)
+    load_weights(wrapped, tmp_path / "tiny.ckpt", "tiny")
+    want = {p.name: p.asnumpy() for p in trained.get_parameters()}
+    assert {p.name: p.asnumpy().tolist() for p in wrapped.get_parameters()} == {k: v.tolist() for k, v in want.items()}
+
+
 def test_report_says_why(pynative_mode):
     _, wrapped, policy, _, _ = observe("O2", None, ())
     rows = {r["path"]: r for r in precision_report(wrapped, policy)["cells"]}

@@ -28,19 +28,22 @@ def read_checkpoint(path) -> dict:
 
 
 def load_weights(net: nn.Cell, path, model_name: str, params: dict = None) -> dict:
-    """Load the network's parameters (from `path`, or `params` already read); each must be there, same shape."""
+    """Load the network's parameters (from `path`, or `params` already read); each must be there, same shape.
+    Matched by Parameter name, as checkpoints store them: a network under an AMP policy's wrappers (O2's
+    CastOutput) keeps those names, while its attribute paths gain a `cell.` prefix."""
     params = read_checkpoint(path) if params is None else params
-    missing = [name for name, _ in net.parameters_and_names() if name not in params]
+    own = list(net.get_parameters())
+    missing = [p.name for p in own if p.name not in params]
     if missing:
         raise ConfigError(f"checkpoint={str(path)!r} does not fit model {model_name!r}: {len(missing)} of its "
                           f"parameters are missing (e.g. {', '.join(missing[:3])}); was it written by another "
                           f"model or recipe?")
-    for name, p in net.parameters_and_names():
-        if tuple(params[name].shape) != tuple(p.shape):
-            raise ConfigError(f"checkpoint={str(path)!r} does not fit model {model_name!r}: {name} has shape "
-                              f"{tuple(params[name].shape)} in the file, {tuple(p.shape)} in the model "
+    for p in own:
+        if tuple(params[p.name].shape) != tuple(p.shape):
+            raise ConfigError(f"checkpoint={str(path)!r} does not fit model {model_name!r}: {p.name} has shape "
+                              f"{tuple(params[p.name].shape)} in the file, {tuple(p.shape)} in the model "
                               f"(another num_classes or width?)")
-    ms.load_param_into_net(net, {n: params[n] for n, _ in net.parameters_and_names()}, strict_load=True)
+    ms.load_param_into_net(net, {p.name: params[p.name] for p in own}, strict_load=True)
     return params
 
 
