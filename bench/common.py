@@ -80,16 +80,12 @@ def machine() -> dict:
     (an Intel Xeon, then an AMD EPYC), and absolute times only compare on one kind."""
     import platform
 
+    import mindspore
     import psutil
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor())
-    try:
-        import mindspore
-        ms_version = mindspore.__version__
-    except ImportError:
-        ms_version = None
     return {"cpu": cpu, "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30),
-            "mindspore": ms_version, "python": platform.python_version()}
+            "mindspore": mindspore.__version__, "python": platform.python_version()}
 
 
 def describe(mach: dict) -> str:
