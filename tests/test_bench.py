@@ -1,6 +1,8 @@
 """The bench's bookkeeping: which runs a resumed bench skips, and the report from results alone."""
 import json
 
+import pytest
+
 from bench.report import write_report
 from bench.run import ROOT, finished
 
@@ -67,3 +69,19 @@ def test_transformer_report_compares_a_kept_curve_by_its_update_freq(tmp_path):
     runs_compared(lines, [run, kept], tmp_path)
     md = "\n".join(lines)
     assert "| 140 | 9.00 | 12.50 |" in md and "`k2`" in md
+
+
+def test_decode_bench_names_a_bad_override_in_one_line(tmp_path, capsys):
+    """bench.decode takes key=value over the run's config (amp.level=O0 for an O2 run); a key that is not in the
+    schema is one error line and exit 2, before any checkpoint is read."""
+    from omegaconf import OmegaConf
+
+    from bench.decode import main
+    from zoo.compose import compose
+
+    OmegaConf.save(compose(["recipe=transformer_tiny_multi30k_o2"]), tmp_path / "config.yaml")
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "amp.levell=O0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: overrides ['amp.levell=O0']") and "levell" in err and "\n" not in err
