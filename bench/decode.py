@@ -27,6 +27,7 @@ def main(argv) -> dict:
 
     from bench.common import pop_option, save_result, trained_network
     from data.translation import encode_pairs, params
+    from zoo.compose import one_line
     from zoo.config import load_run_config
     from zoo.errors import fail
     from zoo.translate import IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate
@@ -40,7 +41,7 @@ def main(argv) -> dict:
     try:
         cfg = OmegaConf.merge(load_run_config(run_dir), OmegaConf.from_dotlist(overrides))
     except OmegaConfBaseException as e:  # an unknown key or a bad value, in one line
-        fail(f"overrides {overrides}: {str(e).splitlines()[0]}")
+        fail(f"overrides {overrides}: {one_line(e)}")
     ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     if not ckpts:
         fail(f"no checkpoint in {run_dir / 'checkpoints'}")
