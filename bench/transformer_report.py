@@ -104,14 +104,14 @@ def read_curve(run: Path):
     curve kept in bench/results (NAME_curve.json) after its run directory is gone; None without a curve."""
     from omegaconf import OmegaConf
     if run.is_file():
-        name, curve, freq = run.name.removesuffix("_curve.json"), json.loads(run.read_text()), None
+        name, curve = run.name.removesuffix("_curve.json"), json.loads(run.read_text())
+        freq = curve[min(curve, key=int)].get("update_freq", 1)
     elif (run / "multi30k_curve.json").is_file():
         name, curve = run.name, json.loads((run / "multi30k_curve.json").read_text())
         freq = OmegaConf.load(run / "config.yaml").trainer.get("update_freq", 1)
     else:
         return None
     first = min(curve, key=int)
-    freq = freq or curve[first].get("update_freq", 1)
     return name, curve, curve[first]["step"] / int(first) / freq
 
 
