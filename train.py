@@ -65,6 +65,10 @@ class Run:
     smoke_note: Optional[str]
 
     @property
+    def unit(self) -> str:
+        return "padded tokens" if self.cfg.dataset.max_tokens > 0 else "samples"
+
+    @property
     def shard(self) -> Optional[Tuple[int, int]]:
         return (self.world, self.rank) if self.world > 1 else None
 
@@ -240,7 +244,7 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
     from amp.fallback import DivergenceWatch, describe
     from amp.telemetry import AmpTelemetry
     from data import create_dataset
-    from zoo.callbacks import GracefulStop, ProgressBar, StepOffset, StopAtStep, TensorBoardLogger
+    from zoo.callbacks import EpochLog, GracefulStop, ProgressBar, StepOffset, StopAtStep, TensorBoardLogger
     from zoo.checkpoint import AtomicCheckpoint, restore_weights
 
     cfg, t = run.cfg, run.cfg.trainer
@@ -258,9 +262,9 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
                                    run.steps_per_epoch, on_save=run.writer.flush if run.writer else None)
     stop = GracefulStop(checkpoints.save if run.is_main else lambda network, step: None)
     offset = StepOffset(start.step)
-    callbacks = [offset, run.timer, watch, telemetry, run.evaluator, stop]
-    if run.is_main:
-        callbacks.append(checkpoints)
+    callbacks = [offset, run.timer, watch, telemetry, EpochLog(run.per_step, run.unit) if run.is_main else None,
+                 run.evaluator, stop, checkpoints if run.is_main else None]
+    callbacks = [c for c in callbacks if c is not None]
     if run.writer is not None:
         run.writer.add_scalar("amp/rung", number, start.step)
         lr_at = lambda s: float(run.lr[min(s // t.update_freq, len(run.lr) - 1)])  # noqa: E731  (s counts batches)
@@ -326,7 +330,7 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "batch_size": cfg.dataset.batch_size, "world_size": run.world, "global_batch": cfg.dataset.batch_size * run.world,
         "epochs": cfg.trainer.epochs, "steps": steps_done, "wall_time_s": round(time.perf_counter() - run.t_start, 2),
         "train_time_s": round(rung.train_time, 2), **run.timer.summary(run.per_step),
-        "throughput_unit": "padded tokens" if cfg.dataset.max_tokens > 0 else "samples",
+        "throughput_unit": run.unit,
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
         "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),

@@ -70,23 +70,26 @@ def run_subprocess(cmd: List[str], log: Path) -> int:
     return train_run.run_logged(cmd, log, cwd=ROOT)
 
 
-def training_wall_time(train_log: Path) -> Optional[float]:
-    """Seconds of training summed over the run's sessions (a resumed run has several): first to last
-    timestamp of each session in train.log, a session starting at its `recipe ...` line."""
+def training_wall_time(run_dir: Path) -> Optional[float]:
+    """Seconds of training summed over the run's sessions (a resumed run has several; a session starts at its
+    `recipe ...` line in train.log). A session ends at its last log line or at the last checkpoint it wrote,
+    whichever is later: a session killed outright (no SIGTERM) logs nothing at its end."""
+    train_log = run_dir / "train.log"
     if not train_log.is_file():
         return None
-    total, first, last = 0.0, None, None
+    sessions: List[List[float]] = []
     for line in train_log.read_text().splitlines():
         m = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+)\]", line)
         if not m:
             continue
         t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1000
-        if "] - recipe " in line and first is not None:
-            total += last - first
-            first = None
-        first = t if first is None else first
-        last = t
-    return round(total + (last - first), 1) if first is not None else None
+        if "] - recipe " in line or not sessions:
+            sessions.append([t, t])
+        sessions[-1][1] = t
+    saved = [p.stat().st_mtime for p in (run_dir / "checkpoints").rglob("*.ckpt")]
+    starts = [s[0] for s in sessions[1:]] + [float("inf")]
+    return round(sum(max([last] + [t for t in saved if first <= t < nxt]) - first
+                     for (first, last), nxt in zip(sessions, starts)), 1) if sessions else None
 
 
 def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
@@ -96,7 +99,7 @@ def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
     record = {"steps": metrics["steps"], "device": metrics["device"], "amp": metrics["amp"]["setting"],
               "overflow_steps": metrics["amp"]["overflow_steps"], "skipped_steps": metrics["amp"]["skipped_steps"],
               "throughput": metrics.get("samples_per_s"), "throughput_unit": metrics.get("throughput_unit"),
-              "wall_time_s": training_wall_time(run_dir / "train.log") or metrics["wall_time_s"]}
+              "wall_time_s": training_wall_time(run_dir) or metrics["wall_time_s"]}
     if metric.startswith("bleu"):  # the published protocol: averaged checkpoints, beam, test split
         result = scorer(run_dir)
         test = result["averaged_test_2016_flickr"]

@@ -1,5 +1,6 @@
 """LeNet-5 trains on the embedded MNIST subset; eval.py reproduces train.py's accuracy; TensorBoard has it all."""
 import json
+import re
 
 import pytest
 
@@ -30,7 +31,10 @@ def test_run_directory_holds_everything(trained):
         assert (run_dir / name).is_file(), name
     ckpts = sorted((run_dir / "checkpoints").glob("*.ckpt"))
     assert ckpts and metrics["checkpoint"].endswith(f"lenet5-e{EPOCHS:04d}-s{EPOCHS * 125:08d}.ckpt")
-    assert "final:" in (run_dir / "train.log").read_text()
+    log = (run_dir / "train.log").read_text()
+    assert "final:" in log
+    epochs = re.findall(r"epoch (\d+)/(\d+): step (\d+), loss [\d.]+, 125 steps in [\d.]+ s, [\d,]+ samples/s", log)
+    assert [tuple(map(int, e)) for e in epochs] == [(e, EPOCHS, 125 * e) for e in range(1, EPOCHS + 1)]
 
 
 def test_eval_reproduces_train_accuracy(trained, tmp_path):

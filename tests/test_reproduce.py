@@ -1,5 +1,7 @@
 """bench.reproduce bookkeeping on fake runs: which data is found, resume, the rows for absent data."""
 import json
+import os
+from datetime import datetime
 
 import pytest
 
@@ -73,12 +75,26 @@ def test_the_readme_table_is_replaced_between_its_markers(tmp_path):
 
 
 def test_training_time_sums_the_sessions_of_a_resumed_run(tmp_path):
-    log = tmp_path / "train.log"
-    log.write_text("[2026-11-22 07:00:00,000][amp_zoo][INFO] - recipe a: b\n"
-                   "[2026-11-22 07:10:00,500][amp_zoo][WARNING] - SIGTERM: stopped\n"
-                   "[2026-11-22 09:00:00,000][amp_zoo][INFO] - recipe a: b\n"
-                   "[2026-11-22 09:05:00,000][amp_zoo][INFO] - final\n")
-    assert rp.training_wall_time(log) == 900.5
+    (tmp_path / "train.log").write_text("[2026-11-22 07:00:00,000][amp_zoo][INFO] - recipe a: b\n"
+                                        "[2026-11-22 07:10:00,500][amp_zoo][WARNING] - SIGTERM: stopped\n"
+                                        "[2026-11-22 09:00:00,000][amp_zoo][INFO] - recipe a: b\n"
+                                        "[2026-11-22 09:05:00,000][amp_zoo][INFO] - final\n")
+    assert rp.training_wall_time(tmp_path) == 900.5
+
+
+def test_a_session_killed_outright_ends_at_its_last_checkpoint(tmp_path):
+    """SIGKILL (a machine going away) leaves no log line at the end: the checkpoints it wrote say how far it got."""
+    (tmp_path / "train.log").write_text("[2026-11-22 07:00:00,000][amp_zoo][INFO] - recipe a: b\n"
+                                        "[2026-11-22 07:01:00,000][amp_zoo][INFO] - epoch 1/9: step 10\n"
+                                        "[2026-11-22 09:00:00,000][amp_zoo][INFO] - recipe a: b\n"
+                                        "[2026-11-22 09:05:00,000][amp_zoo][INFO] - final\n")
+    at = lambda hms: datetime.strptime(f"2026-11-22 {hms}", "%Y-%m-%d %H:%M:%S").timestamp()  # noqa: E731
+    (tmp_path / "checkpoints").mkdir()
+    for name, hms in [("e1", "07:01:00"), ("e3", "07:20:00"), ("e4", "09:03:00")]:
+        ckpt = tmp_path / "checkpoints" / f"{name}.ckpt"
+        ckpt.write_bytes(b"")
+        os.utime(ckpt, (at(hms), at(hms)))
+    assert rp.training_wall_time(tmp_path) == 20 * 60 + 5 * 60
 
 
 @pytest.mark.parametrize("argv, message", [

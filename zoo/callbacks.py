@@ -77,6 +77,31 @@ class ProgressBar(Callback):
         self.bar.close()
 
 
+class EpochLog(Callback):
+    """One log line per epoch (train.log and console): the step reached, the epoch's last loss, its wall time and
+    throughput. A long background run's log shows where it is, and how long each of its sessions trained."""
+
+    def __init__(self, per_step: int, unit: str):
+        self.per_step, self.unit = per_step, unit
+        self.start = None  # (step, time) at the epoch's first step
+
+    def on_train_epoch_begin(self, run_context):
+        self.start = None
+
+    def on_train_step_begin(self, run_context):
+        if self.start is None:
+            self.start = (run_context.original_args().cur_step_num - 1, time.perf_counter())  # counted already
+
+    def on_train_epoch_end(self, run_context):
+        cb = run_context.original_args()
+        if self.start is None:
+            return
+        steps, seconds = cb.cur_step_num - self.start[0], time.perf_counter() - self.start[1]
+        log.info("epoch %d/%d: step %d, loss %.4f, %d steps in %.1f s, %s %s/s", cb.cur_epoch_num, cb.epoch_num,
+                 cb.cur_step_num, loss_of(cb.net_outputs), steps, seconds,
+                 f"{steps * self.per_step / max(seconds, 1e-9):,.0f}", self.unit)
+
+
 class TensorBoardLogger(Callback):
     """train/loss, train/lr, train/samples_per_s every `log_every` steps (tensorboardX)."""
 
