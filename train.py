@@ -313,7 +313,7 @@ def compile_error(run: Run, error: Exception) -> str:
 def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
     """Final evaluation (and BLEU on the test split for translation), metrics.json."""
     from data import task
-    from zoo.runtime import parameter_checksum
+    from zoo.runtime import machine, parameter_checksum
     from zoo.translate import translate
 
     cfg = run.cfg
@@ -334,7 +334,7 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
         "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
-        "onednn": ONEDNN_NOTE, "smoke": run.smoke_note,
+        "onednn": ONEDNN_NOTE, "smoke": run.smoke_note, "machine": machine(),
     }
     log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net))
     if run.is_main:

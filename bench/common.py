@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 from zoo.cli import pop_option  # noqa: F401  (the benchmarks' options)
+from zoo.runtime import machine  # noqa: F401  (every result records it)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -73,19 +74,6 @@ def ratio(times: List[float], base: List[float]) -> float:
     """Median of per-round ratios."""
     import statistics
     return round(statistics.median(a / b for a, b in zip(times, base)), 3)
-
-
-def machine() -> dict:
-    """The machine a result was measured on: this project's machines have changed kind between sessions
-    (an Intel Xeon, then an AMD EPYC), and absolute times only compare on one kind."""
-    import platform
-
-    import mindspore
-    import psutil
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    return {"cpu": cpu, "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30),
-            "mindspore": mindspore.__version__, "python": platform.python_version()}
 
 
 def describe(mach: dict) -> str:

@@ -99,7 +99,8 @@ def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
     record = {"steps": metrics["steps"], "device": metrics["device"], "amp": metrics["amp"]["setting"],
               "overflow_steps": metrics["amp"]["overflow_steps"], "skipped_steps": metrics["amp"]["skipped_steps"],
               "throughput": metrics.get("samples_per_s"), "throughput_unit": metrics.get("throughput_unit"),
-              "wall_time_s": training_wall_time(run_dir) or metrics["wall_time_s"]}
+              "wall_time_s": training_wall_time(run_dir) or metrics["wall_time_s"],
+              "machine": metrics.get("machine", {}).get("cpu")}
     if metric.startswith("bleu"):  # the published protocol: averaged checkpoints, beam, test split
         result = scorer(run_dir)
         test = result["averaged_test_2016_flickr"]
@@ -207,10 +208,18 @@ def shown_path(path: Optional[str]) -> Optional[str]:
     return str(Path("..") / Path(path).relative_to(ROOT.parent))
 
 
+def one_machine(runs: List[dict]) -> Optional[str]:
+    """The CPU a recipe's runs trained on, if one and recorded: times and throughputs compare only on one kind
+    of machine (this project's changed from an Intel Xeon to an AMD EPYC between sessions)."""
+    kinds = {x.get("machine") for x in runs}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 def render(rows: List[dict]) -> str:
     """The markdown table: one row per recipe, with parity against the O0 sibling where there is one."""
     means = {r["recipe"]: statistics.mean(x["value"] for x in r["runs"]) for r in rows if r["runs"]}
     speed = {r["recipe"]: statistics.mean(x["throughput"] or 0 for x in r["runs"]) for r in rows if r["runs"]}
+    machines = {r["recipe"]: one_machine(r["runs"]) for r in rows if r["runs"]}
     lines = ["| recipe | published | source | data here | reproduced here | seeds | training time | device, notes |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -234,14 +243,18 @@ def render(rows: List[dict]) -> str:
         if "cased" in runs[0]:
             ours += f"; cased {statistics.mean(x['cased'] for x in runs):.2f}, val {statistics.mean(x['val'] for x in runs):.2f}"
         sibling = family(r["recipe"]) + "_o0"
-        notes = [runs[0]["device"], runs[0]["amp"], runs[0]["protocol"], f"{runs[0]['steps']:,} steps"]
+        cpu = machines.get(r["recipe"])
+        notes = [runs[0]["device"] + (f" ({cpu})" if cpu else ""), runs[0]["amp"], runs[0]["protocol"],
+                 f"{runs[0]['steps']:,} steps"]
         overflows = sum(x["overflow_steps"] for x in runs)
         if r["level"] != "O0":
             notes.append(f"{overflows} overflowed steps")
         if sibling in means and sibling != r["recipe"]:
             delta, tol = means[r["recipe"]] - means[sibling], TOLERANCE.get(family(r["recipe"]))
             verdict = "" if tol is None else (f", within ±{tol}" if abs(delta) <= tol else f", OUTSIDE ±{tol}")
-            notes.append(f"{delta:+.2f} vs O0{verdict}; {speed[r['recipe']] / speed[sibling]:.2f}x O0's throughput")
+            notes.append(f"{delta:+.2f} vs O0{verdict}; " + (
+                f"{speed[r['recipe']] / speed[sibling]:.2f}x O0's throughput" if cpu and cpu == machines[sibling]
+                else "throughput not compared: O0 trained on another machine"))
         hours = sum(x["wall_time_s"] for x in runs) / len(runs) / 60
         lines.append(head + f"| {where} | {ours} | {len(runs)} | {hours:.0f} min a run | {'; '.join(notes)} |")
     return "\n".join(lines) + "\n"

@@ -124,3 +124,20 @@ def test_only_runs_the_named_recipes_and_shows_where_others_stand(tmp_path, fake
     assert len(fake_runner.calls) == 1 and "recipe=lenet_fashion_o0" in fake_runner.calls[0]
     row = next(line for line in table.splitlines() if "`lenet_fashion_o2`" in line)
     assert "in progress: seed 1: epoch 3, step 2,811" in row
+
+
+def test_throughput_is_compared_only_between_runs_on_one_kind_of_machine():
+    """The project's machines changed kind between sessions: an O2/O0 throughput ratio across two CPUs says
+    nothing about AMP, so the row names each run's CPU and compares only on one."""
+    def row(recipe, throughput, cpu):
+        run = {"value": 91.0, "throughput": throughput, "device": "CPU", "amp": "x", "protocol": "final checkpoint",
+               "steps": 10, "overflow_steps": 0, "wall_time_s": 60.0, "machine": cpu}
+        return {"recipe": recipe, "level": recipe[-2:].upper(), "group": "fashion_mnist", "data": "/d", "runs": [run],
+                "target": {"published": 91.6, "metric": "top1", "published_setting": "s", "source": "src"}}
+
+    same = rp.render([row("lenet_fashion_o0", 1000.0, "AMD EPYC"), row("lenet_fashion_o2", 500.0, "AMD EPYC")])
+    assert "CPU (AMD EPYC)" in same and "0.50x O0's throughput" in same
+    mixed = rp.render([row("lenet_fashion_o0", 1000.0, "Intel Xeon"), row("lenet_fashion_o2", 1500.0, "AMD EPYC")])
+    o2 = next(line for line in mixed.splitlines() if "`lenet_fashion_o2`" in line)
+    assert "O0's throughput" not in o2 and "throughput not compared: O0 trained on another machine" in o2
+    assert "+0.00 vs O0" in o2, "accuracy still compares: it does not depend on the machine"

@@ -119,3 +119,17 @@ def parameter_checksum(net) -> str:
         digest.update(p.name.encode())
         digest.update(p.asnumpy().tobytes())
     return digest.hexdigest()
+
+
+def machine() -> dict:
+    """The machine a result was measured on: this project's machines have changed kind between sessions
+    (an Intel Xeon, then an AMD EPYC), and absolute times only compare on one kind."""
+    import mindspore
+    import psutil
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), None)
+    except OSError:  # not Linux
+        cpu = None
+    return {"cpu": cpu or platform.processor() or platform.machine(), "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30),
+            "mindspore": mindspore.__version__, "python": platform.python_version()}
