@@ -256,7 +256,8 @@ def render(rows: List[dict]) -> str:
                 f"{speed[r['recipe']] / speed[sibling]:.2f}x O0's throughput" if cpu and cpu == machines[sibling]
                 else "throughput not compared: O0 trained on another machine"))
         hours = sum(x["wall_time_s"] for x in runs) / len(runs) / 60
-        lines.append(head + f"| {where} | {ours} | {len(runs)} | {hours:.0f} min a run | {'; '.join(notes)} |")
+        rate = f", {speed[r['recipe']]:,.0f} {runs[0].get('throughput_unit') or 'samples'}/s" if speed[r["recipe"]] else ""
+        lines.append(head + f"| {where} | {ours} | {len(runs)} | {hours:.0f} min a run{rate} | {'; '.join(notes)} |")
     return "\n".join(lines) + "\n"
 
 

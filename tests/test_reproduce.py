@@ -43,7 +43,7 @@ def test_runs_each_seed_once_and_names_absent_data(tmp_path, fake_runner, monkey
     assert len(fake_runner.calls) == 2
     assert f"dataset.path={data}" in fake_runner.calls[0] and "runtime.seed=2" in fake_runner.calls[1]
     row = next(line for line in table.splitlines() if "`lenet_fashion_o0`" in line)
-    assert "**90.15** ± 0.07 (90.10, 90.20)" in row and "| 2 |" in row and "2 min a run" in row
+    assert "**90.15** ± 0.07 (90.10, 90.20)" in row and "| 2 |" in row and "2 min a run, 1,500 samples/s" in row
     absent = next(line for line in table.splitlines() if "`lenet_o2`" in line)
     assert "not found (mnist)" in absent and "--data mnist=PATH --only lenet_o2" in absent
     assert rp.reproduce(**args)["table"] == table and len(fake_runner.calls) == 2, "finished runs are not run again"
