@@ -86,7 +86,8 @@ def training_wall_time(run_dir: Path) -> Optional[float]:
         if "] - recipe " in line or not sessions:
             sessions.append([t, t])
         sessions[-1][1] = t
-    saved = [p.stat().st_mtime for p in (run_dir / "checkpoints").rglob("*.ckpt")]
+    from zoo.checkpoint import checkpoints
+    saved = [p.stat().st_mtime for p in checkpoints(run_dir / "checkpoints")]
     starts = [s[0] for s in sessions[1:]] + [float("inf")]
     return round(sum(max([last] + [t for t in saved if first <= t < nxt]) - first
                      for (first, last), nxt in zip(sessions, starts)), 1) if sessions else None

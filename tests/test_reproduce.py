@@ -90,8 +90,9 @@ def test_a_session_killed_outright_ends_at_its_last_checkpoint(tmp_path):
                                         "[2026-11-22 09:05:00,000][amp_zoo][INFO] - final\n")
     at = lambda hms: datetime.strptime(f"2026-11-22 {hms}", "%Y-%m-%d %H:%M:%S").timestamp()  # noqa: E731
     (tmp_path / "checkpoints").mkdir()
-    for name, hms in [("e1", "07:01:00"), ("e3", "07:20:00"), ("e4", "09:03:00")]:
-        ckpt = tmp_path / "checkpoints" / f"{name}.ckpt"
+    for name, hms in [("e0001-s00000010", "07:01:00"), ("e0003-s00000030", "07:20:00"),
+                      ("e0004-s00000040", "09:03:00")]:
+        ckpt = tmp_path / "checkpoints" / f"lenet5-{name}.ckpt"
         ckpt.write_bytes(b"")
         os.utime(ckpt, (at(hms), at(hms)))
     assert rp.training_wall_time(tmp_path) == 20 * 60 + 5 * 60
