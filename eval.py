@@ -1,4 +1,5 @@
 """Evaluate a checkpoint:  python eval.py recipe=lenet_o2 checkpoint=PATH [output=metrics.json]
+                          python eval.py weights=NAME      (a shipped weight: weights/MANIFEST.json)
 
 Builds the recipe's network under its precision policy, loads the weights, and prints and writes top-1,
 top-5 and loss as JSON (default: next to the checkpoint, <checkpoint>.eval.json).
@@ -41,10 +42,19 @@ def evaluate(cfg) -> dict:
 
 
 def main(argv) -> None:
-    from zoo.load import load_config
+    from zoo.load import load_config, user_keys, validate
+    from zoo.rundir import run_config_for
+    from zoo.weights import weights_config
 
     try:
         cfg, smoke_note = load_config(argv)
+        cfg, run_note = weights_config(cfg, argv, user_keys(argv))  # a shipped weight, sha256 checked first
+        if run_note is None:  # a train.py checkpoint: its run's own config
+            cfg, run_note = run_config_for(cfg, user_keys(argv))
+        if run_note:
+            validate(cfg)
+            print(run_note, file=sys.stderr)
+            smoke_note = None if cfg.dataset.path else smoke_note
         if smoke_note:
             print(smoke_note, file=sys.stderr)
         result = evaluate(cfg)

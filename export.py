@@ -1,4 +1,5 @@
-"""Export a checkpoint for deployment:  python export.py recipe=NAME checkpoint=PATH [infer.format=MINDIR|ONNX|AIR]
+"""Export a checkpoint for deployment:  python export.py recipe=NAME checkpoint=PATH [infer.format=MINDIR|ONNX]
+                                      python export.py weights=NAME (a shipped weight) [...]
 [infer.fuse_conv_bn=true] [output=PATH]
 
 Builds the recipe's network under its precision policy, loads the weights, optionally folds Conv+BN, and
@@ -42,10 +43,19 @@ def export(cfg) -> Path:
 
 
 def main(argv) -> None:
-    from zoo.load import load_config
+    from zoo.load import load_config, user_keys, validate
+    from zoo.rundir import run_config_for
+    from zoo.weights import weights_config
 
     try:
         cfg, smoke_note = load_config(argv)
+        cfg, run_note = weights_config(cfg, argv, user_keys(argv), f".{str(cfg.infer.format).lower()}")  # a shipped weight, sha256 checked first
+        if run_note is None:  # a train.py checkpoint: its run's own config
+            cfg, run_note = run_config_for(cfg, user_keys(argv))
+        if run_note:
+            validate(cfg)
+            print(run_note, file=sys.stderr)
+            smoke_note = None if cfg.dataset.path else smoke_note
         if smoke_note:
             print(smoke_note, file=sys.stderr)
         out = export(cfg)

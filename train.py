@@ -28,21 +28,88 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from zoo.config import register_schema  # noqa: E402
-from zoo.errors import ConfigError, fail  # noqa: E402
+from zoo.errors import ConfigError, WriteError, fail  # noqa: E402
 
 log = logging.getLogger("amp_zoo")
+logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
 register_schema()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg) -> Optional[float]:
-    from zoo.load import load_config
+    from zoo.load import load_config, user_keys, validate
+    from zoo.rundir import claim, resume_config
 
+    argv = list(HydraConfig.get().overrides.task)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        cfg, smoke_note = load_config(list(HydraConfig.get().overrides.task), composed=cfg)
-        return train(cfg, Path(HydraConfig.get().runtime.output_dir), smoke_note)
+        cfg, smoke_note = load_config(argv, composed=cfg)
+        if first_process():
+            claim(run_dir)  # already held when the command line named it (claim_run_dir)
+        if cfg.resume:  # the run's own config.yaml, with what the command line may change
+            cfg, taken = resume_config(cfg, user_keys(argv), run_dir)
+            validate(cfg)
+            smoke_note = smoke_note if cfg.dataset.path is None else None
+            if taken:
+                log.info("resume: the run's config.yaml, with %s from the command line",
+                         ", ".join(f"{k}={OmegaConf.select(cfg, k)}" for k in taken))
+        return train(cfg, run_dir, smoke_note)
     except ConfigError as e:
+        abandon(run_dir, str(e))
         fail(str(e))
+    except OSError as e:  # WriteError (a checkpoint, metrics.json, the eval history) or any other file of the run
+        where = e if isinstance(e, WriteError) else f"could not write {e.filename or run_dir}: {e.strerror or e}"
+        fail(f"{where}; every complete checkpoint is intact: free space (or fix the permission), then continue "
+             f"with python train.py hydra.run.dir={run_dir} resume=auto", code=1)
+
+
+def first_process() -> bool:
+    """Rank 0 under msrun (which sets RANK_ID per worker), or a single process."""
+    import os
+    return os.environ.get("RANK_ID", "0") == "0"
+
+
+CREATED: List[Path] = []  # run directories this process created
+
+
+def claim_run_dir(argv: List[str]) -> None:
+    """Before Hydra writes anything: hold a named hydra.run.dir for this process, and refuse a fresh start in a
+    directory that holds a run. One error line, exit 2, the directory unchanged."""
+    from zoo.rundir import claim, refuse_fresh_start
+
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")), None)
+    if given is None or "-m" in argv or "--multirun" in argv:
+        return
+    path = Path(given).expanduser()
+    existed = path.exists()
+    try:
+        if first_process():
+            claim(path)
+        if not any(a.startswith("resume=") for a in argv):
+            refuse_fresh_start(path)
+    except ConfigError as e:
+        if not existed:
+            path.rmdir()
+        fail(str(e))
+    if not existed:
+        CREATED.append(path.resolve())
+
+
+def abandon(run_dir: Path, error: str) -> None:
+    """Bad input found once the run directory exists: a directory this process created and nothing else wrote
+    into is removed; any other keeps the error in its train.log."""
+    import shutil
+
+    from zoo.checkpoint import checkpoints
+    named = any(a.startswith("hydra.run.dir=") for a in sys.argv[1:])
+    ours = run_dir.resolve() in CREATED or not named  # a dir Hydra made for this run (runs/<recipe>/<time>)
+    if ours and first_process() and not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists():
+        logging.shutdown()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    for handler in logging.root.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "error: %s", (error,), None))
 
 
 @dataclass
@@ -103,7 +170,16 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
     """cfg: from zoo.load.load_config. extra_callbacks: appended to the driver's own (bench/overhead.py)."""
     from amp.fallback import describe, ladder, last_good_checkpoint
 
+    from zoo.rundir import refuse_fresh_start
+
+    if not cfg.resume:
+        refuse_fresh_start(run_dir)
     start = resume_start(cfg, run_dir / "checkpoints")
+    done = finished(cfg, run_dir, start)
+    if done is not None:
+        print(f"{run_dir} is finished ({done['steps']:,} steps, {done['epochs']} epochs): nothing to do; to train "
+              f"it further, resume with a larger trainer.epochs", flush=True)
+        return done.get("final", {}).get("top1", 0.0)
     run = setup(cfg, run_dir, smoke_note, start)
     rungs, transitions, summaries = ladder(cfg.amp), [], []
     for number, amp_cfg in enumerate(rungs):  # one rung unless amp.fallback.enabled and training diverges
@@ -120,7 +196,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
         if number + 1 == len(rungs):  # diverged on the last rung
             fail(rung.watch.advice() if len(rungs) == 1 else f"{rung.watch.reason}; no rung left on the fallback "
                  f"ladder", code=1)
-        checkpoint, params = last_good_checkpoint(run_dir / "checkpoints")
+        checkpoint, params = last_good_checkpoint(run_dir / "checkpoints", remove=run.is_main)
         transitions.append({"step": rung.watch.step, "from": describe(amp_cfg), "to": describe(rungs[number + 1]),
                             "reason": rung.watch.reason, "restart_from": checkpoint.name if checkpoint else None})
         log.warning("fallback: %s; continuing at %s from %s", rung.watch.reason, describe(rungs[number + 1]),
@@ -133,8 +209,9 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
     from tensorboardX import SummaryWriter
 
-    from data import create_dataset
-    from zoo.callbacks import Evaluator, StepTimer
+    from data import create_dataset, task
+    from zoo.callbacks import Evaluator, SafeWriter, StepTimer
+    from zoo.errors import write_error
     from zoo.optim import lr_schedule, scaled_lr
     from zoo.runtime import init_distributed, seed_everything, set_context, sink_mode
 
@@ -150,12 +227,16 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
         config_file = run_dir / "config.yaml"
         if config_file.exists():  # resuming into this directory: keep the first config, add this one beside it
             config_file = run_dir / f"config.resume-{len(list(run_dir.glob('config*.yaml')))}.yaml"
-        config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        try:
+            config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        except OSError as e:
+            raise write_error(config_file, e) from None
     else:
         for handler in [h for h in logging.root.handlers if isinstance(h, logging.FileHandler)]:
             logging.root.removeHandler(handler)
     seed_everything(cfg.runtime.seed)
-    sink, sink_note = sink_mode(device, cfg.trainer.sink)
+    sink, sink_note = sink_mode(device, cfg.trainer.sink, shapes_vary=task(cfg) == "translation",
+                                max_steps=cfg.trainer.max_steps)
     log.info("device %s, %s mode; %s", device, cfg.runtime.mode, sink_note)
 
     shard = (world, rank) if world > 1 else None
@@ -167,14 +248,17 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
              f"up to {cfg.dataset.max_tokens} tokens" if by_tokens else cfg.dataset.batch_size)
     writer = None
     if cfg.logger.tensorboard and rank == 0:  # on resume, TensorBoard drops the killed run's events from here on
-        writer = SummaryWriter(str(run_dir / "tb"), purge_step=start.step + 1 if start.checkpoint else None)
+        writer = SafeWriter(SummaryWriter(str(run_dir / "tb"), purge_step=start.step + 1 if start.checkpoint else None),
+                            run_dir / "tb")
     k = cfg.trainer.update_freq  # batches an update: the learning rate is a schedule over updates
     if k > 1:
         log.info("gradient accumulation: %d batches an update (%s per update)", k,
                  f"up to {k * per_step} tokens" if by_tokens else f"{k * per_step} samples")
     lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size * world * k),
                      -(-steps_per_epoch // k), cfg.trainer.epochs)
-    evaluator = Evaluator(test_ds, cfg.trainer.eval_every, writer, cfg.trainer.epochs)
+    evaluator = Evaluator(test_ds, cfg.trainer.eval_every, writer, cfg.trainer.epochs, steps_per_epoch,
+                          run_dir / "eval_history.jsonl" if rank == 0 else None,
+                          start.step if start.checkpoint else None)
     return Run(cfg, run_dir, device, rank, world, sink, steps_per_epoch, per_step, test_ds, writer, lr, StepTimer(),
                evaluator, t_start, smoke_note)
 
@@ -191,6 +275,22 @@ def resume_start(cfg, ckpt_dir: Path) -> Start:
         path = Path(cfg.resume).expanduser()
         params = read_checkpoint(path)
     return Start(path, params, step_of(params), with_amp_state=True)
+
+
+def finished(cfg, run_dir: Path, start: Start) -> Optional[dict]:
+    """The run's metrics.json when resuming would train nothing: it finished at the checkpoint resumed from,
+    and neither trainer.epochs nor trainer.max_steps asks for more."""
+    metrics = run_dir / "metrics.json"
+    if start.checkpoint is None or not metrics.exists():
+        return None
+    done = json.loads(metrics.read_text())
+    t = cfg.trainer
+    if "steps_per_epoch" in done:
+        target = t.epochs * done["steps_per_epoch"]
+        more = (min(target, t.max_steps) if t.max_steps else target) > done["steps"]
+    else:  # a metrics.json from before steps_per_epoch was recorded
+        more = t.epochs > done["epochs"] or (t.max_steps and t.max_steps > done["steps"])
+    return None if more or start.step != done["steps"] else done
 
 
 def step_of(params: Optional[dict]) -> int:
@@ -244,8 +344,10 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
     from amp.fallback import DivergenceWatch, describe
     from amp.telemetry import AmpTelemetry
     from data import create_dataset
-    from zoo.callbacks import EpochLog, GracefulStop, ProgressBar, StepOffset, StopAtStep, TensorBoardLogger
+    from zoo.callbacks import (EpochLog, GracefulStop, ProgressBar, StepOffset, StopAtStep, TensorBoardLogger,
+                               planned_epochs)
     from zoo.checkpoint import AtomicCheckpoint, restore_weights
+    from zoo.runtime import any_rank
 
     cfg, t = run.cfg, run.cfg.trainer
     net, policy, plan, step_cell, model, report = build_step(run, amp_cfg)
@@ -260,9 +362,11 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
     watch = DivergenceWatch(telemetry.read, plan.kind, plan.min_scale, cfg.amp.fallback, t.log_every)
     checkpoints = AtomicCheckpoint(run.run_dir / "checkpoints", cfg.model.name, t.ckpt_every, t.keep_last,
                                    run.steps_per_epoch, on_save=run.writer.flush if run.writer else None)
-    stop = GracefulStop(checkpoints.save if run.is_main else lambda network, step: None)
+    stop = GracefulStop(checkpoints.save if run.is_main else lambda network, step: None,
+                        agree=any_rank if run.world > 1 else None, every=t.log_every)
     offset = StepOffset(start.step)
-    callbacks = [offset, run.timer, watch, telemetry, EpochLog(run.per_step, run.unit) if run.is_main else None,
+    epochs = planned_epochs(t.epochs, t.max_steps, run.steps_per_epoch)
+    callbacks = [offset, run.timer, watch, telemetry, EpochLog(run.per_step, run.unit, epochs) if run.is_main else None,
                  run.evaluator, stop, checkpoints if run.is_main else None]
     callbacks = [c for c in callbacks if c is not None]
     if run.writer is not None:
@@ -270,7 +374,7 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
         lr_at = lambda s: float(run.lr[min(s // t.update_freq, len(run.lr) - 1)])  # noqa: E731  (s counts batches)
         callbacks.append(TensorBoardLogger(run.writer, lr_at, run.per_step, t.log_every, run.timer))
     if cfg.logger.progress_bar and run.is_main:
-        callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every))
+        callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every, epochs))
     if t.max_steps > 0:
         callbacks.append(StopAtStep(t.max_steps))
     if cfg.runtime.profile and run.is_main and number == 0:
@@ -313,7 +417,8 @@ def compile_error(run: Run, error: Exception) -> str:
 def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
     """Final evaluation (and BLEU on the test split for translation), metrics.json."""
     from data import task
-    from zoo.runtime import machine, parameter_checksum
+    from zoo.errors import write_error
+    from zoo.runtime import machine, parameter_checksum, source_commit
     from zoo.translate import translate
 
     cfg = run.cfg
@@ -328,17 +433,20 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "data": cfg.dataset.path or "embedded", "device": run.device, "mode": str(cfg.runtime.mode),
         "sink": run.sink, "amp_level": rung.policy.level, "amp_dtype": rung.policy.dtype,
         "batch_size": cfg.dataset.batch_size, "world_size": run.world, "global_batch": cfg.dataset.batch_size * run.world,
-        "epochs": cfg.trainer.epochs, "steps": steps_done, "wall_time_s": round(time.perf_counter() - run.t_start, 2),
+        "epochs": cfg.trainer.epochs, "steps": steps_done, "steps_per_epoch": run.steps_per_epoch, "wall_time_s": round(time.perf_counter() - run.t_start, 2),
         "train_time_s": round(rung.train_time, 2), **run.timer.summary(run.per_step),
         "throughput_unit": run.unit,
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
         "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
-        "onednn": ONEDNN_NOTE, "smoke": run.smoke_note, "machine": machine(),
+        "onednn": ONEDNN_NOTE, "smoke": run.smoke_note, "machine": machine(), "commit": source_commit(),
     }
     log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net))
     if run.is_main:
-        (run.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
+        try:
+            (run.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))
+        except OSError as e:
+            raise write_error(run.run_dir / "metrics.json", e) from None
         if run.writer is not None:
             run.writer.close()
         log.info("final: %s", ", ".join(f"{k}={v:.4f}" for k, v in final.items() if isinstance(v, float)))
@@ -365,4 +473,5 @@ if __name__ == "__main__":
     from zoo.load import check_command_line
     check_command_line(sys.argv[1:])
     sys.argv += resume_run_dir(sys.argv[1:])
+    claim_run_dir(sys.argv[1:])
     main()

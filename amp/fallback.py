@@ -17,6 +17,7 @@ import numpy as np
 from mindspore.train import Callback
 from omegaconf import OmegaConf
 
+from amp.telemetry import crossed
 from zoo.errors import ConfigError
 
 log = logging.getLogger("amp_zoo")
@@ -80,9 +81,17 @@ class DivergenceWatch(Callback):
 
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
-        if cb.cur_step_num % self.every:
-            return
-        t, last = self.read(cb.cur_step_num), self.last
+        if crossed(self.last["step"], cb.cur_step_num, self.every):  # every sink, when a sink spans `every` steps
+            self.check(cb.cur_step_num, run_context)
+
+    def on_train_end(self, run_context):
+        """The steps after the last check (the end of training, a stop, a step budget) are checked too."""
+        step = run_context.original_args().cur_step_num
+        if self.reason is None and step > self.last["step"]:
+            self.check(step, run_context)
+
+    def check(self, step: int, run_context) -> None:
+        t, last = self.read(step), self.last
         self.last = t
         self.history.append((t["step"], t["amp_overflow_steps"]))
         while len(self.history) > 1 and t["step"] - self.history[1][0] >= self.window:
@@ -90,16 +99,16 @@ class DivergenceWatch(Callback):
         span, overflows = t["step"] - self.history[0][0], t["amp_overflow_steps"] - self.history[0][1]
         reason = None
         if t["amp_nonfinite_updates"] > last["amp_nonfinite_updates"]:
-            reason = (f"by step {cb.cur_step_num}: non-finite gradients were applied to the weights "
+            reason = (f"by step {step}: non-finite gradients were applied to the weights "
                       f"(no overflow skipping), so the weights are no longer finite")
         elif self.kind == "dynamic" and t["amp_floor_overflows"] > last["amp_floor_overflows"]:
-            reason = (f"by step {cb.cur_step_num}: a step overflowed at the minimum loss scale "
+            reason = (f"by step {step}: a step overflowed at the minimum loss scale "
                       f"(amp.loss_scale.min_scale={self.min_scale:g}): the loss is exploding, not underflowing")
         elif self.enabled and span >= self.window and overflows / span > self.rate:
-            reason = (f"by step {cb.cur_step_num}: {overflows} of the last {span} steps overflowed "
+            reason = (f"by step {step}: {overflows} of the last {span} steps overflowed "
                       f"(above amp.fallback.overflow_rate={self.rate:g})")
         if reason:
-            self.reason, self.step = reason, cb.cur_step_num
+            self.reason, self.step = reason, step
             run_context.request_stop()
 
     def advice(self) -> str:
@@ -107,9 +116,10 @@ class DivergenceWatch(Callback):
                 f"or set amp.fallback.enabled=true")
 
 
-def last_good_checkpoint(ckpt_dir: Path) -> Tuple[Optional[Path], Optional[dict]]:
+def last_good_checkpoint(ckpt_dir: Path, remove: bool = True) -> Tuple[Optional[Path], Optional[dict]]:
     """The newest checkpoint whose weights are all finite, and its parameters (read once); unreadable or
-    non-finite ones are removed (never resumed). (None, None): start from the initial weights."""
+    non-finite ones are removed (never resumed) when `remove` (rank 0 alone: ranks may share the folder).
+    (None, None): start from the initial weights."""
     import mindspore as ms
 
     from zoo.checkpoint import checkpoints, read_checkpoint
@@ -120,6 +130,7 @@ def last_good_checkpoint(ckpt_dir: Path) -> Tuple[Optional[Path], Optional[dict]
             params = None
         if params is not None and all(np.isfinite(p.asnumpy()).all() for p in params.values() if p.dtype != ms.int32):
             return path, params
-        log.info("removing %s: its weights are not finite", path.name)
-        path.unlink()
+        if remove:
+            log.info("removing %s: its weights are not finite", path.name)
+            path.unlink(missing_ok=True)
     return None, None

@@ -25,7 +25,19 @@ same scale, it steps down at the end of an update in which a batch overflowed, a
 window counts updates. Steps and the AMP counters count batches; the learning rate (the optimizer's own step)
 counts updates. Overflow and non-finite-input counters count the batches that had them; skipped steps count
 every batch of a dropped update (its clean batches are not trained on either), at the update's end.
+
+Ascend in saturation mode (the 910A; a 910B with MS_ASCEND_CHECK_OVERFLOW_MODE=SATURATION_MODE) computes an
+overflow as the largest finite value and a NaN as 0, so no isfinite check sees one there: not the input check
+(a batch with inf/NaN then shows as an overflowed step, still skipped), not the non-finite loss counter, not the
+weight check of a step without skipping. Only the NPU's float status register sees them. So on such a device
+the step clears that register after the forward pass, as MindSpore's own step does, reads it after the
+backward (skipping steps), and a step without skipping counts a non-finite update from it in the graph: the
+divergence watch reads that counter. (Read against MindSpore 2.10's sources; not run on a device.)
+
+With several ranks, a step's overflow and bad-input flags are all-reduced: every rank skips the same steps and
+moves its loss scale and counters alike.
 """
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -80,6 +92,7 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         self.sens = plan.scale
         self.no_overflow = Tensor(False)
         self.on_cpu = device == "CPU"  # MindSpore's overflow check is NPU/GPU-only
+        self.saturation_mode = saturation_mode(device, self.ascend_910a_target, self.ascend_910b_target)
         self.min_scale = Tensor(plan.min_scale, mstype.float32)
         zero = lambda: Tensor(0, mstype.int32)  # noqa: E731
         self.amp_steps = Parameter(zero(), name="amp_steps", requires_grad=False)
@@ -97,27 +110,30 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
             self.amp_micro_steps = Parameter(zero(), name="amp_micro_steps", requires_grad=False)
             self.amp_accum_skip = Parameter(zero(), name="amp_accum_skip", requires_grad=False)  # 1: drop this update
 
-    def overflow_of(self, grads):
+    def any_rank(self, flag):
+        if self.is_distributed:  # a Python constant
+            return ops.cast(self.allreduce(ops.cast(flag, mstype.float32)), mstype.bool_)
+        return flag
+
+    def overflow_of(self, grads, status):
         if self.on_cpu:
-            overflow = ops.logical_not(finite_sum(grads))
-            if self.is_distributed:
-                overflow = ops.cast(self.allreduce(ops.cast(overflow, mstype.float32)), mstype.bool_)
-            return overflow
-        return self.get_overflow_status(Tensor([0] * 8, mstype.int32), grads)
+            return self.any_rank(ops.logical_not(finite_sum(grads)))
+        return self.get_overflow_status(status, grads)  # MindSpore's check: all-reduced across ranks
 
     def construct(self, *inputs):
         if not self.skip_on_overflow:  # a Python constant: the graph holds one branch or the other
             return self.plain_step(*inputs)
         weights = self.weights
         # A batch with NaN/Inf in its inputs is a data problem: never trained on, and no reason to move the scale.
-        bad_input = ops.logical_not(finite_sum(inputs))
+        bad_input = self.any_rank(ops.logical_not(finite_sum(inputs)))
         loss = self.network(*inputs)
         scale = self.scale_sense * 1.0  # the scale this step uses, before the update cell changes it
+        status, scale = self.start_overflow_check(loss, scale)  # saturation mode: clears the NPU status
         sens = ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss))
         grads = self.grad(self.network, weights)(*inputs, sens)
         grads = self.hyper_map(ops.partial(_grad_scale, scale), grads)
         grads = self.grad_reducer(grads)
-        overflow = ops.logical_and(self.overflow_of(grads), ops.logical_not(bad_input))
+        overflow = ops.logical_and(self.overflow_of(grads, status), ops.logical_not(bad_input))
         if self.update_freq > 1:  # a Python constant
             # 2: an fp16 overflow (skip, and the scale steps down at the update), 1: bad input (skip only)
             loss = self.accumulate(loss, grads, ops.cast(overflow, mstype.int32) * 2 + ops.cast(bad_input, mstype.int32))
@@ -139,10 +155,16 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         return loss, overflow, scale
 
     def plain_step(self, *inputs):
-        """No skipping: forward, backward with the scale as sensitivity, update (the optimizer unscales)."""
+        """No skipping: forward, backward with the scale as sensitivity, update (the optimizer unscales). In
+        saturation mode the NPU status counts a non-finite update (the host's weight check cannot see one)."""
         loss = self.network(*inputs)
         sens = ops.fill(ops.dtype(loss), ops.shape(loss), self.sens)
+        if self.saturation_mode:  # a Python constant
+            status, sens = self.start_overflow_check(loss, sens)
         grads = self.grad_reducer(self.grad(self.network, self.weights)(*inputs, sens))
+        if self.saturation_mode:
+            bad = ops.cast(self.get_overflow_status(status, grads), mstype.int32)
+            loss = ops.depend(loss, ops.assign_add(self.amp_nonfinite_updates, bad))
         if self.update_freq > 1:
             return self.accumulate(loss, grads, Tensor(0, mstype.int32)), self.no_overflow, self.scale_sense
         return ops.depend(loss, self.optimizer(grads)), self.no_overflow, self.scale_sense
@@ -181,6 +203,15 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
             out["amp_nonfinite_updates"] = 1
         out["loss_scale"] = float(self.scale_sense.asnumpy().reshape(()))
         return out
+
+
+def saturation_mode(device: str, ascend_910a: bool, ascend_910b: bool) -> bool:
+    """Whether the device computes overflows as saturated values (MindSpore's TrainOneStepWithLossScaleCell
+    decides the same way): the 910A always, a 910B only when MS_ASCEND_CHECK_OVERFLOW_MODE says so."""
+    if device != "Ascend":
+        return False
+    return bool(ascend_910a) or (bool(ascend_910b) and
+                                 os.environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") == "SATURATION_MODE")
 
 
 def _scaled(factor, x):

@@ -55,10 +55,23 @@ def keep_fp32_names(amp_cfg) -> List[str]:
     return list(DEFAULT_KEEP_FP32[level] if amp_cfg.keep_fp32 is None else amp_cfg.keep_fp32)
 
 
+def ascend_910a() -> bool:
+    """An Ascend 910A (how MindSpore's own amp module tells it: its SoC supports the classic loss-scale
+    target). False on a build or machine without Ascend."""
+    try:
+        from mindspore._c_expression import MSContext
+        return bool(MSContext.get_instance().ascend_soc_supports_feature("amp_loss_scale_train_classic_target"))
+    except Exception:  # noqa: BLE001  (no Ascend runtime)
+        return False
+
+
 def check_device_dtype(device: str, amp_cfg) -> None:
     level = str(amp_cfg.level)
     dtype = str(amp_cfg.dtype)
     low_precision_used = level != "O0" or bool(amp_cfg.force_fp16)
+    if low_precision_used and dtype == "bfloat16" and device == "Ascend" and ascend_910a():
+        raise ConfigError("amp.dtype=bfloat16 is not supported on an Ascend 910A (its cube units compute fp16 "
+                          "only; bf16 needs a 910B or later); use amp.dtype=float16")
     if low_precision_used and (device, dtype) in UNSUPPORTED:
         raise ConfigError(f"amp.dtype={dtype} is not supported on {device}: MindSpore has no {device} {dtype} "
                           f"kernel for {UNSUPPORTED[(device, dtype)]}; use amp.dtype=float16 here, "

@@ -7,7 +7,12 @@ Each op's precision comes from the Cell it was generated for: MindSpore names ev
 (`.../net-CastOutput/cell-LeNet5/conv1-Conv2d/Conv2D-op3`, gradients under `Gradients/...`), and the
 precision report says which dtype each Cell path computes in. On CPU the Profiler writes per-op times to
 FRAMEWORK/cpu_op_detail_info_*.csv; on Ascend to ASCEND_PROFILER_OUTPUT/kernel_details.csv (read here by its
-Name and Duration(us) columns; not run on Ascend by us).
+Name and Duration(us) columns); on GPU to gpu_activity_data_*.csv (read as MindSpore's own OpAnalyser reads it:
+the op's full name in the third column, its time in us fourth from the end). The Ascend and GPU readers follow
+MindSpore 2.10's sources; we have not run them on a device.
+
+The window is counted in real steps (under data sinking a host step is a whole sink) and starts after the
+first host step, which compiles the graph.
 """
 import csv
 import json
@@ -66,6 +71,15 @@ def op_times(profile_dir: Path) -> List[Tuple[str, str, float]]:
             for r in csv.DictReader(f):
                 rows.append((r["Name"], r.get("Type", r["Name"].split("/")[-1].split("-")[0]),
                              float(r["Duration(us)"]) / 1e3))
+    if rows:
+        return rows
+    for path in profile_dir.rglob("gpu_activity_data_*.csv"):  # GPU, as mindspore.profiler's OpAnalyser reads it
+        with open(path) as f:
+            for line in f.readlines()[1:]:
+                fields = line.strip().replace(", ", ";").split(",")
+                if len(fields) > 4:
+                    name = fields[2]
+                    rows.append((name, name.split("/")[-1].split("-")[0], float(fields[-4]) / 1e3))
     return rows
 
 
@@ -111,25 +125,36 @@ def write_summary(summary: Dict, run_dir: Path) -> Path:
 
 
 class ProfileSteps(Callback):
-    """Profiles `steps` steps from step `start` on (after compilation), then writes the summary."""
+    """Profiles at least `steps` real steps from the first host step that starts at or after global step
+    `start` (after compilation), then writes the summary."""
 
     def __init__(self, run_dir: Path, report: Dict, device: str, start: int = 2, steps: int = 5):
         self.run_dir, self.start, self.steps, self.device = run_dir, start, steps, device
         self.dtypes = {r["path"]: r["compute_dtype"] for r in report["cells"]}
         self.profiler, self.done, self.seen = None, False, 0
+        self.last = 0  # global step at the end of the previous host step
+        self.window: List[int] = []  # the global steps profiled: [first, last]
+
+    def on_train_begin(self, run_context):
+        self.last = run_context.original_args().cur_step_num
 
     def on_train_step_begin(self, run_context):
-        from mindspore.profiler import Profiler, ProfilerActivity
-        step = run_context.original_args().cur_step_num + 1
-        if self.profiler is None and not self.done and step >= self.start:
+        from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+        first = self.last + 1  # MindSpore has already counted this host step (a whole sink) in cur_step_num
+        if self.profiler is None and not self.done and first >= self.start:
             device = {"Ascend": [ProfilerActivity.NPU], "GPU": [ProfilerActivity.GPU]}.get(self.device, [])
-            self.profiler = Profiler(output_path=str(self.run_dir / "profiler"),
-                                     activities=[ProfilerActivity.CPU, *device])
+            self.profiler = profile(activities=[ProfilerActivity.CPU, *device],
+                                    on_trace_ready=tensorboard_trace_handler(str(self.run_dir / "profiler")))
+            self.profiler.start()
+            self.window = [first, first]
 
     def on_train_step_end(self, run_context):
+        step, previous = run_context.original_args().cur_step_num, self.last
+        self.last = step
         if self.profiler is not None:
-            self.seen += 1
-            if self.seen == self.steps:
+            self.seen += step - previous
+            self.window[1] = step
+            if self.seen >= self.steps:
                 self.finish()
 
     def on_train_end(self, run_context):
@@ -137,10 +162,9 @@ class ProfileSteps(Callback):
             self.finish()
 
     def finish(self):
-        self.profiler.stop()
-        self.profiler.analyse()
+        self.profiler.stop()  # on_trace_ready parses what was collected
         self.profiler, self.done = None, True
         summary = summarise(op_times(self.run_dir / "profiler"), self.dtypes, self.seen)
         path = write_summary(summary, self.run_dir)
-        log.info("profile of %d steps: %s; %s", self.seen,
+        log.info("profile of %d steps (%d-%d): %s; %s", self.seen, *self.window,
                  ", ".join(f"{k} {100 * v:.0f}%" for k, v in summary["share"].items()), path)

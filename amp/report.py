@@ -123,7 +123,7 @@ def build_report(overrides: List[str]) -> Dict:
     from models import build_model
     from zoo.load import load_config
 
-    cfg, _ = load_config(overrides)
+    cfg, _ = load_config(overrides, needs_data=False)  # a report builds the network and reads no data
     net = build_model(cfg)
     net, policy = apply_policy(net, cfg.amp)
     return precision_report(net, policy)

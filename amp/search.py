@@ -423,7 +423,13 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
 def prepare_out(cfg, base: List[str]) -> Path:
     """search.out, holding this search's training settings: a directory that holds another search's is refused
     (its runs would be compared with runs trained differently)."""
+    from zoo.rundir import claim
+
     out = Path(cfg.search.out or Path("runs", "search", cfg.recipe_name))
+    try:
+        claim(out, "search.out")  # one search per folder at a time: a second one would rank the first's runs
+    except OSError as e:
+        raise ConfigError(f"search.out={out} cannot be written: {e.strerror}") from None
     settings = {"recipe": cfg.recipe_name, "train_overrides": base}
     file = out / "settings.json"
     if file.is_file():

@@ -12,6 +12,13 @@ from mindspore.train import Callback
 log = logging.getLogger("amp_zoo")
 
 
+def crossed(previous: int, step: int, every: int) -> bool:
+    """Whether the steps after `previous` up to `step` cross a multiple of `every`. A host callback sees every
+    step without sinking, but only every sink's last step with it (MindSpore advances cur_step_num by the sink
+    size), where `step % every == 0` may hold rarely or never."""
+    return step // every > previous // every
+
+
 class AmpTelemetry(Callback):
     def __init__(self, step_cell, writer, log_every: int, kind: str):
         self.step_cell, self.writer, self.log_every, self.kind = step_cell, writer, log_every, kind
@@ -19,6 +26,7 @@ class AmpTelemetry(Callback):
         self.scale = None
         self.scale_changes: List[Dict] = []
         self._read_at: Optional[tuple] = None  # (step, counters): callbacks reading at one step share one read
+        self.seen = 0  # the step of the last host callback
 
     def read(self, step: int) -> Dict:
         """The counters at `step`, read from the device once however many callbacks ask."""
@@ -28,11 +36,12 @@ class AmpTelemetry(Callback):
 
     def on_train_begin(self, run_context):
         self.last = self.read(run_context.original_args().cur_step_num)
-        self.scale = self.last["loss_scale"]
+        self.scale, self.seen = self.last["loss_scale"], self.last["step"]
 
     def on_train_step_end(self, run_context):
-        step = run_context.original_args().cur_step_num
-        if step % self.log_every == 0 or step == 1:
+        step, previous = run_context.original_args().cur_step_num, self.seen
+        self.seen = step
+        if crossed(previous, step, self.log_every) or step == 1:
             self.log_point(step)
 
     def on_train_end(self, run_context):
@@ -63,7 +72,7 @@ class AmpTelemetry(Callback):
         return t
 
     def summary(self) -> Dict:
-        t = self.last  # read at the last step (on_train_end)
+        t = self.last if self.last is not None else self.read(self.seen)  # read at the last step (on_train_end)
         steps = max(t["step"], 1)
         return {
             "loss_scale_type": self.kind,

@@ -91,11 +91,15 @@ class NormFunction(nn.Cell):
         self.norm = ops.LayerNorm(-1, -1, epsilon)
 
     def construct(self, x, gamma, beta):
-        return self.norm(x, gamma, beta)  # (y, mean, variance)
+        return self.norm(x, gamma, beta)  # (y, mean, a per-row statistic)
 
     def bprop(self, x, gamma, beta, out, dout):
-        g, inv_std = dout[0], ops.rsqrt(out[2] + self.epsilon)
-        x_hat = (x - out[1]) * inv_std
+        # The kernel's third output is the variance on CPU but documented as rstd since MindSpore 2.3 (Ascend's
+        # kernels return rstd): recompute the statistics from x, so the gradient is right on every backend.
+        mean = x.mean(-1, keep_dims=True)
+        centred = x - mean
+        g, inv_std = dout[0], ops.rsqrt((centred * centred).mean(-1, keep_dims=True) + self.epsilon)
+        x_hat = centred * inv_std
         dx_hat = g * gamma
         dx = inv_std * (dx_hat - dx_hat.mean(-1, keep_dims=True) - x_hat * (dx_hat * x_hat).mean(-1, keep_dims=True))
         return dx, row_sum(g * x_hat), row_sum(g)

@@ -46,3 +46,50 @@ def test_two_workers_match_each_other_and_one_process(tmp_path):
     a, b = ms.load_checkpoint(str(dp_ckpt)), ms.load_checkpoint(str(single_ckpt))
     for name in ("conv1.weight", "conv2.weight", "fc1.weight", "fc3.bias", "moments.fc1.weight"):
         np.testing.assert_allclose(a[name].asnumpy(), b[name].asnumpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+PLUGIN = '''
+import numpy as np
+from data.mnist import mnist
+from zoo.registry import DATASETS
+
+
+def build(cfg, split, shard=None, start_epoch=0, seed=0, skip_batches=0):
+    """MNIST whose 5th training batch is NaN on rank 0 only."""
+    ds = mnist(cfg, split, shard, start_epoch, seed, skip_batches)
+    if split != "train" or shard is None or shard[1] != 0:
+        return ds
+    seen = {"n": 0}
+
+    def inject(images):
+        seen["n"] += 1
+        return images * np.float32("nan") if seen["n"] == 5 else images
+    return ds.map(operations=inject, input_columns="image", num_parallel_workers=1)
+
+
+DATASETS.add("mnist_rank0_nan", build, task="classification")
+'''
+
+
+def test_a_bad_batch_on_one_rank_is_skipped_by_every_rank(tmp_path):
+    """The bad-input flag is all-reduced like the overflow flag: both ranks skip the step as bad input, and
+    neither takes it for an overflow (which would move one rank's loss scale and not the other's)."""
+    (tmp_path / "rank0_nan.py").write_text(PLUGIN)
+    msrun = Path(sys.executable).parent / "msrun"
+    logs = tmp_path / "logs"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}", AMP_ZOO_PLUGINS="rank0_nan")
+    result = subprocess.run(
+        [str(msrun), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+         f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}", "train.py", "recipe=lenet_o2",
+         "trainer.epochs=1", "trainer.max_steps=20", "logger.progress_bar=false", "runtime.distributed=true",
+         "dataset.name=mnist_rank0_nan", "amp.loss_scale.type=dynamic", f"hydra.run.dir={tmp_path / 'dp'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    worker_logs = [p.read_text() for p in sorted(logs.glob("worker_*.log"))]
+    assert result.returncode == 0, (result.stdout + "".join(worker_logs))[-4000:]
+    assert len(worker_logs) == 2
+    for text in worker_logs:
+        assert "by step 10: 1 batch(es) with NaN/Inf inputs skipped" in text, text[-3000:]
+        assert "after an overflow" not in text, "a bad batch is not an fp16 overflow on any rank"
+    sums = dict(re.findall(r"rank (\d) of 2: parameter checksum (\w+)", "".join(worker_logs)))
+    assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums

@@ -3,6 +3,7 @@ winning over a smoke block, the pass arithmetic of a resume, and a model that do
 import ast
 import dataclasses
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -78,7 +79,7 @@ def numeric_keys(schema=Config, prefix=""):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(default):
             yield from numeric_keys(type(default), f"{prefix}{f.name}.")
-        elif f.type in ("int", "float", int, float):
+        elif f.type in ("int", "float", int, float, "Optional[int]", Optional[int]):
             yield f"{prefix}{f.name}"
 
 

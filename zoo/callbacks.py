@@ -1,16 +1,23 @@
 """Training callbacks: step timing, console progress, TensorBoard, periodic evaluation, step budget.
 
 Every callback counts real steps from `cb_params.cur_step_num`, which MindSpore advances by the sink size
-in sink mode and by one otherwise (on CPU the driver never asks to sink; see zoo/runtime.sink_mode).
+in sink mode and by one otherwise (on CPU the driver never asks to sink; see zoo/runtime.sink_mode). So a
+periodic callback acts when the steps since its last call cross a multiple of its period (`crossed`), not
+only on an exact multiple, which a sink may never land on.
 """
+import json
 import logging
 import signal
 import time
-from typing import Callable, Dict, List
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 from mindspore.train import Callback
 from tqdm import tqdm
+
+from amp.telemetry import crossed
+from zoo.errors import write_error
 
 log = logging.getLogger("amp_zoo")
 
@@ -51,26 +58,62 @@ class StepTimer(Callback):
         }
 
 
+class SafeWriter:
+    """A tensorboardX SummaryWriter that never takes a run down: a failed write (disk full) is one warning, and
+    TensorBoard stops for the rest of the run; the checkpoints decide whether the run can go on."""
+
+    def __init__(self, writer, path):
+        self.writer, self.path, self.failed = writer, path, False
+
+    def _call(self, name, *args, **kwargs):
+        if self.failed:
+            return None
+        try:
+            return getattr(self.writer, name)(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001  (OSError from the event file, or from its writer thread)
+            self.failed = True
+            log.warning("TensorBoard events in %s could not be written (%s); training goes on without them",
+                        self.path, getattr(e, "strerror", None) or e)
+            return None
+
+    def add_scalar(self, *args, **kwargs):
+        return self._call("add_scalar", *args, **kwargs)
+
+    def add_text(self, *args, **kwargs):
+        return self._call("add_text", *args, **kwargs)
+
+    def flush(self):
+        return self._call("flush")
+
+    def close(self):
+        return self._call("close")
+
+
+def planned_epochs(epochs: int, max_steps: int, steps_per_epoch: int) -> int:
+    """The epochs a run will go through: trainer.epochs, or fewer when trainer.max_steps ends it sooner."""
+    return min(epochs, -(-max_steps // steps_per_epoch)) if max_steps else epochs
+
+
 class ProgressBar(Callback):
     """One tqdm bar per epoch with ETA; the loss shown is the last one logged."""
 
-    def __init__(self, steps_per_epoch: int, log_every: int):
+    def __init__(self, steps_per_epoch: int, log_every: int, epochs: int):
         self.steps_per_epoch = steps_per_epoch
-        self.log_every = log_every
+        self.log_every, self.epochs = log_every, epochs
         self.bar = None
         self.seen = 0
 
     def on_train_epoch_begin(self, run_context):
         cb = run_context.original_args()
-        self.bar = tqdm(total=self.steps_per_epoch, desc=f"epoch {cb.cur_epoch_num}/{cb.epoch_num}",
+        self.bar = tqdm(total=self.steps_per_epoch, desc=f"epoch {cb.cur_epoch_num}/{self.epochs}",
                         unit="step", dynamic_ncols=True, leave=True)
         self.seen = cb.cur_step_num
 
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
         self.bar.update(cb.cur_step_num - self.seen)
-        self.seen = cb.cur_step_num
-        if cb.cur_step_num % self.log_every == 0:
+        previous, self.seen = self.seen, cb.cur_step_num
+        if crossed(previous, cb.cur_step_num, self.log_every):
             self.bar.set_postfix(loss=f"{loss_of(cb.net_outputs):.4f}", refresh=False)
 
     def on_train_epoch_end(self, run_context):
@@ -81,23 +124,24 @@ class EpochLog(Callback):
     """One log line per epoch (train.log and console): the step reached, the epoch's last loss, its wall time and
     throughput. A long background run's log shows where it is, and how long each of its sessions trained."""
 
-    def __init__(self, per_step: int, unit: str):
-        self.per_step, self.unit = per_step, unit
-        self.start = None  # (step, time) at the epoch's first step
+    def __init__(self, per_step: int, unit: str, epochs: int):
+        self.per_step, self.unit, self.epochs = per_step, unit, epochs
+        self.first_step = self.started = None  # steps done before the epoch; the time its first step began
 
     def on_train_epoch_begin(self, run_context):
-        self.start = None
+        # here, not at the first step: MindSpore adds a whole sink to cur_step_num before a sink's step_begin
+        self.first_step, self.started = run_context.original_args().cur_step_num, None
 
     def on_train_step_begin(self, run_context):
-        if self.start is None:
-            self.start = (run_context.original_args().cur_step_num - 1, time.perf_counter())  # counted already
+        if self.started is None:
+            self.started = time.perf_counter()
 
     def on_train_epoch_end(self, run_context):
         cb = run_context.original_args()
-        if self.start is None:
+        if self.started is None:
             return
-        steps, seconds = cb.cur_step_num - self.start[0], time.perf_counter() - self.start[1]
-        log.info("epoch %d/%d: step %d, loss %.4f, %d steps in %.1f s, %s %s/s", cb.cur_epoch_num, cb.epoch_num,
+        steps, seconds = cb.cur_step_num - self.first_step, time.perf_counter() - self.started
+        log.info("epoch %d/%d: step %d, loss %.4f, %d steps in %.1f s, %s %s/s", cb.cur_epoch_num, self.epochs,
                  cb.cur_step_num, loss_of(cb.net_outputs), steps, seconds,
                  f"{steps * self.per_step / max(seconds, 1e-9):,.0f}", self.unit)
 
@@ -109,11 +153,16 @@ class TensorBoardLogger(Callback):
         self.writer, self.lr_at, self.batch_size, self.log_every, self.timer = (
             writer, lr_at, batch_size, log_every, timer)
         self.mark = None  # (step, time) of the last point
+        self.seen = 0  # the step of the last host callback
+
+    def on_train_begin(self, run_context):
+        self.seen = run_context.original_args().cur_step_num
 
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()
-        step = cb.cur_step_num
-        if step % self.log_every and step != 1:
+        step, previous = cb.cur_step_num, self.seen
+        self.seen = step
+        if not crossed(previous, step, self.log_every) and step != 1:
             return
         self.writer.add_scalar("train/loss", loss_of(cb.net_outputs), step)
         self.writer.add_scalar("train/lr", self.lr_at(step - 1), step)
@@ -125,21 +174,37 @@ class TensorBoardLogger(Callback):
 
 
 class Evaluator(Callback):
-    """Evaluate every `every` epochs (not the last: the driver evaluates after training) on the test split,
-    with the `model` of the current rung (the driver sets it)."""
+    """Evaluate every `every` completed epochs (not the last: the driver evaluates after training) on the test
+    split, with the `model` of the current rung (the driver sets it). An epoch cut short (a stop signal, a step
+    budget) is not evaluated as if complete. Every evaluation is appended to `history_file` (JSON lines), so a
+    resumed run's metrics.json still holds the evaluations from before it; a resume from step s keeps those up
+    to s, as TensorBoard does."""
 
-    def __init__(self, test_ds, every: int, writer, epochs: int):
+    def __init__(self, test_ds, every: int, writer, epochs: int, steps_per_epoch: int,
+                 history_file: Optional[Path] = None, resumed_at: Optional[int] = None):
         self.test_ds, self.every, self.writer, self.epochs = test_ds, every, writer, epochs
+        self.steps_per_epoch, self.history_file = steps_per_epoch, history_file
         self.model = None
         self.history: List[Dict] = []
+        if history_file is not None and resumed_at is not None and history_file.exists():
+            records = [json.loads(line) for line in history_file.read_text().splitlines() if line.strip()]
+            self.history = [r for r in records if r["step"] <= resumed_at]
+        if history_file is not None:
+            history_file.write_text("".join(json.dumps(r) + "\n" for r in self.history))
         self.t0 = time.perf_counter()  # eval times are seconds since the driver started training
 
     def evaluate(self) -> Dict[str, float]:
         return {k: float(v) for k, v in self.model.eval(self.test_ds, dataset_sink_mode=False).items()}
 
     def record(self, epoch: float, step: int, metrics: Dict[str, float]) -> None:
-        self.history.append({"epoch": epoch, "step": step, "time_s": round(time.perf_counter() - self.t0, 3),
-                             **metrics})
+        record = {"epoch": epoch, "step": step, "time_s": round(time.perf_counter() - self.t0, 3), **metrics}
+        self.history.append(record)
+        if self.history_file is not None:
+            try:
+                with open(self.history_file, "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as e:
+                raise write_error(self.history_file, e) from None
         if self.writer is not None:
             for k, v in metrics.items():
                 if isinstance(v, float):
@@ -149,6 +214,8 @@ class Evaluator(Callback):
 
     def on_train_epoch_end(self, run_context):
         cb = run_context.original_args()
+        if cb.cur_step_num != cb.cur_epoch_num * self.steps_per_epoch:  # stopped mid-epoch
+            return
         if self.every and cb.cur_epoch_num % self.every == 0 and cb.cur_epoch_num < self.epochs:
             self.record(cb.cur_epoch_num, cb.cur_step_num, self.evaluate())
 
@@ -173,24 +240,44 @@ class StepOffset(Callback):
 
 
 class GracefulStop(Callback):
-    """SIGTERM or SIGINT: finish the current step, save a checkpoint, stop; the driver then exits 0."""
+    """SIGTERM or SIGINT: finish the current step, save a checkpoint, stop; the driver then exits 0.
 
-    def __init__(self, save: Callable[[object, int], object]):
-        self.save, self.signal, self.step, self.previous = save, None, None, {}
+    With several ranks, `agree(flag)` tells whether any rank has a signal (an all-reduce). A signal may reach
+    the ranks at different steps, and a rank that stopped alone would leave the others waiting in their next
+    gradient all-reduce; so the ranks act on a signal together, at the first multiple of `every` steps after
+    it, where every rank asks the others."""
+
+    def __init__(self, save: Callable[[object, int], object], agree: Optional[Callable[[bool], bool]] = None,
+                 every: int = 1):
+        self.save, self.agree, self.every = save, agree, every
+        self.signal, self.step, self.previous, self.seen = None, None, {}, 0
 
     def _handler(self, signum, frame):
-        self.signal = signal.Signals(signum).name
+        # The first signal names the stop. A Ctrl-C that arrives while a compiled step runs never reaches
+        # Python as SIGINT: MindSpore's graph executor turns it into a SIGTERM to this process (seen with
+        # mindspore 2.10), so a SIGTERM is named as possibly that.
+        name = signal.Signals(signum).name
+        self.signal = self.signal or (name if name != "SIGTERM" else "SIGTERM (or Ctrl-C)")
 
     def on_train_begin(self, run_context):
+        self.seen = run_context.original_args().cur_step_num
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.previous[sig] = signal.signal(sig, self._handler)
 
     def on_train_step_end(self, run_context):
-        if self.signal and self.step is None:
-            cb = run_context.original_args()
-            self.step = cb.cur_step_num
-            self.save(cb.train_network, cb.cur_step_num)
-            run_context.request_stop()
+        cb = run_context.original_args()
+        previous, self.seen = self.seen, cb.cur_step_num
+        if self.step is not None:
+            return
+        if self.agree is not None:  # every rank reaches the same boundaries, so the all-reduces pair up
+            if not crossed(previous, cb.cur_step_num, self.every) or not self.agree(self.signal is not None):
+                return
+            self.signal = self.signal or "a signal to another rank"
+        elif not self.signal:
+            return
+        self.step = cb.cur_step_num
+        self.save(cb.train_network, cb.cur_step_num)
+        run_context.request_stop()
 
     def on_train_end(self, run_context):
         for sig, handler in self.previous.items():

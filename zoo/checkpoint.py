@@ -9,7 +9,7 @@ import mindspore as ms
 import mindspore.nn as nn
 from mindspore.train import Callback
 
-from zoo.errors import ConfigError
+from zoo.errors import ConfigError, write_error
 
 log = logging.getLogger("amp_zoo")
 
@@ -130,19 +130,29 @@ class AtomicCheckpoint(Callback):
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def save(self, train_network, step: int) -> Path:
+        """Write the checkpoint of `step`; a failed write (disk full, no permission) removes its partial file and
+        raises a WriteError: the checkpoints already written stay complete."""
         epochs_done = step // self.steps_per_epoch
         final = self.dir / f"{self.prefix}-e{epochs_done:04d}-s{step:08d}.ckpt"
         tmp = self.dir / ".partial" / final.name  # same filesystem: the rename below is atomic
-        tmp.parent.mkdir(exist_ok=True)
-        ms.save_checkpoint(train_network, str(tmp), append_dict={"epoch_num": epochs_done, "step_num": step})
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(self.dir)
+        try:
+            tmp.parent.mkdir(exist_ok=True)
+            ms.save_checkpoint(train_network, str(tmp), append_dict={"epoch_num": epochs_done, "step_num": step})
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            _fsync_dir(self.dir)
+        except Exception as e:  # MindSpore reports a failed write as RuntimeError, Python as OSError
+            for partial in (tmp, tmp.with_suffix(".tmp")):  # ours, and the one MindSpore writes first
+                partial.unlink(missing_ok=True)
+            raise write_error(final, e) from None
         self.latest, self.saved_step = final, step
         if self.on_save is not None:  # e.g. flush TensorBoard: whatever a resume will not redo is on disk
             self.on_save()
-        for old in checkpoints(self.dir)[: -self.keep_last]:
+        # prune this run's older checkpoints only: none newer than this one (after a fallback restart from an
+        # earlier checkpoint, the later ones are removed by the ladder itself)
+        older = [p for p in checkpoints(self.dir) if int(CHECKPOINT_NAME.fullmatch(p.name).group(2)) <= step]
+        for old in older[: -self.keep_last]:
             old.unlink()
         return final
 

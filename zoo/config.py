@@ -167,10 +167,9 @@ class DecodeConfig:
     batch_size: int = 256             # sentences decoded together (x beam rows), sorted by length
 
 
-class ExportFormat(StrEnum):
+class ExportFormat(StrEnum):  # no AIR: deprecated by MindSpore (mindspore.export); convert a MINDIR for Ascend
     MINDIR = "MINDIR"
     ONNX = "ONNX"
-    AIR = "AIR"
 
 
 @dataclass
@@ -184,7 +183,7 @@ class InferConfig:
 @dataclass
 class RuntimeConfig:
     device: Device = Device.auto
-    device_id: int = 0
+    device_id: Optional[int] = None  # None: MindSpore picks (0 alone; under msrun, each rank its own)
     mode: Mode = Mode.graph
     seed: int = 1
     deterministic: bool = False
@@ -241,6 +240,7 @@ class Config:
     description: str = ""
     resume: Optional[str] = None      # train.py: "auto" (newest good checkpoint of the run directory) or a path
     checkpoint: Optional[str] = None  # eval.py: the checkpoint to evaluate
+    weights: Optional[str] = None     # eval.py/export.py: a shipped weight (weights/MANIFEST.json), sha256-checked
     output: Optional[str] = None      # eval.py: where to write metrics JSON
 
 

@@ -7,6 +7,17 @@ class ConfigError(ValueError):
     """A bad value in the configuration: the message names it and what would be valid."""
 
 
+class WriteError(OSError):
+    """A file of a run could not be written (no space, no permission, a path that is not a directory): the
+    message names the file and what to do; every complete checkpoint is intact."""
+
+
+def write_error(path, error: BaseException) -> "WriteError":
+    lines = str(error).strip().splitlines()
+    reason = getattr(error, "strerror", None) or (lines[0] if lines else type(error).__name__)
+    return WriteError(f"could not write {path}: {reason}")
+
+
 def fail(message: str, code: int = 2) -> None:
     """One `error:` line on stderr and exit `code` (2: bad input)."""
     print(f"error: {message}", file=sys.stderr)

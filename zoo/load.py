@@ -19,17 +19,19 @@ from zoo.registry import DATASETS
 from zoo.runtime import pick_device
 
 
-def load_config(argv: List[str], composed=None, smoke: bool = True) -> Tuple[object, Optional[str]]:
+def load_config(argv: List[str], composed=None, smoke: bool = True,
+                needs_data: bool = True) -> Tuple[object, Optional[str]]:
     """(config, smoke note or None) for the command line `argv` (Hydra overrides); `composed`: the config
     @hydra.main already composed from the same overrides; smoke=False: the recipe as written even without
-    dataset.path (benchmarks of the full-size network on synthetic batches)."""
+    dataset.path (benchmarks of the full-size network on synthetic batches); needs_data=False: a tool that
+    only builds the network (amp.report) accepts a dataset.path that is not on this machine."""
     try:
         cfg = composed if composed is not None else compose([a for a in argv if not a.startswith("-")])
     except Exception as e:  # Hydra/OmegaConf composition errors
         raise ConfigError(one_line(e)) from None
     cfg, note, kept = apply_smoke(cfg, user_keys(argv)) if smoke else (cfg, None, [])
     try:
-        validate(cfg)
+        validate(cfg, needs_data)
     except ConfigError as e:
         if kept:
             raise ConfigError(f"{e}; this run is {cfg.recipe_name}'s smoke block (dataset.path unset) with your "
@@ -108,7 +110,7 @@ def check_ranges(cfg) -> None:
             raise ConfigError(f"{key}={value} must be {valid}{also}")
 
 
-def validate(cfg) -> None:
+def validate(cfg, needs_data: bool = True) -> None:
     """Checks a type cannot express: ranges, registered names, sizes, paths, keep-list names."""
     try:  # keys appended with "+key=value" escape Hydra's struct check
         OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg, resolve=False))
@@ -121,14 +123,27 @@ def validate(cfg) -> None:
     if classes and cfg.model.num_classes != classes:
         raise ConfigError(f"model.num_classes={cfg.model.num_classes} does not match the {classes} classes of "
                           f"dataset {cfg.dataset.name}; set model.num_classes={classes}")
-    if cfg.dataset.path is not None and not Path(cfg.dataset.path).expanduser().exists():
+    if needs_data and cfg.dataset.path is not None and not Path(cfg.dataset.path).expanduser().exists():
         if cfg.dataset.params.get("install"):  # data a system package provides (dataset.params.install says how)
             raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist: install {cfg.dataset.params.install}, "
                               f"or set dataset.path to a folder with its files")
         raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist; give a folder with the "
                           f"{cfg.dataset.name} files, or leave it unset for the embedded data")
+    check_devices(cfg)
     check_policy_names(cfg.amp)
     check_device_dtype(pick_device(str(cfg.runtime.device)), cfg.amp)
+
+
+def check_devices(cfg) -> None:
+    """Settings that would go wrong only on a device (and so never show on a CPU test machine)."""
+    if cfg.trainer.sink and cfg.trainer.sink_size != -1:
+        raise ConfigError(f"trainer.sink_size={cfg.trainer.sink_size}: MindSpore counts each sink as an epoch, so "
+                          f"epochs, evaluation, checkpoints, resume and the schedule would all change units; leave "
+                          f"it at -1 (one sink per epoch), or set trainer.sink=false to feed steps one by one")
+    if cfg.runtime.distributed and cfg.runtime.device_id is not None:
+        raise ConfigError(f"runtime.device_id={cfg.runtime.device_id} with runtime.distributed=true would put every "
+                          f"rank on device {cfg.runtime.device_id}; leave runtime.device_id unset (msrun gives each "
+                          f"rank its own device)")
 
 
 def check_command_line(argv: List[str]) -> None:

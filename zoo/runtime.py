@@ -50,9 +50,9 @@ def pick_device(requested: str) -> str:
     import mindspore as ms
     from zoo.errors import ConfigError
 
-    def available(target: str) -> bool:
+    def available(target: str) -> bool:  # mindspore.device_context (hal.is_available is deprecated)
         try:
-            return bool(ms.hal.is_available(target))
+            return bool(getattr(ms.device_context, target.lower()).is_available())
         except Exception:  # an older or partial build without the probe
             return target == "CPU"
 
@@ -66,15 +66,22 @@ def pick_device(requested: str) -> str:
 
 
 def set_context(runtime_cfg) -> str:
-    """Device, execution mode and determinism; returns the device target in use."""
+    """Device, execution mode and determinism; returns the device target in use.
+
+    The device id is passed only when the user set runtime.device_id: with none, MindSpore uses device 0 in a
+    single process and, under msrun, gives each rank its own device (mindspore.set_device's documentation); an
+    explicit id would put every rank on the same device."""
     import mindspore as ms
 
     device = pick_device(str(runtime_cfg.device))
     mode = str(runtime_cfg.mode)
-    ms.set_device(device, runtime_cfg.device_id)
+    if runtime_cfg.device_id is None:
+        ms.set_device(device)
+    else:
+        ms.set_device(device, runtime_cfg.device_id)
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     if runtime_cfg.deterministic:
-        ms.set_context(deterministic="ON")
+        ms.set_deterministic(True)  # set_context(deterministic=...) is deprecated
     return device
 
 
@@ -89,15 +96,27 @@ def seed_everything(seed: int) -> None:
     msds.config.set_seed(seed)
 
 
-def sink_mode(device: str, requested: bool):
-    """MindSpore's CPU backend silently runs non-sink when asked to sink, and then still reports sink_size
-    to callbacks as the epoch length. Decide here, say why, and never ask CPU to sink."""
+def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps: int = 0):
+    """Whether to sink, and the one log line that says why. A sink is always a whole epoch (trainer.sink_size
+    -1; zoo.load refuses other sizes), so an epoch stays a pass over the data. Sinking stays off where it
+    cannot be right:
+    - on CPU, MindSpore silently runs non-sink when asked to sink, and still reports sink_size to callbacks;
+    - for data whose batches change shape (translation buckets): a sink graph's GetNext is compiled for the
+      first batch's shapes (MindSpore's own Transformer trains without sinking);
+    - with trainer.max_steps, which stops mid-epoch: a sink returns to the host only at the epoch's end."""
     if not requested:
         return False, "data sinking off (trainer.sink=false)"
     if device == "CPU":
         return False, ("data sinking off: MindSpore's CPU backend does not sink datasets "
                        "(it would fall back to non-sink silently); steps are fed one by one")
-    return True, f"data sinking on ({device})"
+    if shapes_vary:
+        return False, (f"data sinking off on {device}: this data's batches change shape (length buckets), and a "
+                       f"sink graph is compiled for one shape; steps are fed one by one")
+    if max_steps:
+        return False, (f"data sinking off on {device}: trainer.max_steps={max_steps} stops mid-epoch, and a sink "
+                       f"returns to the host only at an epoch's end; steps are fed one by one")
+    return True, (f"data sinking on ({device}): one sink per epoch, so step callbacks (logging, AMP telemetry, "
+                  f"the divergence watch, a stop signal) act at epoch ends")
 
 
 def init_distributed():
@@ -111,6 +130,17 @@ def init_distributed():
     return get_rank(), get_group_size()
 
 
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on any rank (an all-reduce of one number; every rank must call it)."""
+    import mindspore as ms
+    from mindspore.ops.communication import all_reduce
+
+    value = ms.Tensor([1.0 if flag else 0.0], ms.float32)
+    out = all_reduce(value, op="max")
+    out = out[0] if isinstance(out, tuple) else value  # (result, handle), or in place
+    return bool(out.asnumpy()[0] > 0)
+
+
 def parameter_checksum(net) -> str:
     """sha1 of every parameter's bytes, in name order: equal on every rank after data-parallel training."""
     import hashlib
@@ -119,6 +149,21 @@ def parameter_checksum(net) -> str:
         digest.update(p.name.encode())
         digest.update(p.asnumpy().tobytes())
     return digest.hexdigest()
+
+
+def source_commit():
+    """The commit of the code that runs (with "+modified" when tracked files differ from it); None outside a
+    git checkout. Recorded with every run, so shipped weights name the code that trained them."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=root, timeout=10).returncode != 0
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("+modified" if dirty else "")
 
 
 def machine() -> dict:

@@ -1,0 +1,277 @@
+"""The Ascend and GPU paths, checked on a CPU: callbacks driven the way a data sink drives them (MindSpore adds a
+whole sink to cur_step_num before a host step's callbacks run), the device and sink decisions, the device id
+under msrun, saturation-mode overflow checks, and bf16 on a 910A. What only a device can confirm is listed in
+the README's "Ascend and GPU" section."""
+import logging
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+import mindspore as ms
+
+from amp.fallback import DivergenceWatch, last_good_checkpoint
+from amp.loss_scale import saturation_mode
+from amp.telemetry import AmpTelemetry, crossed
+from zoo.callbacks import EpochLog, GracefulStop, TensorBoardLogger
+from zoo.errors import ConfigError
+from zoo.load import load_config
+from zoo.runtime import pick_device, set_context, sink_mode
+
+SINK = 937  # steps per sink: one epoch of lenet_fashion at batch 64
+
+
+class Context:
+    """A run context as Model.train hands it to callbacks."""
+
+    def __init__(self, step=0, epoch=0):
+        self.args = SimpleNamespace(cur_step_num=step, cur_epoch_num=epoch, epoch_num=3, net_outputs=None,
+                                    train_network=None)
+        self.stopped = False
+
+    def original_args(self):
+        return self.args
+
+    def request_stop(self):
+        self.stopped = True
+
+
+class Counters:
+    """AmpTrainStep's in-graph counters as telemetry() reads them; `events` adds to them at given steps."""
+
+    def __init__(self, events=None):
+        self.step, self.events = 0, events or {}
+        self.values = dict.fromkeys(["amp_steps", "amp_overflow_steps", "amp_skipped_steps",
+                                     "amp_steps_since_overflow", "amp_floor_overflows", "amp_nonfinite_losses",
+                                     "amp_nonfinite_inputs", "amp_nonfinite_updates"], 0)
+
+    def run_to(self, step):
+        for s in range(self.step + 1, step + 1):
+            for key, n in self.events.get(s, {}).items():
+                self.values[key] += n
+        self.step = step
+
+    def telemetry(self):
+        return {**self.values, "loss_scale": 1024.0}
+
+
+def fallback_cfg(enabled=False):
+    return OmegaConf.create({"enabled": enabled, "overflow_rate": 0.5, "window": 50})
+
+
+def drive(callbacks, counters, ctx, host_steps, size, epoch_end=False):
+    """Host steps the way a sink advances them: cur_step_num jumps by `size` before the step's callbacks."""
+    for _ in range(host_steps):
+        if epoch_end:
+            ctx.args.cur_epoch_num += 1
+            for cb in callbacks:
+                getattr(cb, "on_train_epoch_begin", lambda c: None)(ctx)
+        ctx.args.cur_step_num += size
+        counters.run_to(ctx.args.cur_step_num)
+        for cb in callbacks:
+            getattr(cb, "on_train_step_begin", lambda c: None)(ctx)
+        for cb in callbacks:
+            cb.on_train_step_end(ctx)
+        if epoch_end:
+            for cb in callbacks:
+                getattr(cb, "on_train_epoch_end", lambda c: None)(ctx)
+        if ctx.stopped:
+            break
+
+
+def test_crossed_counts_a_sink_that_steps_over_a_multiple():
+    assert crossed(0, 937, 10) and crossed(937, 1874, 10)  # 937 % 10 != 0: an exact-multiple test never fires
+    assert not crossed(11, 19, 10) and crossed(19, 20, 10) and crossed(0, 1, 1)
+
+
+@pytest.mark.parametrize("size", [1, SINK])
+def test_divergence_is_caught_within_one_sink(size):
+    counters = Counters({SINK + 5: {"amp_nonfinite_updates": 1}})  # in the second sink
+    telemetry = AmpTelemetry(counters, None, 10, "fixed")
+    watch = DivergenceWatch(telemetry.read, "fixed", 1.0, fallback_cfg(), 10)
+    ctx = Context()
+    for cb in (telemetry, watch):
+        cb.on_train_begin(ctx)
+    drive([watch, telemetry], counters, ctx, 3 * SINK // size, size)
+    assert watch.reason is not None and ctx.stopped
+    assert watch.step <= 2 * SINK and watch.step >= SINK + 5, watch.step  # by the end of the sink it happened in
+    assert f"by step {watch.step}" in watch.reason
+
+
+def test_the_watch_checks_the_steps_after_its_last_check_at_the_end():
+    counters = Counters({25: {"amp_floor_overflows": 1}})
+    telemetry = AmpTelemetry(counters, None, 10, "dynamic")
+    watch = DivergenceWatch(telemetry.read, "dynamic", 1.0, fallback_cfg(), 10)
+    ctx = Context()
+    watch.on_train_begin(ctx)
+    drive([watch], counters, ctx, 27, 1)  # a run (or a step budget) that ends at step 27
+    assert watch.reason is None, "not yet checked: the last check was at step 20"
+    watch.on_train_end(ctx)
+    assert watch.reason is not None and watch.step == 27 and "minimum loss scale" in watch.reason
+
+
+def test_overflow_rate_window_counts_real_steps_under_a_sink():
+    counters = Counters({s: {"amp_overflow_steps": 1} for s in range(1, 3 * 100 + 1)})  # every step overflows
+    telemetry = AmpTelemetry(counters, None, 10, "dynamic")
+    watch = DivergenceWatch(telemetry.read, "dynamic", 1.0, fallback_cfg(enabled=True), 10)
+    ctx = Context()
+    watch.on_train_begin(ctx)
+    drive([watch], counters, ctx, 3, 100)
+    assert watch.step == 100 and "100 of the last 100 steps overflowed" in watch.reason
+
+
+def test_telemetry_logs_every_sink_and_its_rate(caplog):
+    counters = Counters({SINK + 1: {"amp_nonfinite_inputs": 2}, 2 * SINK: {"amp_overflow_steps": 3}})
+    telemetry = AmpTelemetry(counters, None, 10, "dynamic")
+    ctx = Context()
+    telemetry.on_train_begin(ctx)
+    with caplog.at_level(logging.WARNING, logger="amp_zoo"):
+        drive([telemetry], counters, ctx, 2, SINK)
+    assert "by step 1874: 2 batch(es) with NaN/Inf inputs skipped" in caplog.text
+    assert telemetry.last["step"] == 2 * SINK and telemetry.last["overflow_rate"] == pytest.approx(3 / SINK)
+
+
+def test_epoch_log_counts_a_sinks_steps(caplog):
+    ctx = Context()
+    ctx.args.net_outputs = ms.Tensor([0.5], ms.float32)
+    log_cb = EpochLog(64, "samples", 3)
+    with caplog.at_level(logging.INFO, logger="amp_zoo"):
+        drive([log_cb], Counters(), ctx, 2, SINK, epoch_end=True)
+    assert f"epoch 2/3: step {2 * SINK}, loss 0.5000, {SINK} steps in" in caplog.text, caplog.text
+
+
+def test_tensorboard_gets_a_point_every_sink():
+    points = []
+    writer = SimpleNamespace(add_scalar=lambda tag, value, step: points.append((tag, step)))
+    timer = SimpleNamespace(last=0.0)
+    ctx = Context()
+    ctx.args.net_outputs = ms.Tensor([0.5], ms.float32)
+    logger = TensorBoardLogger(writer, lambda s: 0.1, 64, 10, timer)
+    logger.on_train_begin(ctx)
+    drive([logger], Counters(), ctx, 3, SINK)
+    assert sorted({s for tag, s in points if tag == "train/loss"}) == [SINK, 2 * SINK, 3 * SINK]
+
+
+def test_profile_window_is_real_steps_after_the_compile_step(monkeypatch, tmp_path):
+    import mindspore.profiler as profiler
+
+    from amp import profile as amp_profile
+    started = []
+    monkeypatch.setattr(profiler, "profile", lambda **kw: SimpleNamespace(start=lambda: started.append(1),
+                                                                         stop=lambda: None))
+    monkeypatch.setattr(profiler, "tensorboard_trace_handler", lambda path: None)
+    monkeypatch.setattr(amp_profile, "op_times", lambda d: [("Default/optimizer-Momentum/ApplyMomentum-op1",
+                                                             "ApplyMomentum", 1.0)])
+    report = {"cells": [{"path": "(root)", "compute_dtype": "float32"}]}
+    for size, window in [(1, [2, 6]), (100, [101, 200])]:
+        cb = amp_profile.ProfileSteps(tmp_path, report, "Ascend", start=2)
+        ctx = Context()
+        cb.on_train_begin(ctx)
+        drive([cb], Counters(), ctx, 8, size)
+        assert cb.done and cb.window == window and len(started) == 1, (size, cb.window)
+        started.clear()
+    assert (tmp_path / "profile.md").exists()
+
+
+def test_ranks_stop_together_at_the_next_boundary():
+    saved = []
+    asks = []
+
+    def agree(flag):  # as if another rank had the signal from step 13 on
+        asks.append(flag)
+        return flag or ctx.args.cur_step_num >= 13
+
+    stop = GracefulStop(lambda net, step: saved.append(step), agree=agree, every=10)
+    ctx = Context()
+    stop.on_train_begin(ctx)
+    try:
+        drive([stop], Counters(), ctx, 30, 1)
+    finally:
+        stop.on_train_end(ctx)
+    assert saved == [20] and stop.step == 20 and ctx.stopped, "acts at the boundary every rank reaches"
+    assert stop.signal == "a signal to another rank" and asks == [False, False]
+
+
+def test_a_single_process_stops_at_the_next_step_and_names_the_signal():
+    import os
+    import signal
+    saved = []
+    stop = GracefulStop(lambda net, step: saved.append(step))
+    ctx = Context()
+    stop.on_train_begin(ctx)
+    try:
+        drive([stop], Counters(), ctx, 3, 1)
+        os.kill(os.getpid(), signal.SIGINT)
+        drive([stop], Counters(), ctx, 3, 1)
+    finally:
+        stop.on_train_end(ctx)
+    assert saved == [4] and stop.signal == "SIGINT"
+
+
+def test_the_device_id_is_left_to_mindspore_unless_the_user_sets_one(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ms, "set_device", lambda *args: calls.append(args))
+    monkeypatch.setattr(ms, "set_context", lambda **kw: None)
+    monkeypatch.setenv("DEVICE_ID", "5")  # as msrun sets it for a rank; MindSpore reads it when no id is given
+    monkeypatch.setenv("RANK_ID", "5")
+    runtime = OmegaConf.create({"device": "CPU", "device_id": None, "mode": "graph", "deterministic": False})
+    set_context(runtime)
+    runtime.device_id = 3
+    set_context(runtime)
+    assert calls == [("CPU",), ("CPU", 3)]
+    cfg, _ = load_config(["recipe=lenet_o2"])
+    assert cfg.runtime.device_id is None
+
+
+def test_an_explicit_device_id_under_msrun_is_refused():
+    with pytest.raises(ConfigError, match="would put every rank on device 0"):
+        load_config(["recipe=lenet_o2", "runtime.distributed=true", "runtime.device_id=0"])
+
+
+def test_a_sink_size_other_than_an_epoch_is_refused():
+    with pytest.raises(ConfigError, match="trainer.sink_size=100: MindSpore counts each sink as an epoch"):
+        load_config(["recipe=lenet_o2", "trainer.sink_size=100"])
+    load_config(["recipe=lenet_o2", "trainer.sink_size=100", "trainer.sink=false"])  # not sinking: no effect
+
+
+def test_sinking_is_off_where_it_cannot_be_right():
+    assert sink_mode("Ascend", True) [0] is True
+    assert sink_mode("GPU", True, shapes_vary=True)[0] is False
+    assert "change shape" in sink_mode("Ascend", True, shapes_vary=True)[1]
+    assert "trainer.max_steps=50" in sink_mode("Ascend", True, max_steps=50)[1]
+    assert sink_mode("CPU", True)[0] is False and sink_mode("Ascend", False)[0] is False
+
+
+def test_device_detection_uses_the_device_context_api(monkeypatch):
+    monkeypatch.setattr(ms.device_context.ascend, "is_available", lambda: True)
+    assert pick_device("auto") == "Ascend"
+    monkeypatch.setattr(ms.device_context.ascend, "is_available", lambda: False)
+    monkeypatch.setattr(ms.device_context.gpu, "is_available", lambda: True)
+    assert pick_device("auto") == "GPU" and pick_device("CPU") == "CPU"
+
+
+def test_saturation_mode_is_the_910a_or_a_910b_told_so(monkeypatch):
+    monkeypatch.delenv("MS_ASCEND_CHECK_OVERFLOW_MODE", raising=False)
+    assert saturation_mode("Ascend", True, False) and not saturation_mode("Ascend", False, True)
+    monkeypatch.setenv("MS_ASCEND_CHECK_OVERFLOW_MODE", "SATURATION_MODE")
+    assert saturation_mode("Ascend", False, True)
+    assert not saturation_mode("CPU", True, True) and not saturation_mode("GPU", True, True)
+
+
+def test_bf16_is_refused_on_a_910a(monkeypatch):
+    from amp import policy
+    amp_cfg = OmegaConf.create({"level": "O2", "dtype": "bfloat16", "force_fp16": []})
+    monkeypatch.setattr(policy, "ascend_910a", lambda: True)
+    with pytest.raises(ConfigError, match="not supported on an Ascend 910A"):
+        policy.check_device_dtype("Ascend", amp_cfg)
+    monkeypatch.setattr(policy, "ascend_910a", lambda: False)
+    policy.check_device_dtype("Ascend", amp_cfg)
+
+
+def test_only_rank_0_removes_checkpoints_from_a_shared_folder(tmp_path):
+    import numpy as np
+    net_params = {"w": ms.Parameter(ms.Tensor(np.array([np.nan], np.float32)), name="w")}
+    path = tmp_path / "lenet5-e0001-s00000010.ckpt"
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in net_params.items()], str(path))
+    assert last_good_checkpoint(tmp_path, remove=False) == (None, None) and path.exists()
+    assert last_good_checkpoint(tmp_path, remove=True) == (None, None) and not path.exists()

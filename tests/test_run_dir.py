@@ -1,0 +1,199 @@
+"""A run directory belongs to one run: a repeated command, a second process, a full disk, a resume with other
+settings, an evaluation without recipe= and a resume of a finished run each end in one clear line or the right
+behaviour, with nothing lost or silently changed."""
+import errno
+import hashlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+
+from tests.conftest import ROOT, run_cli
+from zoo.errors import ConfigError, WriteError
+from zoo.load import load_config
+from zoo.rundir import claim, release, resume_config
+
+ARGS = ["recipe=lenet_o0", "trainer.epochs=2", "logger.progress_bar=false"]
+
+
+def tree_digest(folder):
+    """Every file under `folder` with its sha256: equal before and after means nothing changed."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("done") / "run"
+    result = run_cli("train.py", *ARGS, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return run_dir
+
+
+def test_a_fresh_start_in_a_used_directory_is_refused_and_changes_nothing(finished_run):
+    before = tree_digest(finished_run)
+    again = run_cli("train.py", *ARGS, "trainer.epochs=1", "trainer.keep_last=1", f"hydra.run.dir={finished_run}")
+    assert again.returncode == 2
+    assert again.stderr.strip() == (f"error: {finished_run} already holds a run (lenet_o0, step 250 in 2 "
+                                    f"checkpoint(s), finished); continue it with resume=auto, or give another "
+                                    f"hydra.run.dir to start anew")
+    assert tree_digest(finished_run) == before
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run):
+    before = tree_digest(finished_run)
+    again = run_cli("train.py", *ARGS, f"hydra.run.dir={finished_run}", "resume=auto")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"{finished_run} is finished (250 steps, 2 epochs): nothing to do" in again.stdout
+    assert "Traceback" not in again.stderr
+    assert {k: v for k, v in tree_digest(finished_run).items() if k != "train.log"} == \
+        {k: v for k, v in before.items() if k != "train.log"}, "no config.resume-N.yaml, no new checkpoint"
+
+
+def test_a_second_process_is_refused_while_the_first_holds_the_directory(finished_run):
+    claim(finished_run)  # this test process stands for a run in progress
+    try:
+        before = tree_digest(finished_run)
+        second = run_cli("train.py", *ARGS, f"hydra.run.dir={finished_run}", "resume=auto")
+        assert second.returncode == 2
+        assert second.stderr.strip() == (f"error: run directory {finished_run} is in use by process {os.getpid()}: a "
+                                         f"directory holds one run at a time; wait for it to end, or give another "
+                                         f"directory")
+        assert tree_digest(finished_run) == before
+    finally:
+        release(finished_run)
+
+
+def test_a_lock_dies_with_its_process(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from zoo.rundir import claim; "
+                               f"claim({str(tmp_path)!r}); print('held', flush=True); time.sleep(60)"],
+                              cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(ConfigError, match=f"in use by process {holder.pid}"):
+        claim(tmp_path)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    claim(tmp_path)  # no stale lock: the kernel dropped it
+    release(tmp_path)
+
+
+def test_a_resume_takes_the_runs_own_settings(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    started, _ = load_config(["recipe=lenet_o2", "amp.loss_scale.type=dynamic"])
+    from omegaconf import OmegaConf
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(started, resolve=True))
+    plain, _ = load_config(["recipe=lenet_o2", "resume=auto", "trainer.epochs=9"])
+    cfg, taken = resume_config(plain, ["recipe", "resume", "trainer.epochs"], run_dir)
+    assert str(cfg.amp.loss_scale.type) == "dynamic", "the run's loss scale, not the recipe's fixed one"
+    assert cfg.trainer.epochs == 9 and taken == ["resume", "trainer.epochs"], "extending a run is allowed"
+    changed, _ = load_config(["recipe=lenet_o2", "resume=auto", "amp.loss_scale.type=fixed"])
+    with pytest.raises(ConfigError, match=r"resume: amp.loss_scale.type=fixed would change the run, which has "
+                                          r"amp.loss_scale.type=dynamic"):
+        resume_config(changed, ["recipe", "resume", "amp.loss_scale.type"], run_dir)
+    other, _ = load_config(["recipe=lenet_o0", "resume=auto"])
+    with pytest.raises(ConfigError, match="recipe=lenet_o0, but .* holds a lenet_o2 run"):
+        resume_config(other, ["recipe", "resume"], run_dir)
+
+
+def test_eval_without_recipe_uses_the_runs_config(finished_run, tmp_path):
+    ckpt = finished_run / "checkpoints" / "lenet5-e0002-s00000250.ckpt"
+    metrics = json.loads((finished_run / "metrics.json").read_text())
+    out = run_cli("eval.py", f"checkpoint={ckpt}", f"output={tmp_path / 'e.json'}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "evaluating with the config of the run it belongs to: lenet_o0" in out.stderr
+    record = json.loads((tmp_path / "e.json").read_text())
+    assert record["recipe"] == "lenet_o0" and record["top1"] == pytest.approx(metrics["final"]["top1"])
+    wrong = run_cli("eval.py", "recipe=lenet_o2", f"checkpoint={ckpt}")
+    assert wrong.returncode == 2 and "belongs to a lenet_o0 run" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def test_bad_input_leaves_no_directory_behind(tmp_path):
+    run_dir = tmp_path / "new"
+    out = run_cli("train.py", *ARGS, "dataset.batch_size=100000", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 2 and out.stderr.strip().startswith("error: dataset.batch_size=100000")
+    assert not run_dir.exists()
+
+
+def test_disk_full_is_one_line_and_the_checkpoints_stay_whole(tmp_path):
+    def small_files():  # a file-size limit: the first checkpoint cannot be written, as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "train.py", *ARGS, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env,
+                         preexec_fn=small_files, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: could not write {run_dir / 'checkpoints' / 'lenet5-e0001-s00000125.ckpt'}: File "
+                           f"too large; every complete checkpoint is intact") and "resume=auto" in last, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not list((run_dir / "checkpoints").glob("*.ckpt")) and not list((run_dir / "checkpoints").rglob("*.tmp"))
+
+
+def weights(path):
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path)).items()}
+
+
+def test_after_a_failed_save_resume_finishes_with_the_same_weights(tmp_path, monkeypatch, graph_mode):
+    from train import train
+    from zoo import checkpoint as zc
+    cfg, _ = load_config(ARGS)
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    train(cfg, whole)
+
+    saves, real_save = [], zc.ms.save_checkpoint
+
+    def disk_fills(*args, **kwargs):
+        saves.append(1)
+        if len(saves) == 2:
+            raise RuntimeError("Failed to save the checkpoint file: No space left on device")
+        return real_save(*args, **kwargs)
+    monkeypatch.setattr(zc.ms, "save_checkpoint", disk_fills)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    with pytest.raises(WriteError, match="lenet5-e0002-s00000250.ckpt: Failed to save the checkpoint file"):
+        train(cfg, broken)
+    assert [p.name for p in zc.checkpoints(broken / "checkpoints")] == ["lenet5-e0001-s00000125.ckpt"]
+    monkeypatch.setattr(zc.ms, "save_checkpoint", real_save)  # space freed
+    resumed, _ = load_config([*ARGS, "resume=auto"])
+    train(resumed, broken)
+    a = weights(whole / "checkpoints" / "lenet5-e0002-s00000250.ckpt")
+    b = weights(broken / "checkpoints" / "lenet5-e0002-s00000250.ckpt")
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    history = json.loads((broken / "metrics.json").read_text())["eval_history"]
+    assert [h["step"] for h in history] == [125, 250], "the evaluation from before the resume is kept"
+
+
+def test_tensorboard_failing_does_not_stop_a_run(tmp_path, monkeypatch, graph_mode, caplog):
+    from tensorboardX import SummaryWriter
+
+    from train import train
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(SummaryWriter, "add_scalar", full)
+    cfg, _ = load_config([*ARGS, "trainer.epochs=1"])
+    with caplog.at_level("WARNING", logger="amp_zoo"):
+        train(cfg, tmp_path)
+    assert (tmp_path / "metrics.json").exists()
+    assert "could not be written (No space left on device); training goes on without them" in caplog.text
+
+
+def test_progress_labels_after_a_step_budget(tmp_path, graph_mode, caplog):
+    from train import train
+    cfg, _ = load_config(["recipe=lenet_o0", "trainer.epochs=10", "trainer.max_steps=50", "logger.progress_bar=false"])
+    with caplog.at_level("INFO", logger="amp_zoo"):
+        train(cfg, tmp_path)
+    history = json.loads((tmp_path / "metrics.json").read_text())["eval_history"]
+    assert [(h["epoch"], h["step"]) for h in history] == [(0.4, 50)], "no evaluation of the cut epoch as epoch 1"
+    assert "epoch 1/1: step 50" in caplog.text

@@ -1,0 +1,169 @@
+"""A run directory belongs to one run.
+
+- One process at a time: `claim` takes an exclusive lock on the directory itself (flock on its file
+  descriptor, nothing written into it). The kernel drops the lock when the process ends, however it ends, so a
+  killed run never leaves a stale lock. A second process gets one line naming the process that holds it.
+- A fresh start never overwrites a run: `refuse_fresh_start` stops a run without `resume` in a directory that
+  holds a run's checkpoints or its metrics.json.
+- The run's own config rules a resume (`resume_config`) and an evaluation of its checkpoints (`run_config_for`):
+  a command-line key that would change the run is refused, naming the run's value.
+"""
+import fcntl
+import os
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from omegaconf import OmegaConf
+
+from zoo.config import load_run_config
+from zoo.errors import ConfigError
+
+HELD: Dict[Path, int] = {}  # directory -> the descriptor whose lock this process holds until it ends
+
+# What a resume may change: how long the run goes on, how it logs and where its data now is. Everything else
+# (model, data, precision, loss scale, optimizer, schedule, batch) is the run's.
+MAY_CHANGE = ("trainer.epochs", "trainer.max_steps", "trainer.eval_every", "trainer.ckpt_every", "trainer.keep_last",
+              "trainer.log_every", "logger", "resume", "checkpoint", "output", "dataset.path", "runtime.profile",
+              "runtime.device", "runtime.device_id", "runtime.onednn_isa")
+
+
+def lock_holder(directory: Path) -> Optional[int]:
+    """The process holding an flock on `directory`, from /proc/locks (Linux); None where it cannot be told."""
+    try:
+        inode = os.stat(directory).st_ino
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if "FLOCK" in parts and "->" not in parts and len(parts) > 5:
+            try:
+                if int(parts[5].split(":")[-1]) == inode and int(parts[4]) != os.getpid():
+                    return int(parts[4])
+            except ValueError:
+                continue
+    return None
+
+
+def claim(directory, what: str = "run directory") -> Path:
+    """Create `directory` if need be and hold it for this process; a directory another process holds is a
+    ConfigError naming that process. Claiming one directory twice in a process is a no-op."""
+    path = Path(directory).expanduser().resolve()
+    if path in HELD:
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        holder = lock_holder(path)
+        by = f"process {holder}" if holder else "another process"
+        raise ConfigError(f"{what} {directory} is in use by {by}: a directory holds one run at a time; wait for it "
+                          f"to end, or give another directory") from None
+    HELD[path] = fd
+    return path
+
+
+def release(directory) -> None:
+    fd = HELD.pop(Path(directory).expanduser().resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor drops the lock
+
+
+def describe(directory: Path) -> Optional[str]:
+    """'lenet_o0, step 2,811, finished' for a directory that holds a run; None for one that does not."""
+    from zoo.checkpoint import CHECKPOINT_NAME, checkpoints
+
+    found = checkpoints(directory / "checkpoints") if (directory / "checkpoints").is_dir() else []
+    finished = (directory / "metrics.json").exists()
+    if not found and not finished:
+        return None
+    recipe = None
+    if (directory / "config.yaml").exists():
+        try:
+            recipe = OmegaConf.load(directory / "config.yaml").get("recipe_name")
+        except Exception:  # noqa: BLE001  (an unreadable config still leaves a run worth keeping)
+            recipe = None
+    parts = [str(recipe or "recipe unknown")]
+    if found:
+        parts.append(f"step {int(CHECKPOINT_NAME.fullmatch(found[-1].name).group(2)):,} in {len(found)} checkpoint(s)")
+    parts.append("finished" if finished else "not finished")
+    return ", ".join(parts)
+
+
+def refuse_fresh_start(directory) -> None:
+    """A run started without `resume` in a directory that already holds a run would prune its checkpoints and
+    replace its metrics: refuse, and say the two ways on."""
+    directory = Path(directory).expanduser()
+    held = describe(directory)
+    if held:
+        raise ConfigError(f"{directory} already holds a run ({held}); continue it with resume=auto, or give another "
+                          f"hydra.run.dir to start anew")
+
+
+def may_change(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in MAY_CHANGE)
+
+
+def _with_given(run, cfg, keys: List[str]):
+    """The run's config with the command line's values of `keys`."""
+    out = OmegaConf.create(OmegaConf.to_container(run, resolve=True))
+    for key in keys:
+        value = OmegaConf.select(cfg, key)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        OmegaConf.update(out, key, _plain(value), force_add=True, merge=False)
+    return out
+
+
+def resume_config(cfg, given: List[str], run_dir) -> tuple:
+    """The config a resume runs with: the run's own config.yaml, with the command line's keys that may change
+    (MAY_CHANGE). A key that would change the run is refused, naming the run's value. Returns (config, the keys
+    taken from the command line)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        return cfg, []
+    run = load_run_config(run_dir)
+    if "recipe" in given and cfg.recipe_name != run.recipe_name:
+        raise ConfigError(f"resume: recipe={cfg.recipe_name}, but {run_dir} holds a {run.recipe_name} run; resume "
+                          f"it without recipe= (its own config.yaml is used), or give another hydra.run.dir")
+    taken = []
+    for key in given:
+        if key == "recipe":
+            continue
+        mine, theirs = OmegaConf.select(cfg, key), OmegaConf.select(run, key)
+        if may_change(key):
+            taken.append(key)
+        elif _plain(mine) != _plain(theirs):
+            raise ConfigError(f"resume: {key}={_plain(mine)} would change the run, which has {key}={_plain(theirs)} "
+                              f"({run_dir / 'config.yaml'}); a resume continues a run as it was started: drop "
+                              f"{key}, or start a new run in another hydra.run.dir")
+    out = _with_given(run, cfg, taken + ["resume"])
+    return OmegaConf.merge(run, out), taken
+
+
+def _plain(value):
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=True)
+    return str(value) if hasattr(value, "value") and not isinstance(value, (int, float, str, bool)) else value
+
+
+def run_of_checkpoint(checkpoint) -> Optional[Path]:
+    """The run directory a train.py checkpoint lives in (<run>/checkpoints/<name>.ckpt), if it has a config."""
+    run = Path(str(checkpoint)).expanduser().resolve().parent.parent
+    return run if (run / "config.yaml").exists() else None
+
+
+def run_config_for(cfg, given: List[str]) -> tuple:
+    """eval.py and export.py: a checkpoint written by train.py is evaluated with its run's config.yaml, and the
+    command line's keys over it. A `recipe=` that contradicts the run is refused. Returns (config, note or None)."""
+    run_dir = run_of_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
+    if run_dir is None:
+        return cfg, None
+    run = load_run_config(run_dir)
+    if "recipe" in given and cfg.recipe_name != run.recipe_name:
+        raise ConfigError(f"recipe={cfg.recipe_name}, but checkpoint={cfg.checkpoint} belongs to a {run.recipe_name} "
+                          f"run ({run_dir / 'config.yaml'}); drop recipe= to evaluate it as it was trained")
+    out = OmegaConf.merge(run, _with_given(run, cfg, [k for k in given if k != "recipe"] + ["checkpoint", "output"]))
+    return out, f"evaluating with the config of the run it belongs to: {run.recipe_name} ({run_dir / 'config.yaml'})"

@@ -1,0 +1,93 @@
+"""Shipped weights: `weights/<name>.ckpt`, inference weights only (no optimizer moments, no loss-scale state),
+each with an entry in `weights/MANIFEST.json` that says where it came from and what it scores.
+
+`eval.py weights=NAME` (or `weights=PATH/NAME.ckpt`, with its MANIFEST.json beside it) checks the file's full
+sha256 before anything loads it, then evaluates it with the config it was trained with: its recipe and
+overrides from the manifest, the command line's keys over them. A missing file, a changed or corrupt one, an
+unknown name and a `recipe=` of another recipe are each one line.
+"""
+import hashlib
+import json
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+from zoo.errors import ConfigError, choices_hint
+
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+MANIFEST = "MANIFEST.json"
+FIELDS = ("file", "sha256", "bytes", "parameters", "dtype", "recipe", "overrides", "commit", "mindspore", "machine",
+          "metric", "published", "command")
+
+
+def sha256(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(folder: Path = WEIGHTS) -> dict:
+    path = folder / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path} is not a readable weights manifest: {e}") from None
+
+
+def find(spec: str) -> Tuple[str, dict, Path]:
+    """(name, manifest entry, file) for `weights=NAME` (in weights/) or `weights=PATH/NAME.ckpt`, its sha256
+    checked."""
+    given = Path(spec).expanduser()
+    if given.suffix == ".ckpt" or "/" in spec:
+        folder, name = given.parent, given.stem
+        entries = read_manifest(folder)
+        if not entries:
+            raise ConfigError(f"weights={spec}: no {MANIFEST} beside it; give a shipped weight's name "
+                              f"({', '.join(sorted(read_manifest())) or 'none shipped'}) or its file in weights/")
+    else:
+        folder, name, entries = WEIGHTS, spec, read_manifest()
+    if name not in entries:
+        raise ConfigError(f"weights={spec} is not a shipped weight; " + choices_hint(name, entries))
+    entry = entries[name]
+    path = folder / entry["file"]
+    if not path.is_file():
+        raise ConfigError(f"weights={spec}: {path} is missing; restore it (git checkout -- {path.name} in "
+                          f"{folder}) or train it again with the recipe {entry['recipe']}")
+    actual = sha256(path)
+    if actual != entry["sha256"]:
+        raise ConfigError(f"weights={spec}: {path} fails its sha256 check (expected {entry['sha256'][:16]}..., got "
+                          f"{actual[:16]}...): the file is corrupt or was changed; restore it from the repository")
+    return name, entry, path
+
+
+def shipped_file(checkpoint) -> Optional[str]:
+    """The manifest name of a checkpoint path inside a weights folder (a MANIFEST.json beside it lists it)."""
+    path = Path(str(checkpoint)).expanduser()
+    entries = read_manifest(path.parent) if path.parent.is_dir() else {}
+    return next((name for name, e in entries.items() if e["file"] == path.name), None)
+
+
+def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.json"):
+    """eval.py / export.py: the config for `weights=` (or a `checkpoint=` that is a shipped file): the weight's
+    recipe and overrides, the command line's other keys over them, checkpoint set to the verified file, and
+    output (unless given) under runs/weights/ rather than beside the file in the repository.
+    Returns (config, note) or (cfg, None) when no shipped weight is asked for."""
+    from zoo.load import load_config
+
+    spec = cfg.weights or (str(Path(str(cfg.checkpoint)).expanduser()) if cfg.checkpoint and
+                           shipped_file(cfg.checkpoint) else None)
+    if not spec:
+        return cfg, None
+    name, entry, path = find(spec)
+    if "recipe" in given and cfg.recipe_name != entry["recipe"]:
+        raise ConfigError(f"recipe={cfg.recipe_name}, but weights {name} were trained with the recipe "
+                          f"{entry['recipe']}; drop recipe= (the manifest gives it)")
+    mine = [a for a in argv if not a.startswith(("recipe=", "weights=", "checkpoint=", "-"))]
+    out, _ = load_config([f"recipe={entry['recipe']}", *entry["overrides"], *mine, f"checkpoint={path}"])
+    if out.output is None:
+        out.output = str(Path("runs", "weights", name + suffix))
+        Path(out.output).parent.mkdir(parents=True, exist_ok=True)
+    return out, f"weights {name}: sha256 verified; recipe {entry['recipe']} {' '.join(entry['overrides'])}".rstrip()
