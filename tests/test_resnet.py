@@ -126,3 +126,14 @@ def test_resnet34_o2_smoke_run_from_a_fresh_checkout(tmp_path):
     report = json.loads((tmp_path / "precision_report.json").read_text())
     bn = [r for r in report["cells"] if r["class"] == "BatchNorm2d"]
     assert len(bn) == 36 and {r["compute_dtype"] for r in bn} == {"float32"}
+
+
+def test_the_imagenet_stem_pools_as_torchvision(pynative_mode):
+    """3x3/2 max-pool with one pixel of padding on every side (torchvision's), not TF-style "same" padding,
+    which pads only after and shifts every window by one: bench.torchvision_check found logits 15% apart."""
+    net = create_model("resnet18", num_classes=10)
+    pool = net.stem[3]
+    x = np.random.RandomState(0).randn(1, 1, 8, 8).astype(np.float32)
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    expected = np.array([[padded[0, 0, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max() for j in range(4)] for i in range(4)])
+    np.testing.assert_array_equal(pool(ms.Tensor(x)).asnumpy()[0, 0], expected)

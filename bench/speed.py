@@ -1,0 +1,173 @@
+"""A recipe's train step against PyTorch's, same model and shapes, same process, taking turns:
+
+    python -m bench.speed recipe=NAME [key=value ...] [--batch N] [--size PIXELS] [--rounds 6] [--steps 3]
+                          [--levels O0,O2] [--profile]
+
+Ours is the driver's own train step (bench.common.train_step: the recipe's network under its precision policy,
+loss scale and optimizer) at O0 and at the recipe's level; the peer is the same architecture in PyTorch eager
+fp32 (torchvision's ResNet with the recipe's stem, or LeNet-5 as models/lenet.py builds it), SGD with momentum
+and the recipe's weight decay, on as many threads as MindSpore uses. Inputs are random images of the recipe's
+size and channels (or --size), labels random. A ratio is the median of per-round ratios, so drift on a shared
+machine cancels; take numbers only on a quiet machine. --profile adds where each step spends its time: our ops
+(MindSpore's profiler) beside PyTorch's (torch.profiler), by op type.
+
+PyTorch (and torchvision) are bench-only dependencies: pip install torch==2.14.1 torchvision==0.29.1.
+"""
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+import sys  # noqa: E402
+
+ISA_NOTE = cap_onednn_isa([a for a in sys.argv[1:] if not a.startswith("-")])  # before MindSpore loads
+quiet_mindspore()
+
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable, Dict, List  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def shape_of(cfg, batch: int, size: int):
+    channels = cfg.dataset.channels or (1 if cfg.model.name == "lenet5" else 3)
+    return (batch or cfg.dataset.batch_size, channels, size or cfg.dataset.image_size,
+            size or cfg.dataset.image_size)
+
+
+def our_step(cfg, shape) -> Callable[[], float]:
+    import mindspore as ms
+
+    from bench.common import train_step
+    cell = train_step(cfg, 100, 1000)
+    rng = np.random.RandomState(0)
+    x = ms.Tensor(rng.randn(*shape).astype(np.float32))
+    y = ms.Tensor(rng.randint(0, cfg.model.num_classes, shape[0]).astype(np.int32))
+    return lambda: float(cell(x, y)[0].asnumpy())
+
+
+def torch_model(cfg, channels: int):
+    import torch.nn as tnn
+    name, classes = cfg.model.name, cfg.model.num_classes
+    if name == "lenet5":
+        return tnn.Sequential(tnn.Conv2d(channels, 6, 5), tnn.ReLU(), tnn.MaxPool2d(2), tnn.Conv2d(6, 16, 5),
+                              tnn.ReLU(), tnn.MaxPool2d(2), tnn.Flatten(), tnn.Linear(400, 120), tnn.ReLU(),
+                              tnn.Linear(120, 84), tnn.ReLU(), tnn.Linear(84, classes))
+    import torchvision
+    model = getattr(torchvision.models, name)(num_classes=classes)
+    if cfg.model.params.get("stem", "imagenet") == "cifar":
+        model.conv1 = tnn.Conv2d(channels, 64, 3, 1, 1, bias=False)
+        model.maxpool = tnn.Identity()
+    elif channels != 3:
+        model.conv1 = tnn.Conv2d(channels, 64, 7, 2, 3, bias=False)
+    return model
+
+
+def torch_step(cfg, shape) -> Callable[[], float]:
+    import torch
+    torch.manual_seed(0)
+    model = torch_model(cfg, shape[1]).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=cfg.optimizer.weight_decay)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g)
+    y = torch.randint(0, cfg.model.num_classes, (shape[0],), generator=g)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return float(loss)
+    return step
+
+
+def our_profile(step: Callable, steps: int = 3) -> Dict[str, float]:
+    """ms per step by op type, from MindSpore's profiler."""
+    from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+    from amp.profile import op_times
+    with tempfile.TemporaryDirectory() as tmp:
+        prof = profile(activities=[ProfilerActivity.CPU], on_trace_ready=tensorboard_trace_handler(tmp))
+        prof.start()
+        for _ in range(steps):
+            step()
+        prof.stop()
+        by_type: Dict[str, float] = defaultdict(float)
+        for _, op_type, ms_ in op_times(Path(tmp)):
+            by_type[op_type] += ms_ / steps
+    return dict(sorted(by_type.items(), key=lambda kv: -kv[1]))
+
+
+def torch_profile(step: Callable, steps: int = 3) -> Dict[str, float]:
+    """ms per step by op, from torch.profiler (self CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    rows = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]))
+
+
+def main(argv: List[str]) -> dict:
+    import mindspore as ms
+
+    from bench.common import alternate, bench_config, describe, pop_option, ratio, save_result
+    from zoo.runtime import machine
+
+    rounds, argv = pop_option(argv, "--rounds", 6)
+    steps, argv = pop_option(argv, "--steps", 3)
+    batch, argv = pop_option(argv, "--batch", 0)
+    size, argv = pop_option(argv, "--size", 0)
+    levels, argv = pop_option(argv, "--levels", None, lambda v: v.split(","))
+    want_profile = "--profile" in argv
+    argv = [a for a in argv if a != "--profile"]
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    cfg = bench_config(argv, smoke=False)  # the recipe as written, not its smoke block
+    shape = shape_of(cfg, batch, size)
+    levels = levels or sorted({"O0", str(cfg.amp.level)})
+    variants: Dict[str, Callable] = {}
+    for level in levels:
+        extra = [] if level == str(cfg.amp.level) else [f"amp.level={level}", "amp.loss_scale.type=none",
+                                                         "amp.keep_fp32=null"]
+        variants[f"ours {level}"] = our_step(bench_config([*argv, *extra], smoke=False), shape)
+    try:
+        import torch
+        torch.set_num_threads(2)  # MindSpore's CPU kernels use both cores here
+        peer = f"PyTorch {torch.__version__} eager fp32, {torch.get_num_threads()} threads"
+        variants["PyTorch fp32"] = torch_step(cfg, shape)
+    except ImportError:
+        torch, peer = None, "PyTorch is not installed (pip install torch==2.14.1 torchvision==0.29.1): no peer"
+    first = {}
+    for name, fn in variants.items():  # compile (ours) and warm up
+        t0 = time.perf_counter()
+        fn()
+        first[name] = round(time.perf_counter() - t0, 2)
+    times = alternate(variants, rounds, steps)
+    rows = {name: {"ms": round(statistics.median(ts), 2), "first_call_s": first[name]}
+            for name, ts in times.items()}
+    if torch is not None:
+        for name in rows:
+            rows[name]["speed_vs_pytorch"] = ratio(times["PyTorch fp32"], times[name])  # > 1: we are faster
+    mach = machine()
+    result = {"recipe": cfg.recipe_name, "model": cfg.model.name, "stem": cfg.model.params.get("stem"),
+              "shape": list(shape), "rounds": rounds, "steps_per_round": steps, "peer": peer, "onednn": ISA_NOTE,
+              "machine": mach, "rows": rows}
+    print(f"{cfg.recipe_name} ({cfg.model.name}, input {'x'.join(map(str, shape))}) on {describe(mach)}; {peer}")
+    for name, row in rows.items():
+        print(f"  {name}: {row}")
+    if want_profile:
+        result["profile_ours_ms"] = {k: round(v, 3) for k, v in list(our_profile(variants[f"ours {levels[0]}"]).items())[:15]}
+        if torch is not None:
+            result["profile_pytorch_ms"] = {k: round(v, 3) for k, v in list(torch_profile(variants["PyTorch fp32"]).items())[:15]}
+        for side in ("profile_ours_ms", "profile_pytorch_ms"):
+            print(f"  {side}: {result.get(side)}")
+    name = f"speed_{cfg.recipe_name}_{cfg.model.name}_{'x'.join(map(str, shape))}"
+    save_result(name, result)
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,114 @@
+"""Our ResNets are torchvision's: copy torchvision's weights into ours and compare.
+
+    python -m bench.torchvision_check [--batch 2] [--size 224] [--models resnet18,resnet34,resnet50]
+
+For each model, torchvision's `resnetNN()` (no weights downloaded: its own random initialisation) is copied
+parameter by parameter into ours (BatchNorm running statistics included), then on the same random batch:
+- eval mode: the logits, relative error (max |ours - theirs| / max |theirs|), which must be <= 1e-4;
+- train mode, one SGD step (lr 0.1, momentum 0.9, weight decay 1e-4 on every parameter, as torch's SGD
+  default): the loss, every weight after the step, and the BatchNorm running statistics (batch statistics
+  in train mode, momentum 0.1 in torch's convention, 0.9 in MindSpore's), largest relative error.
+Writes bench/results/torchvision_check.json and prints a table for BENCHMARKS. PyTorch and torchvision are
+bench-only dependencies (pip install torch==2.14.1 torchvision==0.29.1).
+"""
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()  # before MindSpore is imported
+quiet_mindspore()
+
+import sys  # noqa: E402
+from typing import Dict, List  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+BN = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
+
+
+def our_name(torch_name: str, bn_layers: set) -> str:
+    """torchvision's parameter name -> ours (models/resnet.py)."""
+    name = torch_name.replace("downsample.", "down.")
+    if name.startswith(("conv1.", "bn1.")):
+        name = name.replace("conv1.", "stem.0.", 1).replace("bn1.", "stem.1.", 1)
+    layer, _, leaf = name.rpartition(".")
+    if layer in bn_layers:
+        leaf = BN[leaf]
+    return f"{layer}.{leaf}"
+
+
+def rel_err(a, b) -> float:
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
+
+
+def check(name: str, batch: int, size: int) -> Dict:
+    import mindspore as ms
+    import mindspore.nn as nn
+    import torch
+    import torchvision
+
+    from models import create_model
+
+    torch.manual_seed(0)
+    theirs = getattr(torchvision.models, name)()
+    ours = create_model(name, num_classes=1000)
+    bn_layers = {n for n, m in theirs.named_modules() if isinstance(m, torch.nn.BatchNorm2d)}
+    bn_layers = {our_name(n + ".weight", set()).rpartition(".")[0] for n in bn_layers}
+    state = {our_name(k, bn_layers): v.detach().numpy() for k, v in theirs.state_dict().items()
+             if not k.endswith("num_batches_tracked")}
+    own = {p.name: p for p in ours.get_parameters()}
+    assert set(state) == set(own), (sorted(set(state) ^ set(own)))[:6]
+    for k, v in state.items():
+        own[k].set_data(ms.Tensor(v.copy()))
+    rng = np.random.RandomState(0)
+    x = rng.randn(batch, 3, size, size).astype(np.float32)
+    y = rng.randint(0, 1000, batch).astype(np.int64)
+
+    theirs.eval()
+    ours.set_train(False)
+    with torch.no_grad():
+        logits_t = theirs(torch.from_numpy(x)).numpy()
+    logits_o = ours(ms.Tensor(x)).asnumpy()
+
+    theirs.train()
+    ours.set_train(True)
+    opt_t = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    loss_t = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(x)), torch.from_numpy(y))
+    opt_t.zero_grad()
+    loss_t.backward()
+    opt_t.step()
+    opt_o = nn.Momentum(ours.trainable_params(), learning_rate=0.1, momentum=0.9, weight_decay=1e-4)
+    step = nn.TrainOneStepCell(nn.WithLossCell(ours, nn.CrossEntropyLoss()), opt_o)
+    step.set_train(True)
+    loss_o = float(step(ms.Tensor(x), ms.Tensor(y.astype(np.int32))).asnumpy())
+    after = {our_name(k, bn_layers): v.detach().numpy() for k, v in theirs.state_dict().items()
+             if not k.endswith("num_batches_tracked")}
+    weights = [rel_err(own[k].asnumpy(), v) for k, v in after.items() if "moving_" not in k]
+    stats = [rel_err(own[k].asnumpy(), v) for k, v in after.items() if "moving_" in k]
+    return {"model": name, "parameters": int(sum(p.size for p in ours.trainable_params())),
+            "eval_logits_rel_err": rel_err(logits_o, logits_t), "train_loss": [loss_o, float(loss_t.detach())],
+            "step_weights_max_rel_err": max(weights), "step_running_stats_max_rel_err": max(stats)}
+
+
+def main(argv: List[str]) -> None:
+    import mindspore as ms
+
+    from bench.common import pop_option, save_result
+    batch, argv = pop_option(argv, "--batch", 2)
+    size, argv = pop_option(argv, "--size", 224)
+    models, argv = pop_option(argv, "--models", ["resnet18", "resnet34", "resnet50"], lambda v: v.split(","))
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    rows = [check(m, batch, size) for m in models]
+    import torch
+    import torchvision
+    save_result("torchvision_check", {"batch": batch, "size": size, "rows": rows,
+                                      "peer": f"torch {torch.__version__}, torchvision {torchvision.__version__}"})
+    print("| model | parameters | eval logits rel. error | loss ours / torchvision | weights after 1 SGD step, "
+          "max rel. error | BN running stats, max rel. error |\n|---|---:|---:|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['parameters']:,} | {r['eval_logits_rel_err']:.1e} | {r['train_loss'][0]:.5f} / "
+              f"{r['train_loss'][1]:.5f} | {r['step_weights_max_rel_err']:.1e} | "
+              f"{r['step_running_stats_max_rel_err']:.1e} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
