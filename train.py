@@ -64,9 +64,10 @@ def main(cfg) -> Optional[float]:
 
 
 def first_process() -> bool:
-    """Rank 0 under msrun (which sets RANK_ID per worker), or a single process."""
+    """A single process, not one of msrun's workers: it holds its run directory from the start. msrun's ranks are
+    known only after init() (msrun may leave RANK_ID unset), so rank 0 claims the directory then (setup)."""
     import os
-    return os.environ.get("RANK_ID", "0") == "0"
+    return "MS_WORKER_NUM" not in os.environ and "MS_ROLE" not in os.environ
 
 
 CREATED: List[Path] = []  # run directories this process created
@@ -213,6 +214,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     from zoo.callbacks import Evaluator, SafeWriter, StepTimer
     from zoo.errors import write_error
     from zoo.optim import lr_schedule, scaled_lr
+    from zoo.rundir import claim
     from zoo.runtime import init_distributed, seed_everything, set_context, sink_mode
 
     t_start = time.perf_counter()
@@ -223,6 +225,8 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
         log.warning(smoke_note)
     device = set_context(cfg.runtime)
     rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
+    if cfg.runtime.distributed and rank == 0:
+        claim(run_dir)
     if rank == 0:
         config_file = run_dir / "config.yaml"
         if config_file.exists():  # resuming into this directory: keep the first config, add this one beside it
