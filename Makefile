@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 RECIPE ?= lenet_o2
 
-.PHONY: demo test test-all bench bench-quick reproduce install clean
+.PHONY: demo test test-all bench bench-quick reproduce verify install clean
 
 $(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 2; }
@@ -35,6 +35,10 @@ bench: install
 
 bench-quick: install
 	$(PY) -m bench.run --quick
+
+# every shipped weight (weights/MANIFEST.json) whose data is here, re-evaluated and compared with its manifest
+verify: install
+	$(PY) -m bench.verify
 
 # every recipe whose real data is here (resumable); e.g. make reproduce ARGS="--data mnist=/data/mnist"
 reproduce: install

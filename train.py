@@ -98,13 +98,14 @@ def claim_run_dir(argv: List[str]) -> None:
 
 def abandon(run_dir: Path, error: str) -> None:
     """Bad input found once the run directory exists: a directory this process created and nothing else wrote
-    into is removed; any other keeps the error in its train.log."""
+    into is removed, unless the error points at its train.log (a model that does not compile keeps its trace
+    there); any other keeps the error in its train.log."""
     import shutil
 
     from zoo.checkpoint import checkpoints
     named = any(a.startswith("hydra.run.dir=") for a in sys.argv[1:])
     ours = run_dir.resolve() in CREATED or not named  # a dir Hydra made for this run (runs/<recipe>/<time>)
-    if ours and first_process() and not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists():
+    if ours and first_process() and "train.log" not in error and not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists():
         logging.shutdown()
         shutil.rmtree(run_dir, ignore_errors=True)
         return

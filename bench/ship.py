@@ -1,0 +1,115 @@
+"""Ship a finished run's weights:  python -m bench.ship RUN_DIR NAME [--fp16]
+
+Takes the run's final checkpoint (for translation, the last decode.average_last epoch checkpoints averaged,
+as the published protocol scores them), keeps the network's parameters only (no optimizer moments, no
+loss-scale state or AMP counters), writes weights/NAME.ckpt (fp32, or fp16 with --fp16 for large models),
+scores that file on the full test split, and writes its entry in weights/MANIFEST.json: sha256, bytes,
+parameter count, recipe and overrides, the commit that trained it, MindSpore version and machine, the metric
+with its scorer, the published anchor, and the command that re-evaluates it (bench.verify runs them all).
+"""
+import sys
+
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+cap_onednn_isa()  # before MindSpore is imported
+quiet_mindspore()
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Dict, List  # noqa: E402
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from zoo.errors import ConfigError, fail  # noqa: E402
+from zoo.weights import MANIFEST, WEIGHTS, read_manifest, sha256  # noqa: E402
+
+SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
+        "logger")
+
+
+def flat(tree, prefix="") -> Dict[str, object]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def overrides(run_cfg) -> List[str]:
+    """The key=value list that turns the recipe as written into the run's config (what the run's command line
+    changed): composing the recipe with these gives the run's config again."""
+    from zoo.compose import compose
+    recipe = flat(OmegaConf.to_container(compose([f"recipe={run_cfg.recipe_name}"]), resolve=True))
+    run = flat(OmegaConf.to_container(run_cfg, resolve=True))
+    out = []
+    for key, value in sorted(run.items()):
+        if key.split(".")[0] in SKIP or recipe.get(key) == value:
+            continue
+        out.append(f"{key}={json.dumps(value) if isinstance(value, (list, dict)) else value}")
+    return out
+
+
+def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -> dict:
+    import mindspore as ms
+
+    from data import task
+    from models import build_model
+    from zoo.checkpoint import average_checkpoints, checkpoints, last_checkpoints, read_checkpoint
+    from zoo.config import load_run_config
+    from zoo.runtime import set_context
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.json").is_file():
+        raise ConfigError(f"{run_dir} has no metrics.json: ship a finished run")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    cfg = load_run_config(run_dir)
+    set_context(cfg.runtime)
+    final = checkpoints(run_dir / "checkpoints")[-1]
+    if task(cfg) == "translation" and cfg.decode.average_last > 1:
+        params = average_checkpoints(last_checkpoints(final, cfg.decode.average_last))
+    else:
+        params = read_checkpoint(final)
+    net = build_model(cfg)
+    names = [p.name for p in net.get_parameters()]
+    dtype = ms.float16 if fp16 else ms.float32
+    kept = [{"name": n, "data": ms.Tensor(params[n].asnumpy()).astype(dtype)} for n in names]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.ckpt"
+    ms.save_checkpoint(kept, str(path))
+    path.chmod(0o644)  # MindSpore writes 0400; a shipped file is read by everyone
+    entry = {
+        "file": path.name, "sha256": sha256(path), "bytes": path.stat().st_size,
+        "parameters": int(sum(p.size for p in net.trainable_params())), "dtype": "float16" if fp16 else "float32",
+        "recipe": cfg.recipe_name, "overrides": overrides(cfg), "from": final.name,
+        "commit": metrics.get("commit"), "mindspore": metrics["machine"]["mindspore"],
+        "machine": metrics["machine"]["cpu"], "trained": {"steps": metrics["steps"], "epochs": metrics["epochs"],
+                                                        "train_time_s": metrics.get("train_time_s")},
+        "metric": None, "published": {k: OmegaConf.to_container(cfg.target).get(k)
+                                      for k in ("metric", "published", "published_setting", "source")},
+        "command": f"python eval.py weights={name}",
+    }
+    entries = read_manifest(folder)
+    entries[name] = entry
+    (folder / MANIFEST).write_text(json.dumps(entries, indent=2) + "\n")
+    from bench.verify import score
+    entry["metric"] = score(name, folder)
+    entries[name] = entry
+    (folder / MANIFEST).write_text(json.dumps(entries, indent=2) + "\n")
+    return entry
+
+
+def main(argv: List[str]) -> None:
+    args = [a for a in argv if not a.startswith("--")]
+    if len(args) != 2:
+        fail("usage: python -m bench.ship RUN_DIR NAME [--fp16]")
+    try:
+        entry = ship(Path(args[0]), args[1], "--fp16" in argv)
+    except ConfigError as e:
+        fail(str(e))
+    print(json.dumps(entry, indent=2))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
