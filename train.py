@@ -476,7 +476,9 @@ def resume_run_dir(argv) -> list:
 
 if __name__ == "__main__":
     from zoo.load import check_command_line
+    from zoo.compose import expand_home
     check_command_line(sys.argv[1:])
+    sys.argv[1:] = expand_home(sys.argv[1:])
     sys.argv += resume_run_dir(sys.argv[1:])
     claim_run_dir(sys.argv[1:])
     main()

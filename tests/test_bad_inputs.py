@@ -28,6 +28,16 @@ CASES = [
     (["amp.loss_scale.scale=-1"], "amp.loss_scale.scale=-1.0 must be positive"),
     (["-m", "recipe=lenet_o0,lenet_o9"], "recipe=lenet_o9 not found"),
     (["hydra.run.dir=/etc/hostname"], "hydra.run.dir=/etc/hostname is a file; give a directory"),
+    # common slips: what was meant, not Hydra's grammar
+    (["lenet_o2"], "'lenet_o2' is not a key=value override; did you mean recipe=lenet_o2?"),
+    (["epochs=1"], "unknown key epochs; did you mean trainer.epochs?"),
+    (["resume=true"], "resume=true: resume takes auto (the newest checkpoint of hydra.run.dir) or the path of a "
+                      ".ckpt file"),
+    (["dataset.path=~/no-such-mnist"], "/no-such-mnist' does not exist"),  # ~ expanded, not a grammar error
+    (["recipe=lenet_o2", "[--diff", "O1", "O3]"], "'[--diff' looks like a usage line pasted with its brackets"),
+    (["trainer.sink_size=100"], "trainer.sink_size=100: MindSpore counts each sink as an epoch"),
+    (["runtime.distributed=true", "runtime.device_id=3"], "runtime.device_id=3 with runtime.distributed=true would "
+                                                          "put every rank on device 3"),
 ]
 
 
@@ -58,6 +68,8 @@ def test_eval_bad_checkpoints(tmp_path):
     junk.write_bytes(b"\x00not a checkpoint" * 64)
     corrupt = run_cli("eval.py", "recipe=lenet_o2", f"checkpoint={junk}")
     assert corrupt.returncode == 2
+    folder = run_cli("eval.py", "recipe=lenet_o2", f"checkpoint={tmp_path}")
+    assert folder.returncode == 2 and f"checkpoint='{tmp_path}' is a directory; give a .ckpt file" in folder.stderr
     assert "is not a readable MindSpore checkpoint" in corrupt.stderr
     assert "Traceback" not in corrupt.stderr
 

@@ -16,6 +16,10 @@ log = logging.getLogger("amp_zoo")
 
 def read_checkpoint(path) -> dict:
     path = Path(path).expanduser()
+    if path.is_dir():
+        found = checkpoints(path) or checkpoints(path / "checkpoints")
+        newest = f" (the newest there: {found[-1]})" if found else ""
+        raise ConfigError(f"checkpoint={str(path)!r} is a directory; give a .ckpt file{newest}")
     if not path.is_file():
         raise ConfigError(f"checkpoint={str(path)!r} does not exist; give a .ckpt file written by train.py "
                           f"(runs/<recipe>/<time>/checkpoints/)")

@@ -2,10 +2,56 @@
 OmegaConf error is shown as. Imports Hydra, never MindSpore: zoo/runtime.py reads runtime.onednn_isa with it
 before MindSpore loads."""
 import dataclasses
+import os
 from typing import List
 
-from zoo.config import CONF_DIR, register_schema
-from zoo.errors import choices_hint
+from zoo.config import CONF_DIR, Config, register_schema
+from zoo.errors import ConfigError, choices_hint
+
+YES_NO = ("true", "false", "yes", "no", "on", "off", "1", "0")
+
+
+def schema_keys(schema=Config, prefix: str = "") -> List[str]:
+    """Every key path of the schema (trainer.epochs, amp.loss_scale.type, ...)."""
+    out = []
+    for f in dataclasses.fields(schema):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            out += schema_keys(type(default), f"{prefix}{f.name}.")
+        else:
+            out.append(f"{prefix}{f.name}")
+    return out
+
+
+def expand_home(argv: List[str]) -> List[str]:
+    """key=~/path as the shell would have expanded it unquoted (Hydra's grammar rejects a leading ~)."""
+    return [a.split("=", 1)[0] + "=" + os.path.expanduser(a.split("=", 1)[1])
+            if "=" in a and a.split("=", 1)[1].startswith("~") and not a.startswith("-") else a for a in argv]
+
+
+def check_slips(argv: List[str]) -> None:
+    """Common slips on a command line, each one line that says what was meant, before Hydra's grammar error."""
+    recipes = sorted(p.stem for p in (CONF_DIR.parent / "recipes").glob("*.yaml"))
+    top = {f.name for f in dataclasses.fields(Config)} | {"recipe", "hydra"}
+    for arg in argv:
+        if arg.startswith("-"):
+            continue
+        if arg.startswith("[") or arg.endswith("]") and "=" not in arg:
+            raise ConfigError(f"{arg!r} looks like a usage line pasted with its brackets: what is in [ ] is "
+                              f"optional; write it without the brackets (e.g. --diff O1 O3)")
+        if "=" not in arg:
+            hint = f"did you mean recipe={arg}?" if arg in recipes else "write key=value, e.g. recipe=lenet_o2"
+            raise ConfigError(f"{arg!r} is not a key=value override; {hint}")
+        key, value = arg.split("=", 1)
+        key = key.lstrip("+~")
+        if key.split(".")[0] not in top:
+            leaf = key.split(".")[-1]
+            near = [k for k in schema_keys() if k.split(".")[-1] == leaf]
+            if near:
+                raise ConfigError(f"unknown key {key}; did you mean {' or '.join(near[:3])}?")
+        if key == "resume" and value.lower() in YES_NO:
+            raise ConfigError(f"resume={value}: resume takes auto (the newest checkpoint of hydra.run.dir) or the "
+                              f"path of a .ckpt file")
 
 
 def one_line(exc: BaseException) -> str:

@@ -12,7 +12,7 @@ from amp.names import check_policy_names
 from amp.policy import check_device_dtype
 import data  # noqa: F401  (registers the datasets)
 from models import check_model  # (and registers the models)
-from zoo.compose import compose, one_line
+from zoo.compose import check_slips, compose, expand_home, one_line
 from zoo.config import RANGES, SPECIAL, Config
 from zoo.errors import ConfigError, fail
 from zoo.registry import DATASETS
@@ -25,6 +25,8 @@ def load_config(argv: List[str], composed=None, smoke: bool = True,
     @hydra.main already composed from the same overrides; smoke=False: the recipe as written even without
     dataset.path (benchmarks of the full-size network on synthetic batches); needs_data=False: a tool that
     only builds the network (amp.report) accepts a dataset.path that is not on this machine."""
+    argv = expand_home(argv)
+    check_slips(argv)
     try:
         cfg = composed if composed is not None else compose([a for a in argv if not a.startswith("-")])
     except Exception as e:  # Hydra/OmegaConf composition errors
@@ -152,7 +154,11 @@ def check_command_line(argv: List[str]) -> None:
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    overrides = [a for a in argv if not a.startswith("-")]
+    try:
+        check_slips(argv)
+    except ConfigError as e:
+        fail(str(e))
+    overrides = [a for a in expand_home(argv) if not a.startswith("-")]
     for a in overrides:
         if a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
             out = Path(a.split("=", 1)[1]).expanduser()
