@@ -43,21 +43,11 @@ def export(cfg) -> Path:
 
 
 def main(argv) -> None:
-    from zoo.load import load_config, user_keys, validate
-    from zoo.rundir import run_config_for
-    from zoo.weights import weights_config
+    from zoo.weights import checkpoint_config
 
+    fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("infer.format=")), "MINDIR")
     try:
-        cfg, smoke_note = load_config(argv)
-        cfg, run_note = weights_config(cfg, argv, user_keys(argv), f".{str(cfg.infer.format).lower()}")  # a shipped weight, sha256 checked first
-        if run_note is None:  # a train.py checkpoint: its run's own config
-            cfg, run_note = run_config_for(cfg, user_keys(argv))
-        if run_note:
-            validate(cfg)
-            print(run_note, file=sys.stderr)
-            smoke_note = None if cfg.dataset.path else smoke_note
-        if smoke_note:
-            print(smoke_note, file=sys.stderr)
+        cfg, _ = checkpoint_config(argv, f".{fmt.lower()}")
         out = export(cfg)
     except ConfigError as e:
         fail(str(e))

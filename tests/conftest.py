@@ -26,6 +26,14 @@ def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600, env=None) -> 
                           text=True, timeout=timeout)
 
 
+def finished_run_dir(tmp_path_factory, name: str, *args: str) -> Path:
+    """A train.py run trained to its end in a directory of its own (for a module-scoped fixture)."""
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    result = run_cli("train.py", *args, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return run_dir
+
+
 def fork(root: Path, module: str, model_src: str, recipe: str, recipe_src: str):
     """A model module and its recipe outside the repository, as a user forks one: returns the environment
     that imports the module and the Hydra override that finds the recipe."""

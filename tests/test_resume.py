@@ -12,7 +12,7 @@ import pytest
 
 import mindspore as ms
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, finished_run_dir, run_cli
 
 ARGS = ["recipe=lenet_o0", "trainer.epochs=3", "logger.progress_bar=false"]
 
@@ -39,10 +39,7 @@ def weights(path):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("a") / "run"
-    result = run_cli("train.py", *ARGS, f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-2000:]
-    return run_dir
+    return finished_run_dir(tmp_path_factory, "a", *ARGS)
 
 
 def test_sigkill_then_resume_is_bitwise_exact(uninterrupted, tmp_path):

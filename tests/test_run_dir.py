@@ -15,7 +15,7 @@ import pytest
 
 import mindspore as ms
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, finished_run_dir, run_cli
 from zoo.errors import ConfigError, WriteError
 from zoo.load import load_config
 from zoo.rundir import claim, release, resume_config
@@ -31,10 +31,7 @@ def tree_digest(folder):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("done") / "run"
-    result = run_cli("train.py", *ARGS, f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, result.stderr[-2000:]
-    return run_dir
+    return finished_run_dir(tmp_path_factory, "done", *ARGS)
 
 
 def test_a_fresh_start_in_a_used_directory_is_refused_and_changes_nothing(finished_run):

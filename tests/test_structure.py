@@ -149,4 +149,6 @@ def test_config_enums_are_plain_strings_to_omegaconf():
 def test_every_entry_point_loads_its_config_through_load_config():
     for script in ("train.py", "eval.py", "export.py", "amp/report.py", "amp/audit.py", "bench/common.py"):
         text = (ROOT / script).read_text()
-        assert "load_config" in text and "apply_smoke" not in text, script
+        # eval.py and export.py through zoo.weights.checkpoint_config, which calls load_config
+        assert ("load_config" in text or "checkpoint_config" in text) and "apply_smoke" not in text, script
+    assert "load_config(argv)" in (ROOT / "zoo" / "weights.py").read_text()

@@ -70,6 +70,29 @@ def shipped_file(checkpoint) -> Optional[str]:
     return next((name for name, e in entries.items() if e["file"] == path.name), None)
 
 
+def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
+    """eval.py and export.py: the config a checkpoint is used with, and the smoke note (or None). A shipped
+    weight: its manifest's recipe, sha256 checked first; a train.py checkpoint: its run's config.yaml; any
+    other: the command line's recipe. Notes go to stderr."""
+    import sys
+
+    from zoo.load import load_config, user_keys, validate
+    from zoo.rundir import run_config_for
+
+    cfg, smoke_note = load_config(argv)
+    given = user_keys(argv)
+    cfg, note = weights_config(cfg, argv, given, suffix)
+    if note is None:
+        cfg, note = run_config_for(cfg, given)
+    if note:
+        validate(cfg)
+        print(note, file=sys.stderr)
+        smoke_note = None if cfg.dataset.path else smoke_note
+    if smoke_note:
+        print(smoke_note, file=sys.stderr)
+    return cfg, smoke_note
+
+
 def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.json"):
     """eval.py / export.py: the config for `weights=` (or a `checkpoint=` that is a shipped file): the weight's
     recipe and overrides, the command line's other keys over them, checkpoint set to the verified file, and
