@@ -44,7 +44,7 @@ from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402
 from zoo import train_run  # noqa: E402
 from zoo.errors import ConfigError, fail  # noqa: E402
 
-EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Flatten", "Dropout", "Identity")
+EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool2x2", "MaxPool3d", "Flatten", "Dropout", "Identity")
 TIERS = ("overflow", "constant", "error", "underflow")  # the audit's flags, most serious first
 METRICS = {"top1": 100.0, "top5": 100.0, "loss": -1.0, "bleu": 1.0, "bleu_lowercase": 1.0}  # reported unit, sign
 SET_BY_SEARCH = {  # keys the search sets for every run -> what to give instead
