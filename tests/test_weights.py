@@ -1,0 +1,84 @@
+"""Shipped weights: every file matches its manifest entry (sha256, bytes, parameter count, inference weights
+only), loading by name checks the sha256 first, a corrupt copy or a weight of another recipe is one line, and
+bench.verify gets a LeNet weight's number back from the file."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import mindspore as ms
+
+from bench.verify import data_here, verify
+from tests.conftest import run_cli
+from zoo.errors import ConfigError
+from zoo.weights import FIELDS, WEIGHTS, find, read_manifest, sha256
+
+ENTRIES = read_manifest()
+FASHION = "apt-get install dataset-fashion-mnist"
+
+
+def test_weights_are_shipped_for_the_published_numbers():
+    assert {"lenet_fashion_o0", "lenet_fashion_o2", "lenet_fashion_o3"} <= set(ENTRIES)
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_every_weight_matches_its_manifest_entry(name):
+    entry = ENTRIES[name]
+    assert set(FIELDS) <= set(entry), f"missing: {set(FIELDS) - set(entry)}"
+    path = WEIGHTS / entry["file"]
+    assert sha256(path) == entry["sha256"] and path.stat().st_size == entry["bytes"]
+    params = ms.load_checkpoint(str(path))
+    assert not any(k.startswith(("moments", "amp_", "scale_sense", "global_step", "learning_rate")) for k in params), \
+        "inference weights only: no optimizer or loss-scale state"
+    assert sum(p.size for k, p in params.items() if "moving_" not in k) == entry["parameters"], \
+        "trainable parameters, as torchvision counts them (BatchNorm running statistics apart)"
+    assert entry["command"] == f"python eval.py weights={name}" and entry["published"]["source"]
+    assert {"top1", "top5", "scorer"} <= set(entry["metric"]) or "bleu_lowercase" in entry["metric"]
+
+
+def test_an_unknown_name_is_one_line_with_the_shipped_ones():
+    with pytest.raises(ConfigError, match=r"weights=lenet_fashon_o0 is not a shipped weight; did you mean "
+                                          r"lenet_fashion_o0"):
+        find("lenet_fashon_o0")
+
+
+def test_a_corrupt_copy_is_refused_before_loading(tmp_path):
+    copy = tmp_path / "weights"
+    shutil.copytree(WEIGHTS, copy)
+    path = copy / ENTRIES["lenet_fashion_o0"]["file"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    out = run_cli("eval.py", f"weights={path}")
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith(f"error: weights={path}: {path} fails its sha256 check"), out.stderr
+    path.unlink()
+    missing = run_cli("eval.py", f"weights={path}")
+    assert missing.returncode == 2 and "is missing" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_weight_of_another_recipe_is_refused():
+    out = run_cli("eval.py", "weights=lenet_fashion_o0", "recipe=lenet_o2")
+    assert out.returncode == 2
+    assert "weights lenet_fashion_o0 were trained with the recipe lenet_fashion_o0" in out.stderr
+
+
+def test_verify_gets_a_lenet_weights_number_back():
+    if data_here(ENTRIES["lenet_fashion_o2"]) is None:
+        pytest.skip(f"needs Fashion-MNIST: {FASHION}")
+    [row] = verify(["lenet_fashion_o2"])
+    assert row["ok"], row
+
+
+def test_eval_by_name_writes_outside_the_repository():
+    if data_here(ENTRIES["lenet_fashion_o0"]) is None:
+        pytest.skip(f"needs Fashion-MNIST: {FASHION}")
+    out = run_cli("eval.py", "weights=lenet_fashion_o0")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "weights lenet_fashion_o0: sha256 verified" in out.stderr
+    record = json.loads(out.stdout.splitlines()[-2])
+    assert record["top1"] == pytest.approx(ENTRIES["lenet_fashion_o0"]["metric"]["top1"], abs=2e-4)
+    assert not list(WEIGHTS.glob("*.json")) or sorted(p.name for p in WEIGHTS.glob("*.json")) == ["MANIFEST.json"]
+    assert Path("runs/weights/lenet_fashion_o0.eval.json").exists() or \
+        (Path(__file__).resolve().parent.parent / "runs/weights/lenet_fashion_o0.eval.json").exists()
