@@ -19,6 +19,7 @@ $(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt
 install: $(VENV)/.installed
 
 demo: install
+	rm -rf runs/demo-$(RECIPE)  # the demo starts anew each time (train.py refuses to overwrite a run)
 	$(PY) train.py recipe=$(RECIPE) hydra.run.dir=runs/demo-$(RECIPE) logger.progress_bar=false
 	$(PY) eval.py recipe=$(RECIPE) checkpoint=$$(ls -t runs/demo-$(RECIPE)/checkpoints/*.ckpt | head -1) \
 		output=runs/demo-$(RECIPE)/eval.json
