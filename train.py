@@ -105,7 +105,8 @@ def abandon(run_dir: Path, error: str) -> None:
     from zoo.checkpoint import checkpoints
     named = any(a.startswith("hydra.run.dir=") for a in sys.argv[1:])
     ours = run_dir.resolve() in CREATED or not named  # a dir Hydra made for this run (runs/<recipe>/<time>)
-    if ours and first_process() and "train.log" not in error and not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists():
+    untouched = not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists()
+    if ours and first_process() and "train.log" not in error and untouched:
         logging.shutdown()
         shutil.rmtree(run_dir, ignore_errors=True)
         return
@@ -171,7 +172,6 @@ class Rung:
 def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=()) -> Optional[float]:
     """cfg: from zoo.load.load_config. extra_callbacks: appended to the driver's own (bench/overhead.py)."""
     from amp.fallback import describe, ladder, last_good_checkpoint
-
     from zoo.rundir import refuse_fresh_start
 
     if not cfg.resume:
@@ -438,7 +438,8 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "data": cfg.dataset.path or "embedded", "device": run.device, "mode": str(cfg.runtime.mode),
         "sink": run.sink, "amp_level": rung.policy.level, "amp_dtype": rung.policy.dtype,
         "batch_size": cfg.dataset.batch_size, "world_size": run.world, "global_batch": cfg.dataset.batch_size * run.world,
-        "epochs": cfg.trainer.epochs, "steps": steps_done, "steps_per_epoch": run.steps_per_epoch, "wall_time_s": round(time.perf_counter() - run.t_start, 2),
+        "epochs": cfg.trainer.epochs, "steps": steps_done, "steps_per_epoch": run.steps_per_epoch,
+        "wall_time_s": round(time.perf_counter() - run.t_start, 2),
         "train_time_s": round(rung.train_time, 2), **run.timer.summary(run.per_step),
         "throughput_unit": run.unit,
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],

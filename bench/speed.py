@@ -79,7 +79,7 @@ def torch_step(cfg, shape) -> Callable[[], float]:
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
-        return float(loss)
+        return float(loss.detach())
     return step
 
 
@@ -159,9 +159,11 @@ def main(argv: List[str]) -> dict:
     for name, row in rows.items():
         print(f"  {name}: {row}")
     if want_profile:
-        result["profile_ours_ms"] = {k: round(v, 3) for k, v in list(our_profile(variants[f"ours {levels[0]}"]).items())[:15]}
+        ours = our_profile(variants[f"ours {levels[0]}"])
+        result["profile_ours_ms"] = {k: round(v, 3) for k, v in list(ours.items())[:15]}
         if torch is not None:
-            result["profile_pytorch_ms"] = {k: round(v, 3) for k, v in list(torch_profile(variants["PyTorch fp32"]).items())[:15]}
+            peer_ops = torch_profile(variants["PyTorch fp32"])
+            result["profile_pytorch_ms"] = {k: round(v, 3) for k, v in list(peer_ops.items())[:15]}
         for side in ("profile_ours_ms", "profile_pytorch_ms"):
             print(f"  {side}: {result.get(side)}")
     name = f"speed_{cfg.recipe_name}_{cfg.model.name}_{'x'.join(map(str, shape))}"
