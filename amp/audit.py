@@ -11,13 +11,15 @@ and float constants (eps and the like) that vanish or lose most of their value i
 It ends with a suggested keep_fp32 list: the classes of the Cells that overflow, lose their constants,
 or whose local error exceeds the tolerance.
 """
+import sys
+
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
-cap_onednn_isa()  # entry point (python -m): before MindSpore is imported
-quiet_mindspore()
+if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
+    cap_onednn_isa(sys.argv[1:])
+    quiet_mindspore()
 
 import json
-import sys
 from typing import Dict, List
 
 import numpy as np
@@ -156,6 +158,9 @@ def to_markdown(result: Dict) -> str:
 
 
 def main(argv: List[str]) -> None:
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip())
+        return
     from data import create_dataset
     from models import build_model
     from zoo.cli import pop_option

@@ -5,13 +5,15 @@
 The compute dtype is read from the flags `Cell.to_float` set on the built network (what MindSpore's
 compiler casts by), not from the recipe; the reason comes from the policy that set them.
 """
+import sys
+
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
-cap_onednn_isa()  # entry point (python -m): before MindSpore is imported
-quiet_mindspore()
+if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
+    cap_onednn_isa(sys.argv[1:])
+    quiet_mindspore()
 
 import json
-import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
@@ -132,6 +134,9 @@ def build_report(overrides: List[str]) -> Dict:
 def main(argv: List[str]) -> None:
     from zoo.errors import ConfigError, fail
 
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.strip())
+        return
     levels = []
     if "--diff" in argv:
         i = argv.index("--diff")

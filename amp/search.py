@@ -28,14 +28,16 @@ Resumable: each training run is a train.py run directory (runs/o0-s1, runs/keep-
 resume=auto; finished ones are read, not trained again. On CPU low precision is slower than fp32: the search
 maximises the share that pays off on Ascend and GPU.
 """
+import sys
+
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
-cap_onednn_isa()  # entry point (python -m): before MindSpore is imported
-quiet_mindspore()
+if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
+    cap_onednn_isa(sys.argv[1:])
+    quiet_mindspore()
 
 import hashlib  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -82,3 +82,22 @@ def test_audit_runs_a_recipe_on_its_smoke_data():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "SMOKE RUN" in result.stderr and "your dataset.batch_size kept" in result.stderr
     assert "suggested: amp.keep_fp32=[" in result.stdout
+
+
+def test_the_tools_set_up_mindspore_only_as_entry_points():
+    """Importing amp.report (train.py does) caps no oneDNN ISA; run as a command it follows the recipe's
+    runtime.onednn_isa (the Transformer recipes set none) and answers --help."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
+    env["PYTHONPATH"] = str(ROOT)
+    probe = subprocess.run([sys.executable, "-c", "import os, amp.report, amp.audit, amp.search; "
+                            "print(os.environ.get('ONEDNN_MAX_CPU_ISA'))"], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert probe.stdout.strip() == "None", probe.stderr[-1000:]
+    for tool in ("amp.report", "amp.audit"):
+        out = run_cli(f"-m {tool}", "--help")
+        assert out.returncode == 0 and f"python -m {tool} recipe=" in out.stdout, out.stderr[-1000:]
