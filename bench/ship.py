@@ -16,7 +16,7 @@ quiet_mindspore()
 
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Dict, List  # noqa: E402
+from typing import List  # noqa: E402
 
 from omegaconf import OmegaConf  # noqa: E402
 
@@ -27,22 +27,13 @@ SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "de
         "logger")
 
 
-def flat(tree, prefix="") -> Dict[str, object]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def overrides(run_cfg) -> List[str]:
     """The key=value list that turns the recipe as written into the run's config (what the run's command line
     changed): composing the recipe with these gives the run's config again."""
     from zoo.compose import compose
-    recipe = flat(OmegaConf.to_container(compose([f"recipe={run_cfg.recipe_name}"]), resolve=True))
-    run = flat(OmegaConf.to_container(run_cfg, resolve=True))
+    from zoo.load import flatten
+    recipe = flatten(OmegaConf.to_container(compose([f"recipe={run_cfg.recipe_name}"]), resolve=True))
+    run = flatten(OmegaConf.to_container(run_cfg, resolve=True))
     out = []
     for key, value in sorted(run.items()):
         if key.split(".")[0] in SKIP or recipe.get(key) == value:

@@ -24,12 +24,9 @@ TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu": 0.01}
 def score(name: str, folder: Path = WEIGHTS) -> Dict:
     """The weight's metrics as eval.py computes them (sha256 checked first), with the scorer named."""
     from eval import evaluate
-    from zoo.load import load_config
-    from zoo.weights import weights_config
+    from zoo.weights import checkpoint_config
 
-    argv = [f"weights={folder / read_manifest(folder)[name]['file']}"]
-    cfg, _ = load_config(argv)
-    cfg, _ = weights_config(cfg, argv, ["weights"])
+    cfg, _ = checkpoint_config([f"weights={folder / read_manifest(folder)[name]['file']}"])
     result = evaluate(cfg)
     out = {k: round(v, 6) for k, v in result.items() if isinstance(v, float)}
     if "bleu" in result:

@@ -81,11 +81,12 @@ def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
 
     cfg, smoke_note = load_config(argv)
     given = user_keys(argv)
-    cfg, note = weights_config(cfg, argv, given, suffix)
+    cfg, note = weights_config(cfg, argv, given, suffix)  # composed and validated by load_config
     if note is None:
         cfg, note = run_config_for(cfg, given)
+        if note:  # the run's config.yaml with the command line's keys over it: not validated yet
+            validate(cfg)
     if note:
-        validate(cfg)
         print(note, file=sys.stderr)
         smoke_note = None if cfg.dataset.path else smoke_note
     if smoke_note:
