@@ -16,7 +16,9 @@ $(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-data.txt
 	@touch $@
 
+# the venv's Python finds this checkout from any folder (python -m amp.report, a plugin beside your recipes)
 install: $(VENV)/.installed
+	@echo "$(CURDIR)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/amp-zoo.pth"
 
 demo: install
 	rm -rf runs/demo-$(RECIPE)  # the demo starts anew each time (train.py refuses to overwrite a run)

@@ -21,9 +21,9 @@ def evaluate(cfg) -> dict:
     from mindspore.train import Model
 
     from data import create_dataset, task
-    from zoo.checkpoint import inference_network
-    from zoo.metrics import NetWithEval, create_loss, metrics
-    from zoo.translate import translate
+    from engine.checkpoint import inference_network
+    from engine.metrics import NetWithEval, create_loss, metrics
+    from models.decoding import translate
 
     net, cfg, notes, fused = inference_network(cfg, "eval.py")
     for note in notes:
@@ -42,7 +42,7 @@ def evaluate(cfg) -> dict:
 
 
 def main(argv) -> None:
-    from zoo.weights import checkpoint_config
+    from engine.weights import checkpoint_config
 
     try:
         cfg, smoke_note = checkpoint_config(argv, ".eval.json")

@@ -22,7 +22,7 @@ def export(cfg) -> Path:
     import mindspore as ms
 
     from data import create_dataset
-    from zoo.checkpoint import inference_network
+    from engine.checkpoint import inference_network
 
     net, cfg, notes, _ = inference_network(cfg, "export.py")
     for note in notes:
@@ -43,7 +43,7 @@ def export(cfg) -> Path:
 
 
 def main(argv) -> None:
-    from zoo.weights import checkpoint_config
+    from engine.weights import checkpoint_config
 
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("infer.format=")), "MINDIR")
     try:

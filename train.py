@@ -37,8 +37,8 @@ register_schema()
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg) -> Optional[float]:
-    from zoo.load import load_config, user_keys, validate
-    from zoo.rundir import claim, resume_config
+    from engine.load import load_config, user_keys, validate
+    from engine.rundir import claim, resume_config
 
     argv = list(HydraConfig.get().overrides.task)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -76,7 +76,7 @@ CREATED: List[Path] = []  # run directories this process created
 def claim_run_dir(argv: List[str]) -> None:
     """Before Hydra writes anything: hold a named hydra.run.dir for this process, and refuse a fresh start in a
     directory that holds a run. One error line, exit 2, the directory unchanged."""
-    from zoo.rundir import claim, refuse_fresh_start
+    from engine.rundir import claim, refuse_fresh_start
 
     given = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")), None)
     if given is None or "-m" in argv or "--multirun" in argv:
@@ -102,7 +102,7 @@ def abandon(run_dir: Path, error: str) -> None:
     there); any other keeps the error in its train.log."""
     import shutil
 
-    from zoo.checkpoint import checkpoints
+    from engine.checkpoint import checkpoints
     named = any(a.startswith("hydra.run.dir=") for a in sys.argv[1:])
     ours = run_dir.resolve() in CREATED or not named  # a dir Hydra made for this run (runs/<recipe>/<time>)
     untouched = not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists()
@@ -170,9 +170,10 @@ class Rung:
 
 
 def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=()) -> Optional[float]:
-    """cfg: from zoo.load.load_config. extra_callbacks: appended to the driver's own (bench/overhead.py)."""
-    from amp.fallback import describe, ladder, last_good_checkpoint
-    from zoo.rundir import refuse_fresh_start
+    """cfg: from engine.load.load_config. extra_callbacks: appended to the driver's own (bench/overhead.py)."""
+    from amp.fallback import describe, ladder
+    from engine.checkpoint import last_good_checkpoint
+    from engine.rundir import refuse_fresh_start
 
     if not cfg.resume:
         refuse_fresh_start(run_dir)
@@ -212,10 +213,10 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     from tensorboardX import SummaryWriter
 
     from data import create_dataset, task
-    from zoo.callbacks import Evaluator, SafeWriter, StepTimer
+    from engine.callbacks import Evaluator, SafeWriter, StepTimer
     from zoo.errors import write_error
-    from zoo.optim import lr_schedule, scaled_lr
-    from zoo.rundir import claim
+    from engine.optim import lr_schedule, scaled_lr
+    from engine.rundir import claim
     from zoo.runtime import init_distributed, seed_everything, set_context, sink_mode
 
     t_start = time.perf_counter()
@@ -270,7 +271,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
 
 def resume_start(cfg, ckpt_dir: Path) -> Start:
     """resume=auto: the newest checkpoint that reads; resume=PATH: that one; unset: the initial weights."""
-    from zoo.checkpoint import read_checkpoint, resume_point
+    from engine.checkpoint import read_checkpoint, resume_point
 
     if not cfg.resume:
         return Start()
@@ -317,31 +318,23 @@ def build_step(run: Run, amp_cfg):
     (network, policy, loss-scale plan, train step, Model, precision report)."""
     from mindspore.train import Model
 
-    from amp.loss_scale import AmpTrainStep, plan_loss_scale
-    from amp.policy import apply_policy
     from amp.report import precision_report, write_report
-    from models import build_model
-    from zoo.checkpoint import check_disk_space
-    from zoo.metrics import NetWithEval, NetWithLoss, create_loss, metrics
-    from zoo.optim import create_optimizer
+    from engine.checkpoint import check_disk_space
+    from engine.metrics import NetWithEval, metrics
+    from engine.step import build_train_step
 
-    cfg = run.cfg
-    net, policy = apply_policy(build_model(cfg), amp_cfg)
-    report = precision_report(net, policy)
+    step = build_train_step(run.cfg, amp_cfg, run.lr, run.device)
+    report = precision_report(step.net, step.policy)
     if run.is_main:
         write_report(report, run.run_dir, run.writer)
     log.info("precision: %s", report["summary"])
-    plan = plan_loss_scale(amp_cfg.loss_scale)
-    optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, run.lr, plan.optimizer_loss_scale)
-    loss_fn = create_loss(cfg.trainer)
-    step_cell = AmpTrainStep(NetWithLoss(net, loss_fn), optimizer, plan, run.device, cfg.trainer.update_freq)
     if run.is_main:
-        check_disk_space(run.run_dir / "checkpoints", step_cell)
-    model = Model(step_cell, eval_network=NetWithEval(net, loss_fn), metrics=metrics(), eval_indexes=[0, 1, 2],
-                  amp_level="O0")  # the policy is applied above, once
-    log.info("loss scale: %s (initial %g)%s", plan.kind, plan.scale,
-             ", overflowed steps are skipped" if plan.skip_on_overflow else "")
-    return net, policy, plan, step_cell, model, report
+        check_disk_space(run.run_dir / "checkpoints", step.cell)
+    model = Model(step.cell, eval_network=NetWithEval(step.net, step.loss_fn), metrics=metrics(),
+                  eval_indexes=[0, 1, 2], amp_level="O0")  # the policy is applied above, once
+    log.info("loss scale: %s (initial %g)%s", step.plan.kind, step.plan.scale,
+             ", overflowed steps are skipped" if step.plan.skip_on_overflow else "")
+    return step.net, step.policy, step.plan, step.cell, model, report
 
 
 def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) -> Rung:
@@ -349,9 +342,9 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
     from amp.fallback import DivergenceWatch, describe
     from amp.telemetry import AmpTelemetry
     from data import create_dataset
-    from zoo.callbacks import (EpochLog, GracefulStop, ProgressBar, StepOffset, StopAtStep, TensorBoardLogger,
+    from engine.callbacks import (EpochLog, GracefulStop, ProgressBar, StepOffset, StopAtStep, TensorBoardLogger,
                                planned_epochs)
-    from zoo.checkpoint import AtomicCheckpoint, restore_weights
+    from engine.checkpoint import AtomicCheckpoint, restore_weights
     from zoo.runtime import any_rank
 
     cfg, t = run.cfg, run.cfg.trainer
@@ -424,7 +417,7 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
     from data import task
     from zoo.errors import write_error
     from zoo.runtime import machine, parameter_checksum, source_commit
-    from zoo.translate import translate
+    from models.decoding import translate
 
     cfg = run.cfg
     steps_done = run.timer.steps[-1] if run.timer.steps else 0
@@ -476,7 +469,7 @@ def resume_run_dir(argv) -> list:
 
 
 if __name__ == "__main__":
-    from zoo.load import check_command_line
+    from engine.load import check_command_line
     from zoo.compose import expand_home
     check_command_line(sys.argv[1:])
     sys.argv[1:] = expand_home(sys.argv[1:])

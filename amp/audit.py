@@ -165,7 +165,7 @@ def main(argv: List[str]) -> None:
     from models import build_model
     from zoo.cli import pop_option
     from zoo.errors import ConfigError, fail
-    from zoo.load import load_config
+    from engine.load import load_config
     from zoo.runtime import set_context
 
     out, argv = pop_option(argv, "--json", None, str)

@@ -9,18 +9,13 @@ O2 with scale 128 -> O1 with scale 128 -> O1 without loss scaling -> O0 (the ord
 recommends).
 """
 import collections
-import logging
-from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
-import numpy as np
 from mindspore.train import Callback
 from omegaconf import OmegaConf
 
 from amp.telemetry import crossed
-from zoo.errors import ConfigError
 
-log = logging.getLogger("amp_zoo")
 
 LADDER = [
     {"level": "O2", "loss_scale": {"type": "fixed", "scale": 128.0, "drop_overflow_update": True}},
@@ -114,23 +109,3 @@ class DivergenceWatch(Callback):
     def advice(self) -> str:
         return (f"{self.reason}; lower optimizer.lr, keep more Cells fp32 (python -m amp.audit), "
                 f"or set amp.fallback.enabled=true")
-
-
-def last_good_checkpoint(ckpt_dir: Path, remove: bool = True) -> Tuple[Optional[Path], Optional[dict]]:
-    """The newest checkpoint whose weights are all finite, and its parameters (read once); unreadable or
-    non-finite ones are removed (never resumed) when `remove` (rank 0 alone: ranks may share the folder).
-    (None, None): start from the initial weights."""
-    import mindspore as ms
-
-    from zoo.checkpoint import checkpoints, read_checkpoint
-    for path in reversed(checkpoints(ckpt_dir)):
-        try:
-            params = read_checkpoint(path)
-        except ConfigError:
-            params = None
-        if params is not None and all(np.isfinite(p.asnumpy()).all() for p in params.values() if p.dtype != ms.int32):
-            return path, params
-        if remove:
-            log.info("removing %s: its weights are not finite", path.name)
-            path.unlink(missing_ok=True)
-    return None, None

@@ -123,7 +123,7 @@ def diff(a: Dict, b: Dict) -> str:
 def build_report(overrides: List[str]) -> Dict:
     from amp.policy import apply_policy
     from models import build_model
-    from zoo.load import load_config
+    from engine.load import load_config
 
     cfg, _ = load_config(overrides, needs_data=False)  # a report builds the network and reads no data
     net = build_model(cfg)

@@ -425,7 +425,7 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
 def prepare_out(cfg, base: List[str]) -> Path:
     """search.out, holding this search's training settings: a directory that holds another search's is refused
     (its runs would be compared with runs trained differently)."""
-    from zoo.rundir import claim
+    from engine.rundir import claim
 
     out = Path(cfg.search.out or Path("runs", "search", cfg.recipe_name))
     try:
@@ -448,7 +448,7 @@ def prepare_out(cfg, base: List[str]) -> Path:
 
 
 def main(argv: List[str]) -> dict:
-    from zoo.load import load_config
+    from engine.load import load_config
     from zoo.runtime import set_context
 
     try:

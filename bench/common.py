@@ -14,7 +14,7 @@ def bench_config(argv: List[str], smoke: bool = True):
     """The run a benchmark's command line asks for, through the same load_config as train.py; bad input is
     one error line and exit 2."""
     from zoo.errors import ConfigError, fail
-    from zoo.load import load_config
+    from engine.load import load_config
 
     try:
         return load_config(argv, smoke=smoke)[0]
@@ -23,30 +23,27 @@ def bench_config(argv: List[str], smoke: bool = True):
 
 
 def train_step(cfg, steps_per_epoch: int, steps: int):
-    """The driver's AmpTrainStep for the recipe (network under its policy, loss scale, optimizer), with a
-    learning rate for each of `steps` steps; set to train."""
-    from amp.loss_scale import AmpTrainStep, plan_loss_scale
-    from amp.policy import apply_policy
-    from models import build_model
-    from zoo.metrics import NetWithLoss, create_loss
-    from zoo.optim import create_optimizer, lr_schedule, scaled_lr
+    """The step train.py trains with (engine.step.build_train_step: the recipe's network under its policy, loss
+    scale and optimizer) on the device MindSpore was set to, with a learning rate for each of `steps` steps;
+    set to train."""
+    import mindspore as ms
 
-    net, _ = apply_policy(build_model(cfg), cfg.amp)
-    plan = plan_loss_scale(cfg.amp.loss_scale)
+    from engine.optim import lr_schedule, scaled_lr
+    from engine.step import build_train_step
+
     epochs = max(cfg.trainer.epochs, -(-steps // steps_per_epoch))
     lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch, epochs)
-    optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
-    step = AmpTrainStep(NetWithLoss(net, create_loss(cfg.trainer)), optimizer, plan, "CPU")
+    step = build_train_step(cfg, cfg.amp, lr, ms.get_context("device_target")).cell
     step.set_train()
     return step
 
 
 def trained_network(cfg, checkpoint):
-    """The run's network under its policy, in eval mode, with one checkpoint's weights (zoo.checkpoint's
+    """The run's network under its policy, in eval mode, with one checkpoint's weights (engine.checkpoint's
     inference_network, without averaging)."""
     from omegaconf import OmegaConf
 
-    from zoo.checkpoint import inference_network
+    from engine.checkpoint import inference_network
 
     one = OmegaConf.merge(cfg, {"checkpoint": str(checkpoint), "decode": {"average_last": 1}})
     return inference_network(one, "bench")[0]

@@ -7,7 +7,7 @@ config with any key=value given over it (`amp.level=O0`: an O2 run's fp32 weight
 would serve them; fp16 on a CPU only adds casts). Reports, on the
 test split: sentences/s and tokens/s for greedy and for beam search at the recipe's beam (5 for
 Transformer-Tiny), with BLEU; and, on the first `--check` test sentences, whether the incremental decoder's
-hypotheses equal the full-recompute reference's (zoo/translate.py) at beam 1 and beam 4. Written to
+hypotheses equal the full-recompute reference's (models/decoding.py) at beam 1 and beam 4. Written to
 bench/results/decode.json.
 """
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
@@ -30,7 +30,7 @@ def main(argv) -> dict:
     from zoo.compose import one_line
     from zoo.config import load_run_config
     from zoo.errors import fail
-    from zoo.translate import IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate
+    from models.decoding import IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate
 
     check, argv = pop_option(argv, "--check", 32)
     overrides = [a for a in argv if "=" in a]

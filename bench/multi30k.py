@@ -9,7 +9,7 @@ RUN_DIR is a `train.py recipe=transformer_tiny_multi30k_*` run directory (its co
    length penalty as the recipe says; test_2016_flickr and val, lowercased (the comparable number) and
    cased; the last checkpoint alone beside it. Written to RUN_DIR/multi30k_result.json.
 --no-curve skips step 1 (the final number first, the curve in a later call); --no-final skips step 2.
-Decoding is incremental (zoo/translate.py); sentences/s and tokens/s are in each record.
+Decoding is incremental (models/decoding.py); sentences/s and tokens/s are in each record.
 """
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
@@ -50,10 +50,10 @@ def plot(lines, out: Path, title: str, xlabel: str = "epoch", ylabel: str = "BLE
 def main(argv) -> dict:
     from bench.common import pop_option, trained_network
     from data import create_dataset
-    from zoo.checkpoint import average_checkpoints, epoch_checkpoints, load_weights
+    from engine.checkpoint import average_checkpoints, epoch_checkpoints, load_weights
     from zoo.config import load_run_config
     from zoo.errors import fail
-    from zoo.translate import translate
+    from models.decoding import translate
 
     curve_beam, argv = pop_option(argv, "--curve-beam", 1)
     final, scan = "--no-final" not in argv, "--no-curve" not in argv

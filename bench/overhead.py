@@ -85,7 +85,7 @@ def bare_model(cfg, steps_per_epoch: int):
     from mindspore.train import Model
 
     from models import build_model
-    from zoo.optim import create_optimizer, lr_schedule, scaled_lr
+    from engine.optim import create_optimizer, lr_schedule, scaled_lr
 
     ls = cfg.amp.loss_scale
     scale = float(ls.scale) if ls.type == "fixed" else 1.0

@@ -87,7 +87,7 @@ def training_wall_time(run_dir: Path) -> Optional[float]:
         if "] - recipe " in line or not sessions:
             sessions.append([t, t])
         sessions[-1][1] = t
-    from zoo.checkpoint import checkpoints
+    from engine.checkpoint import checkpoints
     saved = [p.stat().st_mtime for p in checkpoints(run_dir / "checkpoints")]
     starts = [s[0] for s in sessions[1:]] + [float("inf")]
     return round(sum(max([last] + [t for t in saved if first <= t < nxt]) - first
@@ -181,7 +181,7 @@ def publish(rows: List[dict], out: Path, readme: Optional[Path]) -> str:
 
 def progress(runs: Path, name: str, seeds: List[int]) -> str:
     """Where unfinished runs of a recipe stand: the newest checkpoint of each, and val BLEU if scored."""
-    from zoo.checkpoint import CHECKPOINT_NAME, checkpoints
+    from engine.checkpoint import CHECKPOINT_NAME, checkpoints
     notes = []
     for seed in seeds:
         run_dir = runs / f"{name}-s{seed}"

@@ -21,7 +21,7 @@ from typing import List  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from zoo.errors import ConfigError, fail  # noqa: E402
-from zoo.weights import MANIFEST, WEIGHTS, read_manifest, sha256  # noqa: E402
+from engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256  # noqa: E402
 
 SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
         "logger")
@@ -31,7 +31,7 @@ def overrides(run_cfg) -> List[str]:
     """The key=value list that turns the recipe as written into the run's config (what the run's command line
     changed): composing the recipe with these gives the run's config again."""
     from zoo.compose import compose
-    from zoo.load import flatten
+    from engine.load import flatten
     recipe = flatten(OmegaConf.to_container(compose([f"recipe={run_cfg.recipe_name}"]), resolve=True))
     run = flatten(OmegaConf.to_container(run_cfg, resolve=True))
     out = []
@@ -47,7 +47,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
 
     from data import task
     from models import build_model
-    from zoo.checkpoint import average_checkpoints, checkpoints, last_checkpoints, read_checkpoint
+    from engine.checkpoint import average_checkpoints, checkpoints, last_checkpoints, read_checkpoint
     from zoo.config import load_run_config
     from zoo.runtime import set_context
 

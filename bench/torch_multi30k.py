@@ -10,8 +10,8 @@ The same as `recipe=transformer_tiny_multi30k_o0`, read from that recipe:
 - data: data.translation's sentencepiece vocabulary and token batches, in the run's batch order per epoch
   (data.sampling.epoch_order with runtime.seed): the very batches our run trained on, in the same order;
 - optimization: Adam (betas, eps from the recipe), the recipe's inverse-sqrt learning rate per step
-  (zoo.optim.lr_schedule), label smoothing 0.1 over the vocabulary ignoring padding, fp32;
-- evaluation: greedy decoding of val (zoo.translate.greedy, up to max_len tokens), scored with zoo.translate.bleu
+  (engine.optim.lr_schedule), label smoothing 0.1 over the vocabulary ignoring padding, fp32;
+- evaluation: greedy decoding of val (models.decoding.greedy, up to max_len tokens), scored with models.decoding.bleu
   (sacrebleu 13a, lowercased and cased) on detokenized output against the raw references: what bench.multi30k
   reports per epoch for our run.
 Writes OUT_DIR/curve.json (resumable: a checkpoint per epoch, `last.pt`) and, with --ours, a plot of both curves
@@ -73,7 +73,7 @@ def greedy_bleu(model, cfg, split_cfg) -> dict:
     import torch
 
     from data.translation import encode_pairs, params
-    from zoo.translate import decode_batches, greedy, scores
+    from models.decoding import decode_batches, greedy, scores
 
     model.eval()
     examples, pairs, sp = encode_pairs(split_cfg.dataset, "test")
@@ -103,7 +103,7 @@ def main(argv) -> dict:
     from data.translation import encode_pairs, make_batches, params
     from zoo.cli import pop_option
     from zoo.errors import fail
-    from zoo.optim import lr_schedule, scaled_lr
+    from engine.optim import lr_schedule, scaled_lr
 
     try:
         import torch

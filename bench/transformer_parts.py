@@ -27,7 +27,7 @@ def replaced_forms():
     import mindspore.ops as ops
 
     import models.transformer as T
-    import zoo.metrics as M
+    import engine.metrics as M
 
     @contextlib.contextmanager
     def patch(obj, name, value):

@@ -28,7 +28,7 @@ def gradients(cfg, level: str, scale: float, params, batch) -> dict:
 
     from amp.policy import apply_policy
     from models import build_model
-    from zoo.metrics import NetWithLoss, create_loss
+    from engine.metrics import NetWithLoss, create_loss
 
     net = build_model(cfg)
     ms.load_param_into_net(net, params)
@@ -60,7 +60,7 @@ def main(argv) -> dict:
     params = {p.name: ms.Parameter(p.data.copy(), name=p.name)
               for p in build_model(cfg).get_parameters()}
     if checkpoint:
-        from zoo.checkpoint import read_checkpoint
+        from engine.checkpoint import read_checkpoint
         saved = read_checkpoint(Path(checkpoint))
         params = {k: ms.Parameter(saved[k], name=k) if k in saved else v for k, v in params.items()}
     ref = gradients(cfg, "O0", 1.0, params, batch)

@@ -16,7 +16,7 @@ from pathlib import Path  # noqa: E402
 from typing import Dict, List, Optional  # noqa: E402
 
 from zoo.errors import ConfigError, fail  # noqa: E402
-from zoo.weights import WEIGHTS, read_manifest  # noqa: E402
+from engine.weights import WEIGHTS, read_manifest  # noqa: E402
 
 TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu": 0.01}
 
@@ -24,7 +24,7 @@ TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu": 0.01}
 def score(name: str, folder: Path = WEIGHTS) -> Dict:
     """The weight's metrics as eval.py computes them (sha256 checked first), with the scorer named."""
     from eval import evaluate
-    from zoo.weights import checkpoint_config
+    from engine.weights import checkpoint_config
 
     cfg, _ = checkpoint_config([f"weights={folder / read_manifest(folder)[name]['file']}"])
     result = evaluate(cfg)
@@ -39,7 +39,7 @@ def score(name: str, folder: Path = WEIGHTS) -> Dict:
 
 def data_here(entry: dict) -> Optional[str]:
     """The weight's data path when it is on this machine ("embedded" for packaged data); None otherwise."""
-    from zoo.load import load_config
+    from engine.load import load_config
     cfg, _ = load_config([f"recipe={entry['recipe']}", *entry["overrides"]], needs_data=False)
     if cfg.dataset.path is None:
         return "embedded"

@@ -5,8 +5,13 @@ and one recipe; or a module of your own named in AMP_ZOO_PLUGINS (recipes/README
 its own hyper-parameters and raises ConfigError naming the bad one, before anything compiles.
 """
 import importlib
+import importlib.util
 import inspect
 import os
+import sys
+import traceback
+import warnings
+from typing import Callable, List
 
 from zoo.errors import ConfigError, choices_hint
 from zoo.registry import MODELS
@@ -54,16 +59,52 @@ def build_model(cfg):
     return create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
 
 
+def register_model(fn: Callable) -> Callable:
+    """Deprecated: the API before the registry (`from models import register_model`, then `@register_model`).
+    Use `from zoo.registry import MODELS` and `@MODELS.register()`."""
+    warnings.warn("models.register_model is deprecated; use `from zoo.registry import MODELS` and "
+                  "`@MODELS.register()`", FutureWarning, stacklevel=2)
+    return MODELS.register()(fn)
+
+
+def plugin_names() -> List[str]:
+    return [n for n in (n.strip() for n in os.environ.get("AMP_ZOO_PLUGINS", "").split(",")) if n]
+
+
 def import_plugins() -> None:
     """Models kept outside the repository: module names in AMP_ZOO_PLUGINS (comma-separated), which register
-    themselves with @MODELS.register(). Set by the user in the environment, never by a recipe."""
-    for name in filter(None, (n.strip() for n in os.environ.get("AMP_ZOO_PLUGINS", "").split(","))):
+    themselves with @MODELS.register(). Set by the user in the environment, never by a recipe; looked for on
+    sys.path and then in the current folder. Anything a plugin raises while importing is one ConfigError
+    naming the plugin (engine.load.load_config calls this, inside every command's one-line error handling)."""
+    for name in plugin_names():
+        if name in sys.modules:
+            continue
+        if os.getcwd() not in sys.path and importlib.util.find_spec(name.split(".")[0]) is None:
+            sys.path.append(os.getcwd())  # `python /path/to/train.py` from the plugin's folder
         try:
             importlib.import_module(name)
-        except ImportError as e:
-            raise ConfigError(f"AMP_ZOO_PLUGINS names {name!r}, which cannot be imported: {e}") from None
+        except ModuleNotFoundError as e:
+            where = "the current folder" if e.name == name else f"{name!r}'s own imports"
+            raise ConfigError(f"AMP_ZOO_PLUGINS names {name!r}, which cannot be imported: {e} (looked on "
+                              f"PYTHONPATH and in {where}); give a module name such as my_models for "
+                              f"my_models.py, or fix AMP_ZOO_PLUGINS") from None
+        except ConfigError as e:
+            raise ConfigError(f"plugin {name!r} (AMP_ZOO_PLUGINS): {e}") from None
+        except Exception as e:  # noqa: BLE001  (a plugin's own bug: one line naming it, not a traceback)
+            frame = traceback.extract_tb(e.__traceback__)[-1]
+            hint = ("; register models with `from zoo.registry import MODELS` and `@MODELS.register()`"
+                    if isinstance(e, ImportError) else "")
+            raise ConfigError(f"plugin {name!r} (AMP_ZOO_PLUGINS) failed while importing: {type(e).__name__}: "
+                              f"{e} ({frame.filename}:{frame.lineno}){hint}") from None
 
+
+def plugins_hint() -> str:
+    names = plugin_names()
+    return (f"models of your own are registered by the modules named in AMP_ZOO_PLUGINS (now: {','.join(names)})"
+            if names else "a model of your own is registered by a module named in AMP_ZOO_PLUGINS, which is "
+            "not set (export AMP_ZOO_PLUGINS=my_models)")
+
+
+MODELS.missing_hint = plugins_hint
 
 from models import lenet, resnet, transformer  # noqa: E402,F401  (registers their models)
-
-import_plugins()

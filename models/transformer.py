@@ -14,7 +14,7 @@ Speed (bench/transformer_speed.py measured each choice on a CPU step): every mat
 times a 2-D weight makes MindSpore broadcast the weight to every sentence, and reduce it again in the
 backward); self-attention projects Q, K and V in one matmul; masks are additive biases built once.
 
-Decoding (`zoo/translate.py`) runs `decode_step`: one target position per call, with the keys and values of
+Decoding (`models/decoding.py`) runs `decode_step`: one target position per call, with the keys and values of
 earlier positions in fixed-shape caches (rows, heads, max_len, head dim) per layer, so graph mode compiles
 once per source shape, and only the top candidates of the last position leave the device.
 """
@@ -299,7 +299,7 @@ class Transformer(nn.Cell):
         memory, src_bias = self.encode(src)
         return self.decode(tgt_in, memory, src_bias)
 
-    # Incremental decoding (eval only): see zoo/translate.py. States are flat tuples of per-layer tensors
+    # Incremental decoding (eval only): see models/decoding.py. States are flat tuples of per-layer tensors
     # (k0, v0, k1, v1, ...): slicing one stacked tensor is a StridedSlice, which took 350 ms a step on this CPU.
     def start_decoding(self, src, beam: int = 1):
         """Cross-attention keys/values of the encoder output per layer, the source bias, and an empty

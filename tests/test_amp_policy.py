@@ -76,7 +76,7 @@ def test_parameter_names_do_not_change_with_the_level(pynative_mode):
 def test_a_checkpoint_loads_into_the_network_under_its_policy(pynative_mode, tmp_path, level):
     """Scoring a run loads each epoch's checkpoint into the network as it was built for the run: under O2's
     wrappers the attribute paths gain `cell.`, the checkpoint's Parameter names do not, and every weight lands."""
-    from zoo.checkpoint import load_weights
+    from engine.checkpoint import load_weights
 
     trained = Tiny()
     for p in trained.get_parameters():

@@ -2,7 +2,7 @@
 import pytest
 
 from tests.conftest import run_cli
-from zoo.load import check_command_line
+from engine.load import check_command_line
 
 CASES = [
     (["recipe=lenet_o9"], "recipe=lenet_o9 not found; did you mean"),

@@ -10,12 +10,13 @@ from omegaconf import OmegaConf
 
 import mindspore as ms
 
-from amp.fallback import DivergenceWatch, last_good_checkpoint
+from amp.fallback import DivergenceWatch
+from engine.checkpoint import last_good_checkpoint
 from amp.loss_scale import saturation_mode
 from amp.telemetry import AmpTelemetry, crossed
-from zoo.callbacks import EpochLog, GracefulStop, TensorBoardLogger
+from engine.callbacks import EpochLog, GracefulStop, TensorBoardLogger
 from zoo.errors import ConfigError
-from zoo.load import load_config
+from engine.load import load_config
 from zoo.runtime import pick_device, set_context, sink_mode
 
 SINK = 937  # steps per sink: one epoch of lenet_fashion at batch 64

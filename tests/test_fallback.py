@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from data.mnist import mnist
-from zoo.load import load_config
+from engine.load import load_config
 from zoo.registry import DATASETS
 
 NAN_BATCH = 130  # epoch 2, step 5

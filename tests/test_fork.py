@@ -1,7 +1,9 @@
 """Forking a recipe: a new model in a module outside the repo and its recipe on Hydra's search path."""
 import json
 
-from tests.conftest import fork, run_cli
+import pytest
+
+from tests.conftest import ROOT, fork, run_cli
 
 MODEL = '''
 import mindspore.nn as nn
@@ -70,3 +72,55 @@ def test_a_forked_model_that_does_not_compile_is_one_line(tmp_path):
     assert "model 'tinynet' (recipe tinynet_o2) does not compile" in errors[0]
     assert "MatMul" in errors[0] or "Dense" in errors[0], errors[0]
     assert "Traceback" in (run / "train.log").read_text(), "the full trace is kept in train.log"
+
+
+def one_error(result) -> str:
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    return errors[0]
+
+
+def test_the_fork_works_from_the_users_own_folder(tmp_path):
+    """`python /path/to/train.py` from the folder holding my_models.py, with no PYTHONPATH of the user's: the
+    plugin is found there (here the run stops at a bad epoch count, after the model was found)."""
+    _, search = fork(tmp_path, "my_models", MODEL, "tinynet_o2", RECIPE)
+    result = run_cli(f"{ROOT / 'train.py'}", search, "recipe=tinynet_o2", "trainer.epochs=0", cwd=tmp_path,
+                     env={"AMP_ZOO_PLUGINS": "my_models"})
+    assert "trainer.epochs" in one_error(result)
+
+
+OLD_API = '''
+import mindspore.nn as nn
+from models import register_model
+
+
+@register_model
+def tinynet(num_classes=10, hidden=32):
+    return nn.SequentialCell([nn.Flatten(), nn.Dense(32 * 32, num_classes)])
+'''
+
+
+@pytest.mark.parametrize("module, source, plugins, message", [
+    ("my_models", "x = 1 / 0\n", "my_models",
+     "plugin 'my_models' (AMP_ZOO_PLUGINS) failed while importing: ZeroDivisionError: division by zero"),
+    ("my_models", "from models import no_such_api\n", "my_models", "from zoo.registry import MODELS"),
+    ("my_models", MODEL, "my_modles", "AMP_ZOO_PLUGINS names 'my_modles', which cannot be imported"),
+    ("my_models", MODEL, "", "AMP_ZOO_PLUGINS, which is not set"),
+])
+def test_a_plugin_that_does_not_load_is_one_line(tmp_path, module, source, plugins, message):
+    _, search = fork(tmp_path, module, source, "tinynet_o2", RECIPE)
+    result = run_cli("-m amp.report", search, "recipe=tinynet_o2", cwd=tmp_path, env={"AMP_ZOO_PLUGINS": plugins})
+    assert message in one_error(result)
+
+
+def test_a_plugin_written_for_the_old_api_still_loads(tmp_path):
+    _, search = fork(tmp_path, "my_models", OLD_API, "tinynet_o2", RECIPE)
+    result = run_cli("-m amp.report", search, "recipe=tinynet_o2", cwd=tmp_path, env={"AMP_ZOO_PLUGINS": "my_models"})
+    assert result.returncode == 0 and "| 1 | Dense | float16 |" in result.stdout, result.stderr[-2000:]
+    assert "models.register_model is deprecated; use `from zoo.registry import MODELS`" in result.stderr
+
+
+def test_a_recipe_not_found_names_the_folders_searched(tmp_path):
+    _, search = fork(tmp_path, "my_models", MODEL, "tinynet_o2", RECIPE)
+    line = one_error(run_cli("train.py", search, "recipe=tinynet_o3"))
+    assert f"looked in {ROOT / 'recipes'}, {tmp_path / 'recipes' / 'recipe'}" in line and "tinynet_o2" in line

@@ -9,7 +9,7 @@ import mindspore.nn as nn
 
 from models import create_model
 from tests.conftest import run_cli
-from zoo.fuse import fuse_conv_bn
+from engine.fuse import fuse_conv_bn
 
 
 def with_trained_like_bn_stats(net, seed=0):

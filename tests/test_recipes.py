@@ -5,7 +5,7 @@ import pytest
 
 from zoo.compose import compose
 from zoo.errors import ConfigError
-from zoo.load import validate
+from engine.load import validate
 
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))
 

@@ -139,7 +139,7 @@ def test_a_disk_too_small_for_two_checkpoints_is_refused_before_training(tmp_pat
     from collections import namedtuple
 
     from models import create_model
-    from zoo.checkpoint import check_disk_space
+    from engine.checkpoint import check_disk_space
     from zoo.errors import ConfigError
 
     usage = namedtuple("usage", "total used free")

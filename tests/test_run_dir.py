@@ -17,8 +17,8 @@ import mindspore as ms
 
 from tests.conftest import ROOT, finished_run_dir, run_cli
 from zoo.errors import ConfigError, WriteError
-from zoo.load import load_config
-from zoo.rundir import claim, release, resume_config
+from engine.load import load_config
+from engine.rundir import claim, release, resume_config
 
 ARGS = ["recipe=lenet_o0", "trainer.epochs=2", "logger.progress_bar=false"]
 
@@ -69,7 +69,7 @@ def test_a_second_process_is_refused_while_the_first_holds_the_directory(finishe
 
 
 def test_a_lock_dies_with_its_process(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from zoo.rundir import claim; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from engine.rundir import claim; "
                                f"claim({str(tmp_path)!r}); print('held', flush=True); time.sleep(60)"],
                               cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"

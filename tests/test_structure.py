@@ -8,10 +8,24 @@ from typing import Optional
 import pytest
 
 from zoo.config import RANGES, Config
-from zoo.load import check_command_line, load_config
+from engine.load import check_command_line, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("zoo", "amp", "models", "data", "bench")
+PACKAGES = ("zoo", "engine", "amp", "models", "data", "bench")
+
+# The architecture, bottom up. A module may import its own layer and the layers below it, never one above.
+# A module belongs to the layer of the longest prefix that names it.
+LAYERS = [
+    ("core: errors, registry, config schema, composition, options, MindSpore set-up", ["zoo"]),
+    ("networks and data: the model zoo's Cells, decoding, the readers and pipelines", ["models", "data"]),
+    ("the AMP library: policy, loss scaling, telemetry, divergence watch, profiler",
+     ["amp", "amp.policy", "amp.names", "amp.loss_scale", "amp.functional", "amp.telemetry", "amp.profile",
+      "amp.fallback"]),
+    ("the engine: config loading, loss and optimizer, checkpoints, callbacks, run directories, weights",
+     ["engine"]),
+    ("commands: the drivers, the AMP tools and the benchmarks",
+     ["train", "eval", "export", "amp.report", "amp.audit", "amp.search", "bench"]),
+]
 
 
 def project_modules():
@@ -64,10 +78,33 @@ def find_cycle(graph):
 
 def test_the_import_graph_is_acyclic():
     graph = import_graph()
-    assert {"zoo.config", "zoo.load", "zoo.errors", "models", "data", "train"} <= set(graph)
+    assert {"zoo.config", "engine.load", "zoo.errors", "models", "data", "train"} <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     assert graph["zoo.errors"] == [] and graph["zoo.registry"] == ["zoo.errors"], "the leaves import nothing of ours"
     assert graph["zoo.config"] == [], "the schema imports nothing of ours"
+
+
+def layer_of(module: str) -> int:
+    best = max(((len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+                if module == prefix or module.startswith(prefix + ".")), default=None)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best[1]
+
+
+def arrows_up(graph):
+    return [f"{a} ({LAYERS[layer_of(a)][0].split(':')[0]}) imports {b} ({LAYERS[layer_of(b)][0].split(':')[0]})"
+            for a, targets in graph.items() for b in targets if layer_of(b) > layer_of(a)]
+
+
+def test_no_import_runs_up_the_layers():
+    graph = import_graph()
+    assert arrows_up(graph) == []
+    assert {layer_of(m) for m in graph} == set(range(len(LAYERS))), "every layer holds a module"
+
+
+def test_an_arrow_up_would_be_found():
+    assert arrows_up({"zoo.errors": ["engine.load"], "engine.load": ["zoo.errors"]}) == [
+        "zoo.errors (core) imports engine.load (the engine)"]
 
 
 def test_a_cycle_would_be_found():
@@ -149,6 +186,6 @@ def test_config_enums_are_plain_strings_to_omegaconf():
 def test_every_entry_point_loads_its_config_through_load_config():
     for script in ("train.py", "eval.py", "export.py", "amp/report.py", "amp/audit.py", "bench/common.py"):
         text = (ROOT / script).read_text()
-        # eval.py and export.py through zoo.weights.checkpoint_config, which calls load_config
+        # eval.py and export.py through engine.weights.checkpoint_config, which calls load_config
         assert ("load_config" in text or "checkpoint_config" in text) and "apply_smoke" not in text, script
-    assert "load_config(argv)" in (ROOT / "zoo" / "weights.py").read_text()
+    assert "load_config(argv)" in (ROOT / "engine" / "weights.py").read_text()

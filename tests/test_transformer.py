@@ -20,8 +20,8 @@ from models import create_model
 from tests.conftest import ROOT, run_cli
 from zoo.compose import compose
 from zoo.errors import ConfigError
-from zoo.metrics import FlatCrossEntropy, NetWithLoss
-from zoo.translate import beam_search, bleu, greedy, length_penalty
+from engine.metrics import FlatCrossEntropy, NetWithLoss
+from models.decoding import beam_search, bleu, greedy, length_penalty
 
 TINY = dict(d_model=32, heads=4, ffn=64, encoder_layers=1, decoder_layers=1, dropout=0.0, max_len=32)
 
@@ -229,7 +229,7 @@ def copy_model():
 def test_incremental_decoding_equals_full_recompute(copy_model, beam):
     """The cached step (keys/values in a fixed buffer, reordered on the device as beams swap) gives the same
     hypotheses as re-running the whole decoder at every step, greedy and with beams."""
-    from zoo.translate import IncrementalDecoder, full_recompute_step
+    from models.decoding import IncrementalDecoder, full_recompute_step
     net, src = copy_model
     max_len = 14
     got = IncrementalDecoder(net, beam).search(src, 1.0, "fairseq", max_len)
@@ -243,7 +243,7 @@ def test_incremental_decoding_equals_full_recompute(copy_model, beam):
 def test_chunked_top_k_is_topk(graph_mode, width, k):
     """Decoding's top k (best chunks first) returns what a full sort does, for vocabularies that do not divide
     into chunks too."""
-    from zoo.translate import top_k
+    from models.decoding import top_k
     x = np.random.RandomState(width).randn(64, width).astype(np.float32)
     values, ids = top_k(ms.Tensor(x), k)
     want = np.argsort(-x, axis=1, kind="stable")[:, :k]
@@ -281,7 +281,7 @@ def test_transformer_recipe_end_to_end_with_averaging(tmp_path):
 
 
 def test_checkpoint_averaging_is_the_mean(tmp_path):
-    from zoo.checkpoint import average_checkpoints
+    from engine.checkpoint import average_checkpoints
     nets = [create_model("lenet5", num_classes=10) for _ in range(3)]
     for i, n in enumerate(nets):
         ms.save_checkpoint(n, str(tmp_path / f"{i}.ckpt"))

@@ -14,7 +14,7 @@ from models import create_model
 from models.transformer import Dense, LayerNorm
 from tests.test_transformer import TINY, tiny_batch
 from zoo.compose import compose
-from zoo.metrics import LabelSmoothedCrossEntropy
+from engine.metrics import LabelSmoothedCrossEntropy
 
 
 class Probe(nn.Cell):
@@ -159,7 +159,7 @@ def test_o2_keep_list_holds_on_a_real_forward_pass(pynative_mode):
 
 
 def test_decode_batches_are_one_shape_sorted_and_cover_every_sentence():
-    from zoo.translate import decode_batches
+    from models.decoding import decode_batches
     rng = np.random.RandomState(3)
     data = examples(rng.randint(1, 30, 23))
     seen, shapes, previous_max = [], set(), 0

@@ -12,7 +12,7 @@ import mindspore as ms
 from bench.verify import data_here, verify
 from tests.conftest import run_cli
 from zoo.errors import ConfigError
-from zoo.weights import FIELDS, WEIGHTS, find, read_manifest, sha256
+from engine.weights import FIELDS, WEIGHTS, find, read_manifest, sha256
 
 ENTRIES = read_manifest()
 FASHION = "apt-get install dataset-fashion-mnist"

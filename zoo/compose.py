@@ -54,8 +54,19 @@ def check_slips(argv: List[str]) -> None:
                               f"path of a .ckpt file")
 
 
-def one_line(exc: BaseException) -> str:
-    """Hydra and OmegaConf errors span several lines; keep what names the bad value."""
+def recipe_folders(argv: List[str]) -> List[str]:
+    """Where `recipe=NAME` is looked for: recipes/ here, then FOLDER/recipe/ of each hydra.searchpath entry."""
+    folders = [str(CONF_DIR.parent / "recipes")]
+    for arg in argv:
+        if arg.startswith("hydra.searchpath="):
+            for entry in arg.split("=", 1)[1].strip("[]").split(","):
+                folders.append(entry.strip().strip("'\"").removeprefix("file://").rstrip("/") + "/recipe")
+    return folders
+
+
+def one_line(exc: BaseException, argv: List[str] = ()) -> str:
+    """Hydra and OmegaConf errors span several lines; keep what names the bad value (for a recipe not found,
+    the folders it was looked for in)."""
     from hydra.errors import MissingConfigException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
@@ -70,7 +81,11 @@ def one_line(exc: BaseException) -> str:
             name = missing[-1]
             options = e.options or []
             if options:
-                return f"{group}={name} not found; " + choices_hint(name, options)
+                where = ""
+                if group == "recipe":
+                    where = (f" (looked in {', '.join(recipe_folders(argv))}; a recipe of your own goes in "
+                             f"FOLDER/recipe/NAME.yaml with hydra.searchpath=[file:///absolute/FOLDER])")
+                return f"{group}={name} not found{where}; " + choices_hint(name, options)
             return str(e).splitlines()[0]
     for e in chain:
         if isinstance(e, ValidationError):

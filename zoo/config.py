@@ -2,7 +2,7 @@
 range of every number.
 
 Hydra merges conf/ and recipes/ into `Config` (zoo/compose.py); OmegaConf then rejects unknown keys and
-values outside an Enum before anything is imported from MindSpore; zoo/load.py checks the rest.
+values outside an Enum before anything is imported from MindSpore; engine/load.py checks the rest.
 """
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ class ExportFormat(StrEnum):  # no AIR: deprecated by MindSpore (mindspore.expor
 @dataclass
 class InferConfig:
     """eval.py and export.py."""
-    fuse_conv_bn: bool = False        # fold Conv2d+BatchNorm2d pairs first (zoo/fuse.py)
+    fuse_conv_bn: bool = False        # fold Conv2d+BatchNorm2d pairs first (engine/fuse.py)
     format: ExportFormat = ExportFormat.MINDIR
     batch_size: int = 1               # export: the batch dimension of the exported inputs
 

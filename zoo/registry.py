@@ -21,6 +21,7 @@ class Registry:
         self.kind = kind
         self._items: Dict[str, Any] = {}
         self._meta: Dict[str, Dict[str, Any]] = {}
+        self.missing_hint: Optional[Callable[[], str]] = None  # what an unknown name's error adds (MODELS: plugins)
 
     def register(self, name: Optional[str] = None, **meta) -> Callable:
         """Decorator: register under `name` (default: the function's or class's own name) with metadata."""
@@ -40,7 +41,8 @@ class Registry:
     def get(self, name: str, key: str = ""):
         if name not in self._items:
             where = f"{key}={name!r}" if key else repr(name)
-            raise ConfigError(f"{where} is not a registered {self.kind}; " + choices_hint(name, self._items))
+            hint = f"; {self.missing_hint()}" if self.missing_hint else ""
+            raise ConfigError(f"{where} is not a registered {self.kind}; " + choices_hint(name, self._items) + hint)
         return self._items[name]
 
     def meta(self, name: str) -> Dict[str, Any]:

@@ -98,7 +98,7 @@ def seed_everything(seed: int) -> None:
 
 def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps: int = 0):
     """Whether to sink, and the one log line that says why. A sink is always a whole epoch (trainer.sink_size
-    -1; zoo.load refuses other sizes), so an epoch stays a pass over the data. Sinking stays off where it
+    -1; engine.load refuses other sizes), so an epoch stays a pass over the data. Sinking stays off where it
     cannot be right:
     - on CPU, MindSpore silently runs non-sink when asked to sink, and still reports sink_size to callbacks;
     - for data whose batches change shape (translation buckets): a sink graph's GetNext is compiled for the

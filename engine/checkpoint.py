@@ -208,13 +208,30 @@ def resume_point(directory) -> Tuple[Path, dict]:
     raise ConfigError(f"resume: every checkpoint in {directory} is corrupt: {', '.join(p.name for p in found)}")
 
 
+def last_good_checkpoint(ckpt_dir: Path, remove: bool = True) -> Tuple[Optional[Path], Optional[dict]]:
+    """The newest checkpoint whose weights are all finite, and its parameters (read once); unreadable or
+    non-finite ones are removed (never resumed) when `remove` (rank 0 alone: ranks may share the folder).
+    (None, None): start from the initial weights."""
+    for path in reversed(checkpoints(ckpt_dir)):
+        try:
+            params = read_checkpoint(path)
+        except ConfigError:
+            params = None
+        if params is not None and all(np.isfinite(p.asnumpy()).all() for p in params.values() if p.dtype != ms.int32):
+            return path, params
+        if remove:
+            log.info("removing %s: its weights are not finite", path.name)
+            path.unlink(missing_ok=True)
+    return None, None
+
+
 def inference_network(cfg, script: str):
     """eval.py and export.py: the recipe's network under its policy, in eval mode, with the checkpoint's
     weights (averaged over decode.average_last checkpoints, Conv+BN folded when infer.fuse_conv_bn).
     Returns (network, the effective config, notes for the user, fused pairs or None)."""
     from amp.policy import apply_policy, check_device_dtype
     from models import build_model
-    from zoo.fuse import fuse_conv_bn
+    from engine.fuse import fuse_conv_bn
     from zoo.runtime import set_context
 
     if not cfg.checkpoint:

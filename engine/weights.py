@@ -76,8 +76,8 @@ def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
     other: the command line's recipe. Notes go to stderr."""
     import sys
 
-    from zoo.load import load_config, user_keys, validate
-    from zoo.rundir import run_config_for
+    from engine.load import load_config, user_keys, validate
+    from engine.rundir import run_config_for
 
     cfg, smoke_note = load_config(argv)
     given = user_keys(argv)
@@ -99,7 +99,7 @@ def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.
     recipe and overrides, the command line's other keys over them, checkpoint set to the verified file, and
     output (unless given) under runs/weights/ rather than beside the file in the repository.
     Returns (config, note) or (cfg, None) when no shipped weight is asked for."""
-    from zoo.load import load_config
+    from engine.load import load_config
 
     spec = cfg.weights or (str(Path(str(cfg.checkpoint)).expanduser()) if cfg.checkpoint and
                            shipped_file(cfg.checkpoint) else None)

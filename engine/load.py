@@ -11,7 +11,7 @@ from omegaconf import OmegaConf, open_dict
 from amp.names import check_policy_names
 from amp.policy import check_device_dtype
 import data  # noqa: F401  (registers the datasets)
-from models import check_model  # (and registers the models)
+from models import check_model, import_plugins  # (and registers the models)
 from zoo.compose import check_slips, compose, expand_home, one_line
 from zoo.config import RANGES, SPECIAL, Config
 from zoo.errors import ConfigError, fail
@@ -27,10 +27,11 @@ def load_config(argv: List[str], composed=None, smoke: bool = True,
     only builds the network (amp.report) accepts a dataset.path that is not on this machine."""
     argv = expand_home(argv)
     check_slips(argv)
+    import_plugins()
     try:
         cfg = composed if composed is not None else compose([a for a in argv if not a.startswith("-")])
     except Exception as e:  # Hydra/OmegaConf composition errors
-        raise ConfigError(one_line(e)) from None
+        raise ConfigError(one_line(e, argv)) from None
     cfg, note, kept = apply_smoke(cfg, user_keys(argv)) if smoke else (cfg, None, [])
     try:
         validate(cfg, needs_data)

@@ -73,7 +73,7 @@ def release(directory) -> None:
 
 def describe(directory: Path) -> Optional[str]:
     """'lenet_o0, step 2,811, finished' for a directory that holds a run; None for one that does not."""
-    from zoo.checkpoint import CHECKPOINT_NAME, checkpoints
+    from engine.checkpoint import CHECKPOINT_NAME, checkpoints
 
     found = checkpoints(directory / "checkpoints") if (directory / "checkpoints").is_dir() else []
     finished = (directory / "metrics.json").exists()

@@ -1,0 +1,5 @@
+"""The engine: what turns a recipe into a run. Loading and validating a config (load), the train step's loss
+(metrics) and optimizer (optim), checkpoints and the inference network (checkpoint, fuse), the callbacks of a
+run, its directory (rundir), shipped weights (weights), and a run in a process of its own (train_run).
+
+It sits above models/, data/ and amp/ and imports them; nothing below imports it."""
