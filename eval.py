@@ -6,15 +6,13 @@ top-5 and loss as JSON (default: next to the checkpoint, <checkpoint>.eval.json)
 """
 import sys
 
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare, run
 
-cap_onednn_isa(sys.argv[1:])  # before MindSpore is imported
-quiet_mindspore()
+prepare()  # before MindSpore is imported
 
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from zoo.errors import ConfigError, fail  # noqa: E402
 
 
 def evaluate(cfg) -> dict:
@@ -44,11 +42,8 @@ def evaluate(cfg) -> dict:
 def main(argv) -> None:
     from engine.weights import checkpoint_config
 
-    try:
-        cfg, smoke_note = checkpoint_config(argv, ".eval.json")
-        result = evaluate(cfg)
-    except ConfigError as e:
-        fail(str(e))
+    cfg, smoke_note = checkpoint_config(argv, ".eval.json")
+    result = evaluate(cfg)
     out = Path(cfg.output) if cfg.output else Path(str(cfg.checkpoint) + ".eval.json")
     record = {"recipe": cfg.recipe_name, "checkpoint": str(cfg.checkpoint),
               "data": cfg.dataset.path or ("embedded (smoke)" if smoke_note else "embedded"),
@@ -61,4 +56,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -8,14 +8,13 @@ writes it with `mindspore.export`; the input shapes are those of one real test b
 """
 import sys
 
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare, run
 
-cap_onednn_isa(sys.argv[1:])  # before MindSpore is imported
-quiet_mindspore()
+prepare()  # before MindSpore is imported
 
 from pathlib import Path  # noqa: E402
 
-from zoo.errors import ConfigError, fail  # noqa: E402
+from zoo.errors import ConfigError  # noqa: E402
 
 
 def export(cfg) -> Path:
@@ -46,13 +45,10 @@ def main(argv) -> None:
     from engine.weights import checkpoint_config
 
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("infer.format=")), "MINDIR")
-    try:
-        cfg, _ = checkpoint_config(argv, f".{fmt.lower()}")
-        out = export(cfg)
-    except ConfigError as e:
-        fail(str(e))
+    cfg, _ = checkpoint_config(argv, f".{fmt.lower()}")
+    out = export(cfg)
     print(f"exported {cfg.recipe_name} to {out}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -10,10 +10,9 @@ Everything lands in the run directory.
 """
 import sys
 
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
-ONEDNN_NOTE = cap_onednn_isa(sys.argv[1:])  # must run before MindSpore (and its oneDNN) is imported
-quiet_mindspore()
+ONEDNN_NOTE = prepare()  # must run before MindSpore (and its oneDNN) is imported
 
 import json  # noqa: E402
 import logging  # noqa: E402

@@ -13,11 +13,10 @@ or whose local error exceeds the tolerance.
 """
 import sys
 
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
 if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
-    cap_onednn_isa(sys.argv[1:])
-    quiet_mindspore()
+    prepare()
 
 import json
 from typing import Dict, List

@@ -7,11 +7,10 @@ compiler casts by), not from the recipe; the reason comes from the policy that s
 """
 import sys
 
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare, run
 
 if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
-    cap_onednn_isa(sys.argv[1:])
-    quiet_mindspore()
+    prepare()
 
 import json
 from pathlib import Path
@@ -132,7 +131,7 @@ def build_report(overrides: List[str]) -> Dict:
 
 
 def main(argv: List[str]) -> None:
-    from zoo.errors import ConfigError, fail
+    from zoo.errors import fail
 
     if "-h" in argv or "--help" in argv:
         print(__doc__.strip())
@@ -143,15 +142,12 @@ def main(argv: List[str]) -> None:
         levels, argv = argv[i + 1:i + 3], argv[:i] + argv[i + 3:]
         if len(levels) != 2 or any(lv not in ("O0", "O1", "O2", "O3") for lv in levels):
             fail(f"--diff takes two levels from O0, O1, O2, O3; got {' '.join(levels) or 'nothing'}")
-    try:
-        if levels:
-            a, b = (build_report(argv + [f"amp.level={lv}"]) for lv in levels)
-            print(diff(a, b))
-        else:
-            print(to_markdown(build_report(argv)))
-    except ConfigError as e:
-        fail(str(e))
+    if levels:
+        a, b = (build_report(argv + [f"amp.level={lv}"]) for lv in levels)
+        print(diff(a, b))
+    else:
+        print(to_markdown(build_report(argv)))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -30,11 +30,10 @@ maximises the share that pays off on Ascend and GPU.
 """
 import sys
 
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
 if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
-    cap_onednn_isa(sys.argv[1:])
-    quiet_mindspore()
+    prepare()
 
 import hashlib  # noqa: E402
 import json  # noqa: E402
@@ -43,7 +42,7 @@ from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402
 
-from zoo import train_run  # noqa: E402
+from engine import train_run  # noqa: E402
 from zoo.errors import ConfigError, fail  # noqa: E402
 
 EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool2x2", "MaxPool3d", "Flatten", "Dropout", "Identity")

@@ -10,10 +10,9 @@ Transformer-Tiny), with BLEU; and, on the first `--check` test sentences, whethe
 hypotheses equal the full-recompute reference's (models/decoding.py) at beam 1 and beam 4. Written to
 bench/results/decode.json.
 """
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
-cap_onednn_isa(["recipe=transformer_tiny_multi30k_o0"])  # the recipe's setting, before MindSpore loads
-quiet_mindspore()
+prepare([], recipe="transformer_tiny_multi30k_o0")  # the recipe's setting, before MindSpore loads
 
 import sys  # noqa: E402
 import time  # noqa: E402

@@ -11,13 +11,11 @@ RUN_DIR is a `train.py recipe=transformer_tiny_multi30k_*` run directory (its co
 --no-curve skips step 1 (the final number first, the curve in a later call); --no-final skips step 2.
 Decoding is incremental (models/decoding.py); sentences/s and tokens/s are in each record.
 """
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare, run
 
-cap_onednn_isa(["recipe=transformer_tiny_multi30k_o0"])  # the recipe's setting, before MindSpore loads
-quiet_mindspore()
+prepare([], recipe="transformer_tiny_multi30k_o0")  # the recipe's setting, before MindSpore loads
 
 import json  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 
@@ -107,8 +105,4 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-    from zoo.errors import ConfigError, fail
-    try:
-        main(sys.argv[1:])
-    except ConfigError as e:  # a checkpoint that does not fit, a run directory without data: one line
-        fail(str(e))
+    run(main)  # a checkpoint that does not fit, a run directory without data: one line

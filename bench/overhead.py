@@ -22,10 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
-cap_onednn_isa()  # before MindSpore is imported
-quiet_mindspore()
+prepare()  # before MindSpore is imported
 
 from mindspore.train import Callback  # noqa: E402
 

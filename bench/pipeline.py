@@ -10,10 +10,9 @@ and kept as Tensors. The ratio of steps per second is the pipeline's efficiency;
 falls short, the pipeline alone (iterated with no training) says whether it is too slow to produce batches
 (its rate is below the training step rate) or competes with training for the cores.
 """
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
-cap_onednn_isa()  # before MindSpore is imported
-quiet_mindspore()
+prepare()  # before MindSpore is imported
 
 import statistics  # noqa: E402
 import sys  # noqa: E402

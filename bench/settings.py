@@ -9,10 +9,9 @@ process-wide are measured elsewhere: the oneDNN ISA cap (bench.onednn_isa), data
 (bench.pipeline dataset.num_workers=N); graph-kernel fusion (`enable_graph_kernel=True`) did not finish
 compiling LeNet within 9 minutes on this CPU build, so it is not offered.
 """
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
-cap_onednn_isa()  # before MindSpore is imported
-quiet_mindspore()
+prepare()  # before MindSpore is imported
 
 import statistics  # noqa: E402
 import sys  # noqa: E402

@@ -7,12 +7,9 @@ scores that file on the full test split, and writes its entry in weights/MANIFES
 parameter count, recipe and overrides, the commit that trained it, MindSpore version and machine, the metric
 with its scorer, the published anchor, and the command that re-evaluates it (bench.verify runs them all).
 """
-import sys
+from zoo.entry import prepare, run
 
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
-
-cap_onednn_isa()  # before MindSpore is imported
-quiet_mindspore()
+prepare()  # before MindSpore is imported
 
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -95,12 +92,9 @@ def main(argv: List[str]) -> None:
     args = [a for a in argv if not a.startswith("--")]
     if len(args) != 2:
         fail("usage: python -m bench.ship RUN_DIR NAME [--fp16]")
-    try:
-        entry = ship(Path(args[0]), args[1], "--fp16" in argv)
-    except ConfigError as e:
-        fail(str(e))
+    entry = ship(Path(args[0]), args[1], "--fp16" in argv)
     print(json.dumps(entry, indent=2))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -13,12 +13,11 @@ machine cancels; take numbers only on a quiet machine. --profile adds where each
 
 PyTorch (and torchvision) are bench-only dependencies: pip install torch==2.14.1 torchvision==0.29.1.
 """
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
 import sys  # noqa: E402
 
-ISA_NOTE = cap_onednn_isa([a for a in sys.argv[1:] if not a.startswith("-")])  # before MindSpore loads
-quiet_mindspore()
+ISA_NOTE = prepare()  # before MindSpore loads
 
 import statistics  # noqa: E402
 import tempfile  # noqa: E402

@@ -17,10 +17,9 @@ parameter by parameter into ours (BatchNorm running statistics included), then o
 Writes bench/results/torchvision_check.json and prints a table for BENCHMARKS. PyTorch and torchvision are
 bench-only dependencies (pip install torch==2.14.1 torchvision==0.29.1).
 """
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
-cap_onednn_isa()  # before MindSpore is imported
-quiet_mindspore()
+prepare()  # before MindSpore is imported
 
 import sys  # noqa: E402
 from typing import Dict, List  # noqa: E402

@@ -9,10 +9,9 @@ the median over rounds of its time relative to the kept step in the same round. 
 than alone because a part's cost there (memory traffic, what MindSpore fuses or copies around it) is what
 counts. Results go to bench/results/transformer_parts.json.
 """
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
-cap_onednn_isa(["recipe=transformer_tiny_multi30k_o0"])  # the recipe's setting, before MindSpore loads
-quiet_mindspore()
+prepare([], recipe="transformer_tiny_multi30k_o0")  # the recipe's setting, before MindSpore loads
 
 import contextlib  # noqa: E402
 import statistics  # noqa: E402

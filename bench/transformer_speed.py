@@ -13,10 +13,9 @@ compiled graphs (about 3 GB each at 128 x 32), so a run with every setting holds
 PyTorch alone (`--settings 0`) for the headline ratio, then the AMP settings. PyTorch is a bench-only dependency
 (`pip install torch`); without it the peer rows say so.
 """
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
-ISA_NOTE = cap_onednn_isa(["recipe=transformer_tiny_multi30k_o0"])  # the recipe's setting, before MindSpore loads
-quiet_mindspore()
+ISA_NOTE = prepare([], recipe="transformer_tiny_multi30k_o0")  # the recipe's setting, before MindSpore loads
 
 import statistics  # noqa: E402
 import sys  # noqa: E402

@@ -10,10 +10,9 @@ share of the fp32 gradient's non-zero values that come back as exactly zero (und
 error of the whole gradient. bench.run's matrix trains the same recipe at O3 with no scale and with a dynamic
 one, for the outcome; BENCHMARKS.md shows both.
 """
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
-cap_onednn_isa()  # before MindSpore is imported
-quiet_mindspore()
+prepare()  # before MindSpore is imported
 
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402

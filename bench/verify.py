@@ -7,15 +7,14 @@ classification result agrees when within TOLERANCE (2 images in 10,000). Prints 
 """
 import sys
 
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare, run
 
-cap_onednn_isa()  # before MindSpore is imported
-quiet_mindspore()
+prepare()  # before MindSpore is imported
 
 from pathlib import Path  # noqa: E402
 from typing import Dict, List, Optional  # noqa: E402
 
-from zoo.errors import ConfigError, fail  # noqa: E402
+from zoo.errors import fail  # noqa: E402
 from engine.weights import WEIGHTS, read_manifest  # noqa: E402
 
 TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu": 0.01}
@@ -78,14 +77,11 @@ def main(argv: List[str]) -> None:
         if name not in known:
             from zoo.errors import choices_hint
             fail(f"{name!r} is not a shipped weight; " + choices_hint(name, known))
-    try:
-        rows = verify(argv or None)
-    except ConfigError as e:
-        fail(str(e))
+    rows = verify(argv or None)
     print(table(rows))
     if any(r["ok"] is False for r in rows):
         sys.exit(1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

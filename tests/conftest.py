@@ -1,14 +1,13 @@
-"""Shared fixtures. The oneDNN cap goes first: it only works if set before MindSpore is imported."""
+"""Shared fixtures. The process is prepared first (the oneDNN cap only works before MindSpore is imported)."""
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.entry import prepare
 
-cap_onednn_isa()
-quiet_mindspore()
+prepare([])
 
 import mindspore as ms  # noqa: E402
 import pytest  # noqa: E402

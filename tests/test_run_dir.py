@@ -141,7 +141,7 @@ def weights(path):
 
 def test_after_a_failed_save_resume_finishes_with_the_same_weights(tmp_path, monkeypatch, graph_mode):
     from train import train
-    from zoo import checkpoint as zc
+    from engine import checkpoint as zc
     cfg, _ = load_config(ARGS)
     whole = tmp_path / "whole"
     whole.mkdir()

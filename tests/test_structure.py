@@ -1,6 +1,9 @@
 """The shape of the code: an acyclic import graph, every number of the schema range-checked, a user's keys
 winning over a smoke block, the pass arithmetic of a resume, and a model that does not compile as one line."""
 import ast
+import os
+import subprocess
+import sys
 import dataclasses
 from pathlib import Path
 from typing import Optional
@@ -189,3 +192,21 @@ def test_every_entry_point_loads_its_config_through_load_config():
         # eval.py and export.py through engine.weights.checkpoint_config, which calls load_config
         assert ("load_config" in text or "checkpoint_config" in text) and "apply_smoke" not in text, script
     assert "load_config(argv)" in (ROOT / "engine" / "weights.py").read_text()
+
+
+def test_only_the_entry_helper_sets_up_mindspore():
+    """zoo.entry.prepare is the one place a command caps oneDNN and quiets MindSpore, and importing any library
+    module leaves the process as it was."""
+    callers = sorted(name for name, path in project_modules().items()
+                     for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("cap_onednn_isa",
+                                                                                        "quiet_mindspore"))
+    assert callers == ["zoo.entry", "zoo.entry"]
+    libraries = [m for m in project_modules() if m.split(".")[0] in ("zoo", "engine", "amp", "models", "data")]
+    code = ("import os, importlib\n"
+            f"for m in {libraries!r}:\n    importlib.import_module(m)\n"
+            "print(os.environ.get('ONEDNN_MAX_CPU_ISA'), os.environ.get('GLOG_v'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "GLOG_v")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["None", "None"]

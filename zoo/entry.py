@@ -1,0 +1,38 @@
+"""The start of every command: train.py, eval.py, export.py, `python -m amp.report | amp.audit | amp.search`
+and the benchmarks.
+
+    from zoo.entry import prepare
+    ONEDNN = prepare()                 # a script: first, before anything imports MindSpore
+    if __name__ == "__main__":         # a module that is a library too (amp.report): only when run as one
+        prepare()
+    ...
+    if __name__ == "__main__":
+        run(main)                      # main(argv); a ConfigError is one `error:` line and exit 2
+
+`prepare` caps oneDNN's ISA as the command line's recipe asks (runtime.onednn_isa; zoo.runtime.cap_onednn_isa
+says why) and keeps MindSpore's C++ log lines off the console. Both must happen before `import mindspore`, which
+is why nothing else in the project does either at import time.
+"""
+import sys
+from typing import Callable, List, Optional
+
+from zoo.errors import ConfigError, fail
+from zoo.runtime import cap_onednn_isa, quiet_mindspore
+
+
+def prepare(argv: Optional[List[str]] = None, recipe: Optional[str] = None) -> str:
+    """Set up the process for MindSpore from the command line (default sys.argv[1:]; only its key=value
+    overrides are read); `recipe`: the recipe a benchmark always runs. Returns the oneDNN note a run records."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    note = cap_onednn_isa([f"recipe={recipe}", *overrides] if recipe else overrides)
+    quiet_mindspore()
+    return note
+
+
+def run(main: Callable[[List[str]], object], argv: Optional[List[str]] = None) -> None:
+    """main(argv) (default sys.argv[1:]), with bad input reported as one line and exit 2."""
+    try:
+        main(sys.argv[1:] if argv is None else argv)
+    except ConfigError as e:
+        fail(str(e))
