@@ -288,7 +288,11 @@ def finished(cfg, run_dir: Path, start: Start) -> Optional[dict]:
     metrics = run_dir / "metrics.json"
     if start.checkpoint is None or not metrics.exists():
         return None
-    done = json.loads(metrics.read_text())
+    try:
+        done = json.loads(metrics.read_text())
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{metrics} cannot be read ({e}); train.py writes it when a run ends: move it aside "
+                          f"to continue the run from its checkpoints") from None
     t = cfg.trainer
     if "steps_per_epoch" in done:
         target = t.epochs * done["steps_per_epoch"]
@@ -391,20 +395,46 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
             model.train(end_epoch, train_ds, callbacks=callbacks, dataset_sink_mode=run.sink,
                         sink_size=t.sink_size if run.sink else -1, initial_epoch=first_epoch)
         except (RuntimeError, TypeError, ValueError, IndexError) as e:
-            if compiled or run.timer.steps:  # it ran before: not a model that fails to build
-                raise
-            raise ConfigError(compile_error(run, e)) from e
+            raise ConfigError(step_error(run, e, ran_before=compiled or bool(run.timer.steps))) from e
     outcome = "stopped" if stop.signal else ("diverged" if watch.reason else "finished")
     return Rung(outcome, net, policy, watch, checkpoints, telemetry.summary(), time.perf_counter() - t_train, stop)
+
+
+def step_error(run: Run, error: Exception, ran_before: bool) -> str:
+    """The one line for what model.train raised: data the pipeline cannot read (a broken image, say), or, before
+    any step ran, a model that does not compile. Anything else is raised as it is."""
+    if "dataset pipeline" in str(error):
+        return pipeline_error(run, error)
+    if ran_before:
+        raise error
+    return compile_error(run, error)
+
+
+def log_trace(error: Exception) -> None:
+    """The full trace of an error reported in one line, into train.log only."""
+    trace = "".join(traceback.format_exception(error))
+    for handler in logging.root.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "%s", (trace,), None))
+
+
+def pipeline_error(run: Run, error: Exception) -> str:
+    """One line for data the pipeline cannot read, naming the file where MindSpore's message does; the
+    checkpoints written before it are intact."""
+    log_trace(error)
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip().startswith("[ERROR]")]
+    reason = lines[0].removeprefix("[ERROR]").strip() if lines else str(error).splitlines()[0]
+    step = run.timer.steps[-1] if run.timer.steps else 0
+    then = (f"continue with python train.py hydra.run.dir={run.run_dir} resume=auto" if step else
+            "run the command again")
+    return (f"the data pipeline failed at step {step}: {reason}; fix or remove that file, then {then} (full trace "
+            f"in {run.run_dir / 'train.log'})")
 
 
 def compile_error(run: Run, error: Exception) -> str:
     """One line for a network that does not compile or fails its first step (typically a forked model's
     shape bug); the full trace goes to train.log only."""
-    trace = "".join(traceback.format_exception(error))
-    for handler in logging.root.handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "%s", (trace,), None))
+    log_trace(error)
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and not ln.strip().startswith("-")]
     reason = next((ln for ln in lines if ln.startswith("For ")), lines[0] if lines else type(error).__name__)
     return (f"model {run.cfg.model.name!r} (recipe {run.cfg.recipe_name}) does not compile or fails its first "

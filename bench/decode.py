@@ -27,7 +27,7 @@ def main(argv) -> dict:
     from bench.common import pop_option, save_result, trained_network
     from data.translation import encode_pairs, params
     from zoo.compose import one_line
-    from zoo.config import load_run_config
+    from engine.rundir import load_run_config
     from zoo.errors import fail
     from models.decoding import IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate
 

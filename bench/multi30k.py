@@ -49,7 +49,7 @@ def main(argv) -> dict:
     from bench.common import pop_option, trained_network
     from data import create_dataset
     from engine.checkpoint import average_checkpoints, epoch_checkpoints, load_weights
-    from zoo.config import load_run_config
+    from engine.rundir import load_run_config
     from zoo.errors import fail
     from models.decoding import translate
 

@@ -276,12 +276,13 @@ def parse(argv: List[str]):
     from zoo.errors import fail
     all_recipes = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     given, only, runs, out, plan = {}, [], ROOT / "runs" / "reproduce", ROOT / "bench" / "results" / "reproduce", False
+    table_only = False
     it = iter(argv)
     for arg in it:
         if arg == "--plan":
             plan = True
         elif arg == "--table":  # run nothing: the table from the runs recorded so far
-            only.append("(none)")
+            table_only = True
         elif arg in ("--data", "--only", "--runs", "--out"):
             value = next(it, None)
             if value is None:
@@ -305,7 +306,7 @@ def parse(argv: List[str]):
         else:
             fail(f"unknown argument {arg!r}; valid: --data GROUP=PATH, --only RECIPE, --runs DIR, --out DIR, --plan, "
                  f"--table")
-    return all_recipes, given, runs.resolve(), out, plan, only or None
+    return all_recipes, given, runs.resolve(), out, plan, [] if table_only else (only or None)
 
 
 if __name__ == "__main__":

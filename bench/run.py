@@ -19,6 +19,8 @@ import psutil
 from tqdm import tqdm
 
 from bench.common import machine
+from zoo.cli import pop_option
+from zoo.errors import fail
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,8 +139,10 @@ def finished(results) -> set:
 def main(argv) -> Path:
     quick = "--quick" in argv
     device = "cpu"
-    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else (
-        ROOT / "bench" / "results" / f"{device}-{date.today().isoformat()}{'-quick' if quick else ''}")
+    out, argv = pop_option(argv, "--out", None, Path)
+    if any(a != "--quick" for a in argv):
+        fail(f"unknown argument {next(a for a in argv if a != '--quick')!r}; valid: --quick, --out DIR")
+    out = out or ROOT / "bench" / "results" / f"{device}-{date.today().isoformat()}{'-quick' if quick else ''}"
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {"runs": []}

@@ -45,7 +45,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     from data import task
     from models import build_model
     from engine.checkpoint import average_checkpoints, checkpoints, last_checkpoints, read_checkpoint
-    from zoo.config import load_run_config
+    from engine.rundir import load_run_config
     from zoo.runtime import set_context
 
     run_dir = Path(run_dir)

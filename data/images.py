@@ -5,6 +5,8 @@ that runs on the embedded MNIST subset when the path is unset (zoo/config.apply_
 """
 from pathlib import Path
 
+import numpy as np
+
 from data.sampling import sampling, workers
 from zoo.registry import DATASETS
 from zoo.errors import ConfigError
@@ -30,6 +32,10 @@ def check_cifar_folder(path: Path, split: str) -> None:
         if size % CIFAR_RECORD or size < 10000 * CIFAR_RECORD:
             raise ConfigError(f"{f} is not a complete CIFAR-10 batch: {size} bytes, expected 10000 records of "
                               f"{CIFAR_RECORD} bytes ({10000 * CIFAR_RECORD}); truncated download?")
+        labels = np.memmap(f, np.uint8, "r")[::CIFAR_RECORD]  # each record: a label byte, then 3,072 pixels
+        if labels.max() > 9:
+            raise ConfigError(f"{f} holds label {labels.max()} in record {int(labels.argmax())}; CIFAR-10 labels are "
+                              f"0-9 (the binary version's first byte of each 3,073-byte record): not a CIFAR-10 batch?")
 
 
 def _finish(ds, cfg, split: str, ops):

@@ -65,14 +65,20 @@ def read_idx(path: Path, kind: str) -> np.ndarray:
             data = f.read()
     except (OSError, EOFError) as e:
         raise ConfigError(f"{path} cannot be read as {'gzip' if path.suffix == '.gz' else 'an idx file'}: {e}") from None
+    if not data:
+        raise ConfigError(f"{path} is empty (0 bytes); an MNIST idx {kind} file starts with the magic number "
+                          f"{IDX_MAGIC[kind]}: a failed download or copy?")
     magic = int.from_bytes(data[:4], "big") if len(data) >= 4 else -1
     if magic != IDX_MAGIC[kind]:
         raise ConfigError(f"{path} is not an MNIST idx {kind} file: magic number {magic}, expected {IDX_MAGIC[kind]}")
     dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(3 if kind == "images" else 1)]
     body = np.frombuffer(data, np.uint8, offset=4 + 4 * len(dims))
     if body.size != int(np.prod(dims)):
-        raise ConfigError(f"{path} is truncated: its header says {'x'.join(map(str, dims))} values, it holds "
+        what = "is truncated" if body.size < int(np.prod(dims)) else "holds more than its header says"
+        raise ConfigError(f"{path} {what}: its header says {'x'.join(map(str, dims))} values, it holds "
                           f"{body.size}")
+    if dims[0] == 0:
+        raise ConfigError(f"{path} holds no {kind} (its header counts 0); give a data set with examples")
     return body.reshape(dims)
 
 
@@ -82,6 +88,10 @@ def load_idx(path: Path, split: str):
     labels = read_idx(idx_file(path, labels_name), "labels")
     if len(images) != len(labels):
         raise ConfigError(f"{path}: {images_name} holds {len(images)} images but {labels_name} {len(labels)} labels")
+    classes = DATASETS.meta("mnist")["classes"]
+    if labels.max() >= classes:
+        raise ConfigError(f"{idx_file(path, labels_name)} holds label {labels.max()} (at example "
+                          f"{int(labels.argmax())}); an MNIST-style data set's labels are 0-{classes - 1}")
     return images[..., None], labels.astype(np.int32)
 
 

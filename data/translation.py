@@ -41,8 +41,16 @@ def _read_lines(path: Path) -> List[str]:
     for candidate in (path, path.with_name(path.name + ".gz")):
         if candidate.is_file():
             opener = gzip.open if candidate.suffix == ".gz" else open
-            with opener(candidate, "rt", encoding="utf-8") as f:
-                return [line.rstrip("\n") for line in f]
+            try:
+                with opener(candidate, "rt", encoding="utf-8") as f:
+                    return [line.rstrip("\n") for line in f]
+            except UnicodeDecodeError as e:
+                line = candidate.read_bytes()[:e.start].count(b"\n") + 1 if candidate.suffix != ".gz" else "?"
+                raise ConfigError(f"{candidate} is not UTF-8 text (line {line}: {e.reason}); a translation data "
+                                  f"set is UTF-8 text, one sentence per line") from None
+            except (OSError, EOFError) as e:
+                raise ConfigError(f"{candidate} cannot be read as {'gzip' if candidate.suffix == '.gz' else 'text'}: "
+                                  f"{e}") from None
     raise ConfigError(f"{path} (or {path.name}.gz) does not exist; a translation data set is "
                       f"{{prefix}}.{{lang}} files, one sentence per line")
 
@@ -76,7 +84,12 @@ def read_pairs(cfg, split: str) -> List[Tuple[str, str]]:
     if len(src) != len(tgt):
         raise ConfigError(f"{root / prefix}.{p['src_lang']} has {len(src)} lines but .{p['tgt_lang']} has "
                           f"{len(tgt)}; parallel files must align line by line")
-    return list(zip(src, tgt))
+    pairs = list(zip(src, tgt))
+    if not any(s.strip() and t.strip() for s, t in pairs):
+        raise ConfigError(f"{root / prefix}.{p['src_lang']} and .{p['tgt_lang']} hold no sentence pair (" +
+                          ("empty files" if not src else f"{len(src)} lines, every pair with an empty side") +
+                          "); a translation data set is one sentence per line in each language")
+    return pairs
 
 
 def tokenizer(cfg):
@@ -85,9 +98,17 @@ def tokenizer(cfg):
 
     p = params(cfg)
     if p["spm_model"]:
-        if not Path(p["spm_model"]).expanduser().is_file():
-            raise ConfigError(f"dataset.params.spm_model={p['spm_model']!r} does not exist")
-        return spm.SentencePieceProcessor(model_file=str(Path(p["spm_model"]).expanduser()))
+        path = Path(p["spm_model"]).expanduser()
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise ConfigError(f"dataset.params.spm_model={p['spm_model']!r} {what}; give a sentencepiece .model file, "
+                              f"or leave it unset to train one on the training text")
+        try:
+            return spm.SentencePieceProcessor(model_file=str(path))
+        except (OSError, RuntimeError) as e:
+            raise ConfigError(f"dataset.params.spm_model={p['spm_model']!r} is not a sentencepiece model "
+                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); give the .model file "
+                              f"spm_train wrote, or leave it unset to train one") from None
     pairs = read_pairs(cfg, "train")
     text = "\n".join(s for pair in pairs for s in pair)
     key = hashlib.sha1(f"{p['vocab_size']}\n{text}".encode()).hexdigest()[:16]

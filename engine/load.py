@@ -126,6 +126,9 @@ def validate(cfg, needs_data: bool = True) -> None:
     if classes and cfg.model.num_classes != classes:
         raise ConfigError(f"model.num_classes={cfg.model.num_classes} does not match the {classes} classes of "
                           f"dataset {cfg.dataset.name}; set model.num_classes={classes}")
+    if needs_data and cfg.dataset.path is not None and Path(cfg.dataset.path).expanduser().is_file():
+        raise ConfigError(f"dataset.path={cfg.dataset.path!r} is a file; give the folder that holds the "
+                          f"{cfg.dataset.name} files")
     if needs_data and cfg.dataset.path is not None and not Path(cfg.dataset.path).expanduser().exists():
         if cfg.dataset.params.get("install"):  # data a system package provides (dataset.params.install says how)
             raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist: install {cfg.dataset.params.install}, "

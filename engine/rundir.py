@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 from omegaconf import OmegaConf
 
-from zoo.config import load_run_config
+from zoo.config import Config
 from zoo.errors import ConfigError
 
 HELD: Dict[Path, int] = {}  # directory -> the descriptor whose lock this process holds until it ends
@@ -25,6 +25,24 @@ HELD: Dict[Path, int] = {}  # directory -> the descriptor whose lock this proces
 MAY_CHANGE = ("trainer.epochs", "trainer.max_steps", "trainer.eval_every", "trainer.ckpt_every", "trainer.keep_last",
               "trainer.log_every", "logger", "resume", "checkpoint", "output", "dataset.path", "runtime.profile",
               "runtime.device", "runtime.device_id", "runtime.onednn_isa")
+
+
+def load_run_config(run_dir):
+    """A run directory's config.yaml over the current schema (keys added since the run get their defaults); a
+    missing, empty or unreadable one is one ConfigError naming it."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} has no config.yaml: not a train.py run directory (give the folder that "
+                          f"holds config.yaml, checkpoints/ and train.log)")
+    try:
+        saved = OmegaConf.load(path)
+        if not OmegaConf.is_dict(saved) or len(saved) == 0:
+            raise ValueError("it holds no settings")
+        return OmegaConf.merge(OmegaConf.structured(Config), saved)
+    except Exception as e:  # noqa: BLE001  (YAML, OmegaConf and schema errors alike)
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{path} cannot be read as the run's config ({msg}); it is written by train.py: "
+                          f"restore it, or start a new run in another hydra.run.dir") from None
 
 
 def lock_holder(directory: Path) -> Optional[int]:

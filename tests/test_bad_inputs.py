@@ -120,3 +120,96 @@ def test_bad_data_files(tmp_path, recipe, make, extra, message):
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
     assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+# Every reader, class by class: an empty, truncated, mislabelled or wrong-kind file is one ConfigError naming it
+# (train.py turns that into the one `error:` line and exit 2, as test_bad_data_files shows), before any step.
+def _idx_labels(folder, label):
+    import numpy as np
+    _idx(folder)
+    (folder / "train-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01\x00\x00\x00\x60" +
+                                                     np.full(96, label, np.uint8).tobytes())
+
+
+def _text(src: bytes, tgt: bytes):
+    def make(folder):
+        (folder / "train.en").write_bytes(src)
+        (folder / "train.de").write_bytes(tgt)
+    return make
+
+
+def _cifar_label(folder):
+    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+        (folder / name).write_bytes((bytes([12]) + bytes(3072)) * 10000)
+
+
+READER_CASES = [
+    ("lenet_o0", lambda d: (_idx(d), (d / "train-images-idx3-ubyte").write_bytes(b"")), [],
+     "train-images-idx3-ubyte is empty (0 bytes)"),
+    ("lenet_o0", lambda d: _idx(d, n=0), [], "train-images-idx3-ubyte holds no images"),
+    ("lenet_o0", lambda d: _idx_labels(d, 12), [],
+     "train-labels-idx1-ubyte holds label 12 (at example 0); an MNIST-style data set's labels are 0-9"),
+    ("lenet_o0", lambda d: (d / "mnist.zip").write_bytes(b"PK"), ["dataset.path={data}/mnist.zip"],
+     "mnist.zip' is a file; give the folder that holds the mnist files"),
+    ("transformer_base_o2", _text(b"", b""), [], "train.en and .de hold no sentence pair (empty files)"),
+    ("transformer_base_o2", _text(b"\n\n", b"\n\n"), [], "hold no sentence pair (2 lines, every pair with an empty"),
+    ("transformer_base_o2", _text(b"ok\n\xff\xfe bad\n", b"gut\nschlecht\n"), [],
+     "train.en is not UTF-8 text (line 2: invalid start byte)"),
+    ("transformer_base_o2", lambda d: (_text(b"a b\n", b"c d\n")(d), (d / "m.model").write_bytes(b"garbage")),
+     ["+dataset.params.spm_model={data}/m.model"], "m.model' is not a sentencepiece model"),
+    ("transformer_base_o2", lambda d: (_text(b"a b\n", b"c d\n")(d), (d / "m.model").mkdir()),
+     ["+dataset.params.spm_model={data}/m.model"], "m.model' is a directory; give a sentencepiece .model file"),
+    ("resnet34_cifar10_o2", _cifar_label, [], "data_batch_1.bin holds label 12 in record 0; CIFAR-10 labels are 0-9"),
+]
+
+
+@pytest.mark.parametrize("recipe,make,extra,message", READER_CASES, ids=[c[3][:40] for c in READER_CASES])
+def test_every_reader_names_a_bad_file(tmp_path, recipe, make, extra, message):
+    from data import create_dataset
+    from engine.load import load_config
+    from zoo.errors import ConfigError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    make(data)
+    overrides = [e.format(data=data) for e in extra]
+    path = [] if any(e.startswith("dataset.path=") for e in overrides) else [f"dataset.path={data}"]
+    with pytest.raises(ConfigError) as error:
+        cfg, _ = load_config([f"recipe={recipe}", *path, *overrides])
+        next(create_dataset(cfg.dataset, "train").create_tuple_iterator())
+    assert message in str(error.value)
+
+
+def test_a_run_directory_that_cannot_be_read_is_one_line(tmp_path):
+    from engine.rundir import load_run_config
+    from zoo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="has no config.yaml: not a train.py run directory"):
+        load_run_config(tmp_path)
+    for text, reason in (("", "it holds no settings"), ("model: [unclosed", "while parsing"), ("- a list\n", "")):
+        (tmp_path / "config.yaml").write_text(text)
+        with pytest.raises(ConfigError, match="config.yaml cannot be read as the run's config") as error:
+            load_run_config(tmp_path)
+        assert reason in str(error.value)
+
+
+PIPELINE_ERROR = """Exception thrown from dataset pipeline. Refer to 'Dataset Pipeline Error Message'.
+
+------------------------------------------------------------------
+- Dataset Pipeline Error Message:
+------------------------------------------------------------------
+[ERROR] Invalid image, /data/imagenet/train/n01/10.JPEG decode failed, the image is broken or permission denied.
+"""  # MindSpore 2.10's own message for a broken JPEG in an ImageFolder (the whole of its first lines)
+
+
+def test_a_file_the_pipeline_cannot_read_is_one_line_at_any_step(tmp_path):
+    import types
+
+    import train
+    run = types.SimpleNamespace(timer=types.SimpleNamespace(steps=[120]), run_dir=tmp_path)
+    line = train.step_error(run, RuntimeError(PIPELINE_ERROR), ran_before=True)
+    assert line.startswith("the data pipeline failed at step 120: Invalid image, /data/imagenet/train/n01/10.JPEG "
+                           "decode failed")
+    assert f"continue with python train.py hydra.run.dir={tmp_path} resume=auto" in line
+    with pytest.raises(RuntimeError, match="a bug"):  # anything else after the first step is not bad input
+        train.step_error(run, RuntimeError("a bug"), ran_before=True)

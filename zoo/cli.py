@@ -12,4 +12,5 @@ def pop_option(argv: List[str], name: str, default, convert: Callable = int) -> 
     try:
         return convert(argv[i + 1]), argv[:i] + argv[i + 2:]
     except (IndexError, ValueError):
-        fail(f"{name} needs a value like {default!r}; got {argv[i + 1] if i + 1 < len(argv) else 'nothing'}")
+        like = f" like {default!r}" if default is not None else ""
+        fail(f"{name} needs a value{like}; got {argv[i + 1] if i + 1 < len(argv) else 'nothing'}")

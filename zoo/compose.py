@@ -83,9 +83,9 @@ def one_line(exc: BaseException, argv: List[str] = ()) -> str:
             if options:
                 where = ""
                 if group == "recipe":
-                    where = (f" (looked in {', '.join(recipe_folders(argv))}; a recipe of your own goes in "
+                    where = (f"; looked in {', '.join(recipe_folders(argv))} (a recipe of your own goes in "
                              f"FOLDER/recipe/NAME.yaml with hydra.searchpath=[file:///absolute/FOLDER])")
-                return f"{group}={name} not found{where}; " + choices_hint(name, options)
+                return f"{group}={name} not found; " + choices_hint(name, options) + where
             return str(e).splitlines()[0]
     for e in chain:
         if isinstance(e, ValidationError):

@@ -275,9 +275,3 @@ def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="schema", node=Config)
-
-
-def load_run_config(run_dir):
-    """A run directory's config.yaml over the current schema (keys added since the run get their defaults)."""
-    from omegaconf import OmegaConf
-    return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(Path(run_dir) / "config.yaml"))
