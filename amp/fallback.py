@@ -15,6 +15,7 @@ from mindspore.train import Callback
 from omegaconf import OmegaConf
 
 from amp.telemetry import crossed
+from zoo.config import LEVELS
 
 
 LADDER = [
@@ -23,14 +24,13 @@ LADDER = [
     {"level": "O1", "loss_scale": {"type": "none"}},
     {"level": "O0", "loss_scale": {"type": "none"}},
 ]
-LEVEL_RANK = {"O0": 0, "O1": 1, "O2": 2, "O3": 3}
 SCALE_RANK = {"none": 0, "fixed": 1, "dynamic": 2}
 
 
 def rung_key(level, ls) -> tuple:
     kind = str(ls["type"])
     scale = 1.0 if kind == "none" else float(ls.get("scale", 0) if kind == "fixed" else 1e30)
-    return LEVEL_RANK[str(level)], SCALE_RANK[kind], scale
+    return LEVELS[str(level)].rank, SCALE_RANK[kind], scale
 
 
 def describe(amp_cfg) -> str:

@@ -20,11 +20,11 @@ from mindspore import dtype as mstype
 
 from amp.names import NN_CELLS, resolve, split_keep
 from zoo.cells import replace_child
+from zoo.config import LEVELS
 from zoo.errors import ConfigError
 
 DTYPES = {"float16": mstype.float16, "bfloat16": mstype.bfloat16}
 O1_WHITE_LIST = ["Conv", "Dense", "LSTMCell", "RNNCell", "GRUCell"]
-DEFAULT_KEEP_FP32 = {"O0": [], "O1": [], "O2": ["BatchNorm", "LayerNorm"], "O3": []}
 # Measured with mindspore 2.10 on CPU: no bfloat16 kernels for these (BatchNorm rejects the dtype too).
 UNSUPPORTED = {("CPU", "bfloat16"): "Conv2D, MatMul, Reshape and Transpose"}
 
@@ -52,7 +52,7 @@ class Policy:
 
 def keep_fp32_names(amp_cfg) -> List[str]:
     level = str(amp_cfg.level)
-    return list(DEFAULT_KEEP_FP32[level] if amp_cfg.keep_fp32 is None else amp_cfg.keep_fp32)
+    return list(LEVELS[level].keep_fp32 if amp_cfg.keep_fp32 is None else amp_cfg.keep_fp32)
 
 
 def ascend_910a() -> bool:
@@ -68,7 +68,7 @@ def ascend_910a() -> bool:
 def check_device_dtype(device: str, amp_cfg) -> None:
     level = str(amp_cfg.level)
     dtype = str(amp_cfg.dtype)
-    low_precision_used = level != "O0" or bool(amp_cfg.force_fp16)
+    low_precision_used = LEVELS[level].low != "none" or bool(amp_cfg.force_fp16)
     if low_precision_used and dtype == "bfloat16" and device == "Ascend" and ascend_910a():
         raise ConfigError("amp.dtype=bfloat16 is not supported on an Ascend 910A (its cube units compute fp16 "
                           "only; bf16 needs a 910B or later); use amp.dtype=float16")
@@ -123,7 +123,7 @@ def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
     policy = Policy(level, dtype_name, keep_names, list(amp_cfg.force_fp16))
     reasons = policy.reasons
 
-    if level in ("O2", "O3"):
+    if LEVELS[level].low == "all":
         net.to_float(low)
         for path, _ in net.cells_and_names():
             reasons[path] = f"{level} default"
@@ -134,7 +134,7 @@ def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
         if keep_names:
             _walk(net, "", kept, keep_in_fp32)
     else:
-        white = resolve(O1_WHITE_LIST, "O1 white list") if level == "O1" else ()
+        white = resolve(O1_WHITE_LIST, "O1 white list") if LEVELS[level].low == "white_list" else ()
         force_only = tuple(c for c in force if c not in white)
         to_low = tuple(c for c in white + force_only if c not in keep)
 
@@ -149,7 +149,7 @@ def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
         if to_low:
             _walk(net, "", low_here, run_low)
     reasons.pop("", None)
-    if level == "O0" and not force:
+    if LEVELS[level].low == "none" and not force:
         return net, policy
     return CastOutput(net, mstype.float32), policy
 

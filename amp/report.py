@@ -131,6 +131,7 @@ def build_report(overrides: List[str]) -> Dict:
 
 
 def main(argv: List[str]) -> None:
+    from zoo.config import LEVELS
     from zoo.errors import fail
 
     if "-h" in argv or "--help" in argv:
@@ -140,8 +141,8 @@ def main(argv: List[str]) -> None:
     if "--diff" in argv:
         i = argv.index("--diff")
         levels, argv = argv[i + 1:i + 3], argv[:i] + argv[i + 3:]
-        if len(levels) != 2 or any(lv not in ("O0", "O1", "O2", "O3") for lv in levels):
-            fail(f"--diff takes two levels from O0, O1, O2, O3; got {' '.join(levels) or 'nothing'}")
+        if len(levels) != 2 or any(lv not in LEVELS for lv in levels):
+            fail(f"--diff takes two levels from {', '.join(LEVELS)}; got {' '.join(levels) or 'nothing'}")
     if levels:
         a, b = (build_report(argv + [f"amp.level={lv}"]) for lv in levels)
         print(diff(a, b))

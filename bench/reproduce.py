@@ -6,7 +6,7 @@
 Every recipe in recipes/ gets a row. Its data group (`override /dataset: ...` in the recipe) is looked for at
 the path given with --data (fashion_mnist, mnist, cifar10, imagenet, multi30k, wmt14_en_de), else at the
 recipe's own dataset.path, else where this project's machines keep it (Multi30k: ../shared/data/multi30k).
-Found: the recipe trains with its own settings, once per seed of SEEDS, each run in RUNS/<recipe>-s<seed>
+Found: the recipe trains with its own settings, once per seed of its target.seeds, each run in RUNS/<recipe>-s<seed>
 (train.py's run directory; --runs, default runs/reproduce). Resumable: a run with metrics.json is done and
 only scored again; a run with checkpoints continues with resume=auto; a killed reproduce picks up there.
 Translation recipes are scored with the published protocol of bench/multi30k.py (last checkpoints averaged,
@@ -33,14 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 # Where this project's machines keep data that no package installs (benchmarks and tests only).
 KNOWN_DATA = {"multi30k": ROOT.parent / "shared" / "data" / "multi30k"}
-# Seeds per recipe (default 1): the parity claim of the Fashion-MNIST recipes needs a spread.
-SEEDS = {"lenet_fashion_o0": [1, 2, 3], "lenet_fashion_o2": [1, 2, 3], "lenet_fashion_o3": [1, 2, 3],
-         "resnet18_fashion_o0": [1, 2, 3], "resnet18_fashion_o2": [1, 2, 3]}
-# Extra settings a reproduction adds to the recipe: keep every epoch checkpoint for the val BLEU curve.
-EXTRA = {"transformer_tiny_multi30k_o0": ["trainer.keep_last=100"],
-         "transformer_tiny_multi30k_o2": ["trainer.keep_last=100"]}
-# Parity, fixed before the runs: an AMP recipe's mean within this many points of its O0 sibling's mean.
-TOLERANCE = {"lenet_fashion": 0.5, "resnet18_fashion": 0.5, "transformer_tiny_multi30k": 1.0}
 
 
 def recipe_card(name: str) -> dict:
@@ -62,9 +54,9 @@ def find_data(card: dict, given: Dict[str, str]) -> Optional[str]:
     return None
 
 
-def train_command(recipe: str, data: str, seed: int, run_dir: Path) -> List[str]:
-    return train_run.train_command([f"recipe={recipe}", f"dataset.path={data}", f"runtime.seed={seed}",
-                                    *EXTRA.get(recipe, [])], run_dir)
+def train_command(card: dict, data: str, seed: int, run_dir: Path) -> List[str]:
+    return train_run.train_command([f"recipe={card['recipe']}", f"dataset.path={data}", f"runtime.seed={seed}",
+                                    *card["target"]["reproduce_overrides"]], run_dir)
 
 
 def run_subprocess(cmd: List[str], log: Path) -> int:
@@ -131,8 +123,9 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
     rows = []
     for name in recipes:
         card = recipe_card(name)
-        rows.append({**card, "data": find_data(card, given), "seeds": SEEDS.get(name, [1]), "runs": [],
-                     "progress": progress(runs, name, SEEDS.get(name, [1]))})
+        seeds = card["target"]["seeds"]
+        rows.append({**card, "data": find_data(card, given), "seeds": seeds, "runs": [],
+                     "progress": progress(runs, name, seeds)})
     # seed-major: every recipe's first seed before any second one, so a stopped reproduce already compares
     # the precision levels
     todo = [(row, seed) for i in range(max(len(r["seeds"]) for r in rows))
@@ -146,7 +139,7 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
         if only is not None and name not in only:  # not asked for: its recorded runs only
             continue
         if not (run_dir / "metrics.json").is_file():
-            cmd = train_command(name, data, seed, run_dir)
+            cmd = train_command(row, data, seed, run_dir)
             print(("would run: " if plan_only else "running: ") + " ".join(cmd[1:]), flush=True)
             if plan_only:
                 continue
@@ -252,7 +245,7 @@ def render(rows: List[dict]) -> str:
         if r["level"] != "O0":
             notes.append(f"{overflows} overflowed steps")
         if sibling in means and sibling != r["recipe"]:
-            delta, tol = means[r["recipe"]] - means[sibling], TOLERANCE.get(family(r["recipe"]))
+            delta, tol = means[r["recipe"]] - means[sibling], r["target"]["parity"]
             verdict = "" if tol is None else (f", within ±{tol}" if abs(delta) <= tol else f", OUTSIDE ±{tol}")
             notes.append(f"{delta:+.2f} vs O0{verdict}; " + (
                 f"{speed[r['recipe']] / speed[sibling]:.2f}x O0's throughput" if cpu and cpu == machines[sibling]

@@ -7,6 +7,7 @@ from typing import List, Optional, Tuple
 
 import mindspore as ms
 import mindspore.nn as nn
+import numpy as np
 from mindspore.train import Callback
 
 from zoo.errors import ConfigError, write_error
@@ -86,7 +87,6 @@ def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, mode
 def average_checkpoints(paths) -> dict:
     """Element-wise mean of the float parameters of several checkpoints (Vaswani et al. average the last 5
     or 20); integer state (steps, counters) comes from the newest."""
-    import numpy as np
 
     params = [read_checkpoint(p) for p in paths]
     out = dict(params[-1])

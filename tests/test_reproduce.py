@@ -33,10 +33,19 @@ def fake_runner():
     return run
 
 
+def seeds(monkeypatch, **per_recipe):
+    """The recipes' target.seeds, as a test wants them (the cards say 1-3)."""
+    def card(name, real=rp.recipe_card):
+        c = real(name)
+        c["target"]["seeds"] = per_recipe.get(name, c["target"]["seeds"])
+        return c
+    monkeypatch.setattr(rp, "recipe_card", card)
+
+
 def test_runs_each_seed_once_and_names_absent_data(tmp_path, fake_runner, monkeypatch):
     data = tmp_path / "fashion"
     data.mkdir()
-    monkeypatch.setitem(rp.SEEDS, "lenet_fashion_o0", [1, 2])
+    seeds(monkeypatch, lenet_fashion_o0=[1, 2])
     args = dict(recipes=["lenet_fashion_o0", "lenet_o2"], given={"fashion_mnist": str(data)},
                 runs=tmp_path / "runs", out=tmp_path / "out", runner=fake_runner, readme=None)
     table = rp.reproduce(**args)["table"]
@@ -56,7 +65,7 @@ def test_a_killed_run_continues_with_resume_auto(tmp_path, fake_runner, monkeypa
     data.mkdir()
     args = dict(recipes=["lenet_fashion_o0"], given={"fashion_mnist": str(data)}, runs=tmp_path / "runs",
                 out=tmp_path / "out", runner=fake_runner, readme=None)
-    monkeypatch.setitem(rp.SEEDS, "lenet_fashion_o0", [1])
+    seeds(monkeypatch, lenet_fashion_o0=[1])
     stopped = tmp_path / "runs" / "lenet_fashion_o0-s1"
     monkeypatch.setattr(rp, "train_command", lambda r, d, s, run_dir, f=rp.train_command: f(
         r, d, s, run_dir.with_name(run_dir.name + "-stop")))
@@ -115,8 +124,8 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
 def test_only_runs_the_named_recipes_and_shows_where_others_stand(tmp_path, fake_runner, monkeypatch):
     data = tmp_path / "fashion"
     data.mkdir()
-    monkeypatch.setitem(rp.SEEDS, "lenet_fashion_o0", [1])
-    monkeypatch.setitem(rp.SEEDS, "lenet_fashion_o2", [1])
+    seeds(monkeypatch, lenet_fashion_o0=[1])
+    seeds(monkeypatch, lenet_fashion_o2=[1])
     half = tmp_path / "runs" / "lenet_fashion_o2-s1" / "checkpoints"
     half.mkdir(parents=True)
     (half / "lenet5-e0003-s00002811.ckpt").write_bytes(b"")
@@ -134,7 +143,7 @@ def test_throughput_is_compared_only_between_runs_on_one_kind_of_machine():
         run = {"value": 91.0, "throughput": throughput, "device": "CPU", "amp": "x", "protocol": "final checkpoint",
                "steps": 10, "overflow_steps": 0, "wall_time_s": 60.0, "machine": cpu}
         return {"recipe": recipe, "level": recipe[-2:].upper(), "group": "fashion_mnist", "data": "/d", "runs": [run],
-                "target": {"published": 91.6, "metric": "top1", "published_setting": "s", "source": "src"}}
+                "target": {"published": 91.6, "metric": "top1", "published_setting": "s", "source": "src", "parity": 0.5}}
 
     same = rp.render([row("lenet_fashion_o0", 1000.0, "AMD EPYC"), row("lenet_fashion_o2", 500.0, "AMD EPYC")])
     assert "CPU (AMD EPYC)" in same and "0.50x O0's throughput" in same

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import MISSING
 
@@ -17,11 +17,25 @@ ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
 
 
-class AmpLevel(StrEnum):
-    O0 = "O0"
-    O1 = "O1"
-    O2 = "O2"
-    O3 = "O3"
+@dataclass(frozen=True)
+class Level:
+    """One amp level: what runs in low precision by default. The schema, the policy (amp/policy.py), the
+    fallback ladder (amp/fallback.py) and the report (amp/report.py) all read this table: a new level is a row."""
+    low: str                        # "none": fp32; "white_list": MindSpore's O1 Cells (Conv, Dense, RNN cells);
+                                    # "all": every Cell but the keep-list
+    keep_fp32: Tuple[str, ...]      # the default keep-list (amp.keep_fp32=null)
+    rank: int                       # how much runs in low precision: the fallback ladder only steps down
+    meaning: str
+
+
+LEVELS: Dict[str, Level] = {
+    "O0": Level("none", (), 0, "everything fp32 (force_fp16 Cells still run in low precision)"),
+    "O1": Level("white_list", (), 1, "fp32, but Conv, Dense and RNN cells (and force_fp16) in low precision"),
+    "O2": Level("all", ("BatchNorm", "LayerNorm"), 2, "low precision but the keep-list, which runs fp32"),
+    "O3": Level("all", (), 3, "like O2 with an empty default keep-list"),
+}
+
+AmpLevel = StrEnum("AmpLevel", {name: name for name in LEVELS})
 
 
 class AmpDtype(StrEnum):
@@ -206,6 +220,10 @@ class TargetConfig:
     published_setting: str = ""
     source: str = ""
     embedded: Optional[float] = None  # measured on the embedded smoke data, stated in the recipe card
+    # How `make reproduce` (bench/reproduce.py) runs the recipe on its real data, fixed before the runs:
+    seeds: List[int] = field(default_factory=lambda: [1])
+    parity: Optional[float] = None    # an AMP recipe's mean within this of its O0 sibling's mean (metric's unit)
+    reproduce_overrides: List[str] = field(default_factory=list)  # keys a reproduction adds to the recipe
 
 
 @dataclass
