@@ -13,15 +13,17 @@ prepare()  # before MindSpore is imported
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from mindspore.train import Model  # noqa: E402
+
+from data import create_dataset, task  # noqa: E402
+from engine.checkpoint import inference_network  # noqa: E402
+from engine.metrics import NetWithEval, create_loss, metrics  # noqa: E402
+from engine.weights import checkpoint_config  # noqa: E402
+from models.decoding import translate  # noqa: E402
+
 
 
 def evaluate(cfg) -> dict:
-    from mindspore.train import Model
-
-    from data import create_dataset, task
-    from engine.checkpoint import inference_network
-    from engine.metrics import NetWithEval, create_loss, metrics
-    from models.decoding import translate
 
     net, cfg, notes, fused = inference_network(cfg, "eval.py")
     for note in notes:
@@ -40,7 +42,6 @@ def evaluate(cfg) -> dict:
 
 
 def main(argv) -> None:
-    from engine.weights import checkpoint_config
 
     cfg, smoke_note = checkpoint_config(argv, ".eval.json")
     result = evaluate(cfg)

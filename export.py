@@ -14,14 +14,15 @@ prepare()  # before MindSpore is imported
 
 from pathlib import Path  # noqa: E402
 
+import mindspore as ms  # noqa: E402
+
+from data import create_dataset  # noqa: E402
+from engine.checkpoint import inference_network  # noqa: E402
+from engine.weights import checkpoint_config  # noqa: E402
 from zoo.errors import ConfigError  # noqa: E402
 
 
 def export(cfg) -> Path:
-    import mindspore as ms
-
-    from data import create_dataset
-    from engine.checkpoint import inference_network
 
     net, cfg, notes, _ = inference_network(cfg, "export.py")
     for note in notes:
@@ -42,7 +43,6 @@ def export(cfg) -> Path:
 
 
 def main(argv) -> None:
-    from engine.weights import checkpoint_config
 
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("infer.format=")), "MINDIR")
     cfg, _ = checkpoint_config(argv, f".{fmt.lower()}")

@@ -16,6 +16,8 @@ ONEDNN_NOTE = prepare()  # must run before MindSpore (and its oneDNN) is importe
 
 import json  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -24,10 +26,30 @@ from typing import Any, List, Optional, Tuple  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from mindspore.train import Model  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+from tensorboardX import SummaryWriter  # noqa: E402
 
+from amp.fallback import DivergenceWatch, describe, ladder  # noqa: E402
+from amp.profile import ProfileSteps  # noqa: E402
+from amp.report import precision_report, write_report  # noqa: E402
+from amp.telemetry import AmpTelemetry  # noqa: E402
+from data import create_dataset, task  # noqa: E402
+from engine.callbacks import (EpochLog, Evaluator, GracefulStop, ProgressBar, SafeWriter, StepOffset, StepTimer,
+                              StopAtStep, TensorBoardLogger, planned_epochs)  # noqa: E402
+from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, last_good_checkpoint,
+                               read_checkpoint, restore_weights, resume_point)  # noqa: E402
+from engine.load import load_config, user_keys, validate  # noqa: E402
+from engine.metrics import NetWithEval, metrics  # noqa: E402
+from engine.optim import lr_schedule, scaled_lr  # noqa: E402
+from engine.rundir import claim, refuse_fresh_start, resume_config  # noqa: E402
+from engine.step import build_train_step  # noqa: E402
+from models.decoding import translate  # noqa: E402
+from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
-from zoo.errors import ConfigError, WriteError, fail  # noqa: E402
+from zoo.errors import ConfigError, WriteError, fail, write_error  # noqa: E402
+from zoo.runtime import (any_rank, init_distributed, machine, parameter_checksum, seed_everything, set_context,
+                         sink_mode, source_commit)  # noqa: E402
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -36,8 +58,6 @@ register_schema()
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg) -> Optional[float]:
-    from engine.load import load_config, user_keys, validate
-    from engine.rundir import claim, resume_config
 
     argv = list(HydraConfig.get().overrides.task)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -65,7 +85,6 @@ def main(cfg) -> Optional[float]:
 def first_process() -> bool:
     """A single process, not one of msrun's workers: it holds its run directory from the start. msrun's ranks are
     known only after init() (msrun may leave RANK_ID unset), so rank 0 claims the directory then (setup)."""
-    import os
     return "MS_WORKER_NUM" not in os.environ and "MS_ROLE" not in os.environ
 
 
@@ -75,7 +94,6 @@ CREATED: List[Path] = []  # run directories this process created
 def claim_run_dir(argv: List[str]) -> None:
     """Before Hydra writes anything: hold a named hydra.run.dir for this process, and refuse a fresh start in a
     directory that holds a run. One error line, exit 2, the directory unchanged."""
-    from engine.rundir import claim, refuse_fresh_start
 
     given = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")), None)
     if given is None or "-m" in argv or "--multirun" in argv:
@@ -99,9 +117,7 @@ def abandon(run_dir: Path, error: str) -> None:
     """Bad input found once the run directory exists: a directory this process created and nothing else wrote
     into is removed, unless the error points at its train.log (a model that does not compile keeps its trace
     there); any other keeps the error in its train.log."""
-    import shutil
 
-    from engine.checkpoint import checkpoints
     named = any(a.startswith("hydra.run.dir=") for a in sys.argv[1:])
     ours = run_dir.resolve() in CREATED or not named  # a dir Hydra made for this run (runs/<recipe>/<time>)
     untouched = not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists()
@@ -170,9 +186,6 @@ class Rung:
 
 def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=()) -> Optional[float]:
     """cfg: from engine.load.load_config. extra_callbacks: appended to the driver's own (bench/overhead.py)."""
-    from amp.fallback import describe, ladder
-    from engine.checkpoint import last_good_checkpoint
-    from engine.rundir import refuse_fresh_start
 
     if not cfg.resume:
         refuse_fresh_start(run_dir)
@@ -209,14 +222,6 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
 
 def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
-    from tensorboardX import SummaryWriter
-
-    from data import create_dataset, task
-    from engine.callbacks import Evaluator, SafeWriter, StepTimer
-    from zoo.errors import write_error
-    from engine.optim import lr_schedule, scaled_lr
-    from engine.rundir import claim
-    from zoo.runtime import init_distributed, seed_everything, set_context, sink_mode
 
     t_start = time.perf_counter()
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
@@ -270,7 +275,6 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
 
 def resume_start(cfg, ckpt_dir: Path) -> Start:
     """resume=auto: the newest checkpoint that reads; resume=PATH: that one; unset: the initial weights."""
-    from engine.checkpoint import read_checkpoint, resume_point
 
     if not cfg.resume:
         return Start()
@@ -319,12 +323,6 @@ def passes(start_step: int, steps_per_epoch: int, epochs: int) -> List[Tuple[int
 def build_step(run: Run, amp_cfg):
     """The model under the rung's precision policy, in a train step with its loss scale and optimizer; returns
     (network, policy, loss-scale plan, train step, Model, precision report)."""
-    from mindspore.train import Model
-
-    from amp.report import precision_report, write_report
-    from engine.checkpoint import check_disk_space
-    from engine.metrics import NetWithEval, metrics
-    from engine.step import build_train_step
 
     step = build_train_step(run.cfg, amp_cfg, run.lr, run.device)
     report = precision_report(step.net, step.policy)
@@ -342,13 +340,6 @@ def build_step(run: Run, amp_cfg):
 
 def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) -> Rung:
     """One rung of the ladder from `start` to the end of training, a divergence, or a stop signal."""
-    from amp.fallback import DivergenceWatch, describe
-    from amp.telemetry import AmpTelemetry
-    from data import create_dataset
-    from engine.callbacks import (EpochLog, GracefulStop, ProgressBar, StepOffset, StopAtStep, TensorBoardLogger,
-                               planned_epochs)
-    from engine.checkpoint import AtomicCheckpoint, restore_weights
-    from zoo.runtime import any_rank
 
     cfg, t = run.cfg, run.cfg.trainer
     net, policy, plan, step_cell, model, report = build_step(run, amp_cfg)
@@ -379,7 +370,6 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
     if t.max_steps > 0:
         callbacks.append(StopAtStep(t.max_steps))
     if cfg.runtime.profile and run.is_main and number == 0:
-        from amp.profile import ProfileSteps
         callbacks.append(ProfileSteps(run.run_dir, report, run.device, start=start.step + 2))
     callbacks.extend(extra_callbacks)
 
@@ -443,10 +433,6 @@ def compile_error(run: Run, error: Exception) -> str:
 
 def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
     """Final evaluation (and BLEU on the test split for translation), metrics.json."""
-    from data import task
-    from zoo.errors import write_error
-    from zoo.runtime import machine, parameter_checksum, source_commit
-    from models.decoding import translate
 
     cfg = run.cfg
     steps_done = run.timer.steps[-1] if run.timer.steps else 0
@@ -488,7 +474,6 @@ def resume_run_dir(argv) -> list:
         return []
     recipe = next((a.split("=", 1)[1] for a in argv if a.startswith("recipe=")), None)
     if recipe is None:
-        from zoo.compose import compose
         recipe = compose([]).recipe_name
     found = sorted(Path("runs", recipe).glob("*/checkpoints/*.ckpt"), key=lambda p: p.stat().st_mtime)
     if not found:

@@ -21,7 +21,18 @@ if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before Min
 import json
 from typing import Dict, List
 
+import mindspore as ms
+import mindspore.nn as nn
 import numpy as np
+
+from amp.policy import apply_policy, compute_dtype
+from amp.report import units
+from data import create_dataset
+from engine.load import load_config
+from models import build_model
+from zoo.cli import pop_option
+from zoo.errors import ConfigError, fail
+from zoo.runtime import set_context
 
 FP16_MAX = 65504.0
 FP16_TINY = 2.0 ** -24  # smallest fp16 subnormal: anything smaller in magnitude becomes 0
@@ -58,7 +69,6 @@ def vanishing_constants(cell, dtype: str) -> List[str]:
 
 def unit_flops(cell, inputs, output: np.ndarray) -> int:
     """Multiply-adds x 2 of a matmul or convolution; one operation per output value for anything else."""
-    import mindspore.nn as nn
 
     if isinstance(cell, nn.Dense):
         return 2 * cell.in_channels * output.size
@@ -72,10 +82,6 @@ def unit_flops(cell, inputs, output: np.ndarray) -> int:
 def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
     """net_builder() -> a fresh fp32 network; batch: the network's inputs (Tensors). One row per compute unit
     (amp.report.units: the Cells a keep-list names, e.g. Dense, LayerNorm, Softmax, BatchMatMul)."""
-    import mindspore as ms
-
-    from amp.policy import apply_policy, compute_dtype
-    from amp.report import units
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     net = net_builder()
@@ -160,12 +166,6 @@ def main(argv: List[str]) -> None:
     if "-h" in argv or "--help" in argv:
         print(__doc__.strip())
         return
-    from data import create_dataset
-    from models import build_model
-    from zoo.cli import pop_option
-    from zoo.errors import ConfigError, fail
-    from engine.load import load_config
-    from zoo.runtime import set_context
 
     out, argv = pop_option(argv, "--json", None, str)
     tolerance, argv = pop_option(argv, "--tolerance", 1e-2, float)

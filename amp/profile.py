@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 from mindspore.train import Callback
 
 log = logging.getLogger("amp_zoo")
@@ -139,7 +140,6 @@ class ProfileSteps(Callback):
         self.last = run_context.original_args().cur_step_num
 
     def on_train_step_begin(self, run_context):
-        from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
         first = self.last + 1  # MindSpore has already counted this host step (a whole sink) in cur_step_num
         if self.profiler is None and not self.done and first >= self.start:
             device = {"Ascend": [ProfilerActivity.NPU], "GPU": [ProfilerActivity.GPU]}.get(self.device, [])

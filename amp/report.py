@@ -18,7 +18,11 @@ from typing import Dict, Iterator, List, Tuple
 
 import mindspore.nn as nn
 
-from amp.policy import CastOutput, Policy, compute_dtype
+from amp.policy import CastOutput, Policy, apply_policy, compute_dtype
+from engine.load import load_config
+from models import build_model
+from zoo.config import LEVELS
+from zoo.errors import fail
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -120,9 +124,6 @@ def diff(a: Dict, b: Dict) -> str:
 
 
 def build_report(overrides: List[str]) -> Dict:
-    from amp.policy import apply_policy
-    from models import build_model
-    from engine.load import load_config
 
     cfg, _ = load_config(overrides, needs_data=False)  # a report builds the network and reads no data
     net = build_model(cfg)
@@ -131,8 +132,6 @@ def build_report(overrides: List[str]) -> Dict:
 
 
 def main(argv: List[str]) -> None:
-    from zoo.config import LEVELS
-    from zoo.errors import fail
 
     if "-h" in argv or "--help" in argv:
         print(__doc__.strip())

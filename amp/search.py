@@ -42,8 +42,20 @@ from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402
 
+import mindspore as ms  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from amp.audit import audit  # noqa: E402
+from amp.names import resolve, split_keep  # noqa: E402
+from amp.policy import check_paths  # noqa: E402
+from amp.report import units as unit_cells  # noqa: E402
+from data import create_dataset, task  # noqa: E402
 from engine import train_run  # noqa: E402
+from engine.load import load_config  # noqa: E402
+from engine.rundir import claim  # noqa: E402
+from models import build_model  # noqa: E402
 from zoo.errors import ConfigError, fail  # noqa: E402
+from zoo.runtime import set_context  # noqa: E402
 
 EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool2x2", "MaxPool3d", "Flatten", "Dropout", "Identity")
 TIERS = ("overflow", "constant", "error", "underflow")  # the audit's flags, most serious first
@@ -82,12 +94,6 @@ class Candidate:
 
 def evidence(cfg) -> Tuple[List[Unit], dict]:
     """amp.audit on one training batch at O3: every compute unit with its flags, parameters and FLOPs."""
-    import mindspore as ms
-    from omegaconf import OmegaConf
-
-    from amp.audit import audit
-    from data import create_dataset
-    from models import build_model
 
     ms.set_seed(cfg.runtime.seed)
     batch = next(create_dataset(cfg.dataset, "train").create_tuple_iterator())
@@ -107,9 +113,6 @@ def rank(units: List[Unit]) -> List[Unit]:
 
 def matching(names: List[str], units: List[Unit], net, key: str) -> List[str]:
     """Unit paths a keep-list names (Cell classes: every instance; paths: that sub-module and below)."""
-    from amp.names import resolve, split_keep
-    from amp.policy import check_paths
-    from amp.report import units as unit_cells
 
     classes, paths = split_keep(list(names))
     cells = dict(unit_cells(net))
@@ -126,8 +129,6 @@ def matching(names: List[str], units: List[Unit], net, key: str) -> List[str]:
 def keep_list(kept: List[str], units: List[Unit], net) -> List[str]:
     """The shortest keep-list for exactly these units: a class name where every unit of that class is kept,
     a sub-module path where every unit below it is, the unit's own path otherwise."""
-    from amp.names import resolve
-    from amp.report import units as unit_cells
 
     cells, left, out = dict(unit_cells(net)), [u.path for u in units if u.path in kept], []
     for cls in dict.fromkeys(type(cells[p]).__name__ for p in left):
@@ -249,7 +250,6 @@ def bisect(n: int, passes: Callable[[int], bool]) -> Optional[int]:
 
 
 def search(cfg, base: List[str], out: Path, log=print) -> dict:
-    from models import build_model
 
     s = cfg.search
     metric = s.metric or cfg.target.metric
@@ -399,7 +399,6 @@ def searched_recipe(result: dict, out: Path) -> Optional[Path]:
 
 def check_settings(cfg, argv: List[str]) -> List[str]:
     """The search's own settings; returns the overrides every training run gets."""
-    from data import task
 
     s = cfg.search
     keys = [a.split("=", 1)[0].lstrip("+~") for a in argv]
@@ -424,7 +423,6 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
 def prepare_out(cfg, base: List[str]) -> Path:
     """search.out, holding this search's training settings: a directory that holds another search's is refused
     (its runs would be compared with runs trained differently)."""
-    from engine.rundir import claim
 
     out = Path(cfg.search.out or Path("runs", "search", cfg.recipe_name))
     try:
@@ -447,8 +445,6 @@ def prepare_out(cfg, base: List[str]) -> Path:
 
 
 def main(argv: List[str]) -> dict:
-    from engine.load import load_config
-    from zoo.runtime import set_context
 
     try:
         cfg, smoke_note = load_config(argv)

@@ -1,10 +1,20 @@
 """What the single-process benchmarks share: their own command-line options, the recipe's train step, and
 where their JSON goes (bench/results/<name>.json; bench.run copies it next to its results.json)."""
 import json
+import statistics
+import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
+import mindspore as ms
+from omegaconf import OmegaConf
+
+from engine.checkpoint import inference_network
+from engine.load import load_config
+from engine.optim import lr_schedule, scaled_lr
+from engine.step import build_train_step
 from zoo.cli import pop_option  # noqa: F401  (the benchmarks' options)
+from zoo.errors import ConfigError, fail
 from zoo.runtime import machine  # noqa: F401  (every result records it)
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -13,8 +23,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def bench_config(argv: List[str], smoke: bool = True):
     """The run a benchmark's command line asks for, through the same load_config as train.py; bad input is
     one error line and exit 2."""
-    from zoo.errors import ConfigError, fail
-    from engine.load import load_config
 
     try:
         return load_config(argv, smoke=smoke)[0]
@@ -26,10 +34,6 @@ def train_step(cfg, steps_per_epoch: int, steps: int):
     """The step train.py trains with (engine.step.build_train_step: the recipe's network under its policy, loss
     scale and optimizer) on the device MindSpore was set to, with a learning rate for each of `steps` steps;
     set to train."""
-    import mindspore as ms
-
-    from engine.optim import lr_schedule, scaled_lr
-    from engine.step import build_train_step
 
     epochs = max(cfg.trainer.epochs, -(-steps // steps_per_epoch))
     lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch, epochs)
@@ -41,9 +45,6 @@ def train_step(cfg, steps_per_epoch: int, steps: int):
 def trained_network(cfg, checkpoint):
     """The run's network under its policy, in eval mode, with one checkpoint's weights (engine.checkpoint's
     inference_network, without averaging)."""
-    from omegaconf import OmegaConf
-
-    from engine.checkpoint import inference_network
 
     one = OmegaConf.merge(cfg, {"checkpoint": str(checkpoint), "decode": {"average_last": 1}})
     return inference_network(one, "bench")[0]
@@ -52,8 +53,6 @@ def trained_network(cfg, checkpoint):
 def alternate(variants: Dict[str, Callable], rounds: int, steps: int) -> Dict[str, List[float]]:
     """Run every variant `steps` times in turn, `rounds` times over; per variant, the median ms of each round.
     Taking turns puts drift on a shared machine into every variant alike."""
-    import statistics
-    import time
 
     times: Dict[str, List[float]] = {name: [] for name in variants}
     for _ in range(rounds):
@@ -69,7 +68,6 @@ def alternate(variants: Dict[str, Callable], rounds: int, steps: int) -> Dict[st
 
 def ratio(times: List[float], base: List[float]) -> float:
     """Median of per-round ratios."""
-    import statistics
     return round(statistics.median(a / b for a, b in zip(times, base)), 3)
 
 

@@ -18,18 +18,19 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import mindspore as ms  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from bench.common import pop_option, save_result, trained_network  # noqa: E402
+from data.translation import encode_pairs, params  # noqa: E402
+from engine.rundir import load_run_config  # noqa: E402
+from models.decoding import (IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate)  # noqa: E402
+from zoo.compose import one_line  # noqa: E402
+from zoo.errors import fail  # noqa: E402
+
 
 def main(argv) -> dict:
-    import mindspore as ms
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from bench.common import pop_option, save_result, trained_network
-    from data.translation import encode_pairs, params
-    from zoo.compose import one_line
-    from engine.rundir import load_run_config
-    from zoo.errors import fail
-    from models.decoding import IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate
 
     check, argv = pop_option(argv, "--check", 32)
     overrides = [a for a in argv if "=" in a]

@@ -18,10 +18,18 @@ prepare([], recipe="transformer_tiny_multi30k_o0")  # the recipe's setting, befo
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from omegaconf import OmegaConf  # noqa: E402
+
+from bench.common import pop_option, trained_network  # noqa: E402
+from data import create_dataset  # noqa: E402
+from engine.checkpoint import average_checkpoints, epoch_checkpoints, load_weights  # noqa: E402
+from engine.rundir import load_run_config  # noqa: E402
+from models.decoding import translate  # noqa: E402
+from zoo.errors import fail  # noqa: E402
+
 
 def split_cfg(cfg, prefix: str):
     """The run's config reading `prefix` as its test split."""
-    from omegaconf import OmegaConf
     return OmegaConf.merge(cfg, {"dataset": {"params": {"test_prefix": prefix}}})
 
 
@@ -46,12 +54,6 @@ def plot(lines, out: Path, title: str, xlabel: str = "epoch", ylabel: str = "BLE
 
 
 def main(argv) -> dict:
-    from bench.common import pop_option, trained_network
-    from data import create_dataset
-    from engine.checkpoint import average_checkpoints, epoch_checkpoints, load_weights
-    from engine.rundir import load_run_config
-    from zoo.errors import fail
-    from models.decoding import translate
 
     curve_beam, argv = pop_option(argv, "--curve-beam", 1)
     final, scan = "--no-final" not in argv, "--no-curve" not in argv

@@ -26,7 +26,16 @@ from zoo.entry import prepare
 
 prepare()  # before MindSpore is imported
 
-from mindspore.train import Callback  # noqa: E402
+import mindspore as ms  # noqa: E402
+import mindspore.nn as nn  # noqa: E402
+from mindspore.amp import FixedLossScaleManager  # noqa: E402
+from mindspore.train import Callback, Model  # noqa: E402
+
+from bench.common import bench_config, pop_option, save_result  # noqa: E402
+from data import create_dataset  # noqa: E402
+from engine.optim import create_optimizer, lr_schedule, scaled_lr  # noqa: E402
+from models import build_model  # noqa: E402
+from zoo.errors import fail  # noqa: E402
 
 
 class StepTimes(Callback):
@@ -46,7 +55,6 @@ class BareBlocks(Callback):
     """Times our steps; after every `block` of them, runs and times `block` steps of two bare Models."""
 
     def __init__(self, cfg, block: int):
-        from data import create_dataset
 
         steps_per_epoch = create_dataset(cfg.dataset, "train").get_dataset_size()
         self.bare, self.bare2 = bare_model(cfg, steps_per_epoch), bare_model(cfg, steps_per_epoch)
@@ -79,12 +87,6 @@ class BareBlocks(Callback):
 
 
 def bare_model(cfg, steps_per_epoch: int):
-    import mindspore.nn as nn
-    from mindspore.amp import FixedLossScaleManager
-    from mindspore.train import Model
-
-    from models import build_model
-    from engine.optim import create_optimizer, lr_schedule, scaled_lr
 
     ls = cfg.amp.loss_scale
     scale = float(ls.scale) if ls.type == "fixed" else 1.0
@@ -110,12 +112,8 @@ def bootstrap_ci(ratios, n=2000, seed=0):
 
 
 def main(argv) -> dict:
-    import mindspore as ms
 
-    from bench.common import pop_option, save_result
     from train import train
-    from bench.common import bench_config
-    from zoo.errors import fail
 
     block, argv = pop_option(argv, "--block", 25)
     cfg = bench_config([*argv, "logger.progress_bar=false"])

@@ -18,12 +18,13 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+import mindspore as ms  # noqa: E402
+
+from bench.common import bench_config, pop_option, save_result, train_step  # noqa: E402
+from data import create_dataset  # noqa: E402
+
 
 def main(argv) -> dict:
-    import mindspore as ms
-
-    from bench.common import bench_config, pop_option, save_result, train_step
-    from data import create_dataset
 
     blocks, argv = pop_option(argv, "--blocks", 12)
     block, argv = pop_option(argv, "--block", 20)

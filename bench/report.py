@@ -1,4 +1,5 @@
 """BENCHMARKS.md and the plots, from a bench results.json (bench.run writes both)."""
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -86,7 +87,6 @@ def parity(results) -> str:
 
 
 def underflow_section(out: Path) -> list:
-    import json
     lines = []
     for path in sorted(out.glob("underflow-*.json")):
         u = json.loads(path.read_text())
@@ -98,7 +98,6 @@ def underflow_section(out: Path) -> list:
 
 
 def speed_sections(out: Path) -> list:
-    import json
     pct = lambda r: f"{100 * (r - 1):+.1f}%"  # noqa: E731
     lines = ["## Our driver against bare MindSpore", ""]
     for path in sorted(out.glob("overhead-*.json")):

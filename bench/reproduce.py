@@ -27,7 +27,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
 from engine import train_run
+from engine.checkpoint import CHECKPOINT_NAME, checkpoints
+from zoo.compose import compose
+from zoo.errors import choices_hint, fail
 
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
@@ -37,10 +43,7 @@ KNOWN_DATA = {"multi30k": ROOT.parent / "shared" / "data" / "multi30k"}
 
 def recipe_card(name: str) -> dict:
     """The recipe's data group, dataset.path default and target block, as Hydra composes the recipe."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
-    from zoo.compose import compose
     cfg = compose([f"recipe={name}"])
     return {"recipe": name, "group": HydraConfig.get().runtime.choices["dataset"], "default_path": cfg.dataset.path,
             "level": str(cfg.amp.level), "target": OmegaConf.to_container(cfg.target),
@@ -79,7 +82,6 @@ def training_wall_time(run_dir: Path) -> Optional[float]:
         if "] - recipe " in line or not sessions:
             sessions.append([t, t])
         sessions[-1][1] = t
-    from engine.checkpoint import checkpoints
     saved = [p.stat().st_mtime for p in checkpoints(run_dir / "checkpoints")]
     starts = [s[0] for s in sessions[1:]] + [float("inf")]
     return round(sum(max([last] + [t for t in saved if first <= t < nxt]) - first
@@ -174,7 +176,6 @@ def publish(rows: List[dict], out: Path, readme: Optional[Path]) -> str:
 
 def progress(runs: Path, name: str, seeds: List[int]) -> str:
     """Where unfinished runs of a recipe stand: the newest checkpoint of each, and val BLEU if scored."""
-    from engine.checkpoint import CHECKPOINT_NAME, checkpoints
     notes = []
     for seed in seeds:
         run_dir = runs / f"{name}-s{seed}"
@@ -266,7 +267,6 @@ def write_readme(table: str, readme: Path) -> bool:
 
 
 def parse(argv: List[str]):
-    from zoo.errors import fail
     all_recipes = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     given, only, runs, out, plan = {}, [], ROOT / "runs" / "reproduce", ROOT / "bench" / "results" / "reproduce", False
     table_only = False
@@ -285,13 +285,11 @@ def parse(argv: List[str]):
                     fail(f"--data {value!r}: give GROUP=PATH, GROUP one of the dataset groups in conf/dataset/")
                 group, path = value.split("=", 1)
                 if not (ROOT / "conf" / "dataset" / f"{group}.yaml").is_file():
-                    from zoo.errors import choices_hint
                     groups = [p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")]
                     fail(f"--data {group}=...: {group!r} is not a dataset group; " + choices_hint(group, groups))
                 given[group] = path
             elif arg == "--only":
                 if value not in all_recipes:
-                    from zoo.errors import choices_hint
                     fail(f"--only {value!r} is not a recipe; " + choices_hint(value, all_recipes))
                 only.append(value)
             else:

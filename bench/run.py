@@ -19,6 +19,7 @@ import psutil
 from tqdm import tqdm
 
 from bench.common import machine
+from bench.report import write_report
 from zoo.cli import pop_option
 from zoo.errors import fail
 
@@ -163,7 +164,6 @@ def main(argv) -> Path:
         results["runs"].append(record(recipe, level, ls, seed, m))
         results_file.write_text(json.dumps(results, indent=2))  # after every run: a killed bench resumes here
     side_benchmarks(results, out, quick)
-    from bench.report import write_report
     write_report(results, out)
     print(f"wrote {out / 'BENCHMARKS.md'}")
     return out

@@ -17,13 +17,14 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+import mindspore as ms  # noqa: E402
+from mindspore import JitConfig  # noqa: E402
+
+from bench.common import bench_config, pop_option, save_result, train_step  # noqa: E402
+from data import create_dataset  # noqa: E402
+
 
 def main(argv) -> dict:
-    import mindspore as ms
-    from mindspore import JitConfig
-
-    from bench.common import bench_config, pop_option, save_result, train_step
-    from data import create_dataset
 
     rounds, argv = pop_option(argv, "--rounds", 30)
     cfg = bench_config(argv)

@@ -15,10 +15,19 @@ import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import List  # noqa: E402
 
+import mindspore as ms  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from zoo.errors import ConfigError, fail  # noqa: E402
+from bench.verify import score  # noqa: E402
+from data import task  # noqa: E402
+from engine.checkpoint import average_checkpoints, checkpoints, last_checkpoints, read_checkpoint  # noqa: E402
+from engine.load import flatten  # noqa: E402
+from engine.rundir import load_run_config  # noqa: E402
 from engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256  # noqa: E402
+from models import build_model  # noqa: E402
+from zoo.compose import compose  # noqa: E402
+from zoo.errors import ConfigError, fail  # noqa: E402
+from zoo.runtime import set_context  # noqa: E402
 
 SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
         "logger")
@@ -27,8 +36,6 @@ SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "de
 def overrides(run_cfg) -> List[str]:
     """The key=value list that turns the recipe as written into the run's config (what the run's command line
     changed): composing the recipe with these gives the run's config again."""
-    from zoo.compose import compose
-    from engine.load import flatten
     recipe = flatten(OmegaConf.to_container(compose([f"recipe={run_cfg.recipe_name}"]), resolve=True))
     run = flatten(OmegaConf.to_container(run_cfg, resolve=True))
     out = []
@@ -40,13 +47,6 @@ def overrides(run_cfg) -> List[str]:
 
 
 def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -> dict:
-    import mindspore as ms
-
-    from data import task
-    from models import build_model
-    from engine.checkpoint import average_checkpoints, checkpoints, last_checkpoints, read_checkpoint
-    from engine.rundir import load_run_config
-    from zoo.runtime import set_context
 
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.json").is_file():
@@ -81,7 +81,6 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     entries = read_manifest(folder)
     entries[name] = entry
     (folder / MANIFEST).write_text(json.dumps(entries, indent=2) + "\n")
-    from bench.verify import score
     entry["metric"] = score(name, folder)
     entries[name] = entry
     (folder / MANIFEST).write_text(json.dumps(entries, indent=2) + "\n")

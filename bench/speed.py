@@ -26,7 +26,13 @@ from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable, Dict, List  # noqa: E402
 
+import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
+from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler  # noqa: E402
+
+from amp.profile import op_times  # noqa: E402
+from bench.common import alternate, bench_config, describe, pop_option, ratio, save_result, train_step  # noqa: E402
+from zoo.runtime import machine  # noqa: E402
 
 
 def shape_of(cfg, batch: int, size: int):
@@ -36,9 +42,7 @@ def shape_of(cfg, batch: int, size: int):
 
 
 def our_step(cfg, shape) -> Callable[[], float]:
-    import mindspore as ms
 
-    from bench.common import train_step
     cell = train_step(cfg, 100, 1000)
     rng = np.random.RandomState(0)
     x = ms.Tensor(rng.randn(*shape).astype(np.float32))
@@ -84,9 +88,7 @@ def torch_step(cfg, shape) -> Callable[[], float]:
 
 def our_profile(step: Callable, steps: int = 3) -> Dict[str, float]:
     """ms per step by op type, from MindSpore's profiler."""
-    from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
-    from amp.profile import op_times
     with tempfile.TemporaryDirectory() as tmp:
         prof = profile(activities=[ProfilerActivity.CPU], on_trace_ready=tensorboard_trace_handler(tmp))
         prof.start()
@@ -110,10 +112,6 @@ def torch_profile(step: Callable, steps: int = 3) -> Dict[str, float]:
 
 
 def main(argv: List[str]) -> dict:
-    import mindspore as ms
-
-    from bench.common import alternate, bench_config, describe, pop_option, ratio, save_result
-    from zoo.runtime import machine
 
     rounds, argv = pop_option(argv, "--rounds", 6)
     steps, argv = pop_option(argv, "--steps", 3)

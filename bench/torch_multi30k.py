@@ -25,13 +25,21 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.common import bench_config
+from bench.multi30k import plot, split_cfg
+from data.sampling import epoch_order
+from data.translation import encode_pairs, make_batches, params
+from engine.optim import lr_schedule, scaled_lr
+from models.decoding import decode_batches, greedy, scores
+from models.transformer import sinusoids
+from zoo.cli import pop_option
+from zoo.errors import fail
+
 
 def build_peer(vocab: int, d: int, heads: int, ffn: int, layers: int, dropout: float, max_len: int):
     """Our Transformer in PyTorch (see the module docstring)."""
     import torch
     import torch.nn as tnn
-
-    from models.transformer import sinusoids
 
     class Peer(tnn.Module):
         def __init__(self):
@@ -72,9 +80,6 @@ def greedy_bleu(model, cfg, split_cfg) -> dict:
     """Greedy val decoding with the peer, scored as bench.multi30k scores our checkpoints at beam 1."""
     import torch
 
-    from data.translation import encode_pairs, params
-    from models.decoding import decode_batches, greedy, scores
-
     model.eval()
     examples, pairs, sp = encode_pairs(split_cfg.dataset, "test")
     max_len = params(split_cfg.dataset)["max_len"]
@@ -97,13 +102,6 @@ def greedy_bleu(model, cfg, split_cfg) -> dict:
 
 
 def main(argv) -> dict:
-    from bench.common import bench_config
-    from bench.multi30k import plot, split_cfg
-    from data.sampling import epoch_order
-    from data.translation import encode_pairs, make_batches, params
-    from zoo.cli import pop_option
-    from zoo.errors import fail
-    from engine.optim import lr_schedule, scaled_lr
 
     try:
         import torch

@@ -24,7 +24,12 @@ prepare()  # before MindSpore is imported
 import sys  # noqa: E402
 from typing import Dict, List  # noqa: E402
 
+import mindspore as ms  # noqa: E402
+import mindspore.nn as nn  # noqa: E402
 import numpy as np  # noqa: E402
+
+from bench.common import pop_option, save_result  # noqa: E402
+from models import create_model  # noqa: E402
 
 BN = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
 
@@ -45,12 +50,8 @@ def rel_err(a, b) -> float:
 
 
 def check(name: str, batch: int, size: int) -> Dict:
-    import mindspore as ms
-    import mindspore.nn as nn
     import torch
     import torchvision
-
-    from models import create_model
 
     torch.manual_seed(0)
     theirs = getattr(torchvision.models, name)()
@@ -109,9 +110,7 @@ def check(name: str, batch: int, size: int) -> Dict:
 
 
 def main(argv: List[str]) -> None:
-    import mindspore as ms
 
-    from bench.common import pop_option, save_result
     batch, argv = pop_option(argv, "--batch", 2)
     size, argv = pop_option(argv, "--size", 224)
     models, argv = pop_option(argv, "--models", ["resnet18", "resnet34", "resnet50"], lambda v: v.split(","))

@@ -17,16 +17,18 @@ import contextlib  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 
+import mindspore as ms  # noqa: E402
+import mindspore.nn as nn  # noqa: E402
+import mindspore.ops as ops  # noqa: E402
 import numpy as np  # noqa: E402
+
+import engine.metrics as M  # noqa: E402
+import models.transformer as T  # noqa: E402
+from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step  # noqa: E402
 
 
 def replaced_forms():
     """{name: context manager that swaps one part back}; entered while the variant's network is built."""
-    import mindspore.nn as nn
-    import mindspore.ops as ops
-
-    import models.transformer as T
-    import engine.metrics as M
 
     @contextlib.contextmanager
     def patch(obj, name, value):
@@ -66,9 +68,6 @@ def replaced_forms():
 
 
 def main(argv) -> dict:
-    import mindspore as ms
-
-    from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step
 
     rounds, argv = pop_option(argv, "--rounds", 6)
     steps, argv = pop_option(argv, "--steps", 2)

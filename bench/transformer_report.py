@@ -13,7 +13,11 @@ import shutil
 import sys
 from pathlib import Path
 
-from bench.common import RESULTS, describe
+from omegaconf import OmegaConf
+
+from bench.common import RESULTS, describe, pop_option
+from bench.multi30k import plot
+from zoo.errors import fail
 
 
 def load(name: str):
@@ -102,7 +106,6 @@ def multi30k_tables(lines, runs, out: Path):
 def read_curve(run: Path):
     """(name, {epoch: record}, optimizer updates per epoch) of a run directory's multi30k_curve.json, or of a
     curve kept in bench/results (NAME_curve.json) after its run directory is gone; None without a curve."""
-    from omegaconf import OmegaConf
     if run.is_file():
         name, curve = run.name.removesuffix("_curve.json"), json.loads(run.read_text())
         freq = curve[min(curve, key=int)].get("update_freq", 1)
@@ -119,7 +122,6 @@ def runs_compared(lines, runs, out: Path):
     """Every run's val curve against the first's at equal optimizer updates (O2 against O0, or another update
     size): one plot over updates, and a table of the updates at least two runs were scored at. A run is a run
     directory or a kept NAME_curve.json."""
-    from bench.multi30k import plot
 
     curves = {}
     for found in filter(None, map(read_curve, map(Path, runs))):
@@ -163,10 +165,8 @@ def reference_table(lines, ref: Path, out: Path):
 
 
 def main(argv) -> Path:
-    from bench.common import pop_option
     reference, argv = pop_option(argv, "--reference", "", str)
     if not argv:
-        from zoo.errors import fail
         fail("give the output folder, then any Multi30k run directories")
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,12 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
+
+from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step  # noqa: E402
+from bench.torch_multi30k import build_peer  # noqa: E402
+from zoo.errors import fail  # noqa: E402
 
 SHAPES = [(128, 16), (128, 32)]
 # (name, recipe, overrides): the recipe settings, and what MindSpore offers to shrink O2's cost on a CPU
@@ -42,8 +47,6 @@ def torch_step(batch: int, length: int, vocab: int = 8000, d: int = 128):
     import torch
     import torch.nn as tnn
 
-    from bench.torch_multi30k import build_peer
-
     torch.manual_seed(0)
     model = build_peer(vocab, d, 4, 256, 4, 0.3, 64).train()
     opt = torch.optim.Adam(model.parameters(), 1e-3, betas=(0.9, 0.98))
@@ -61,9 +64,6 @@ def torch_step(batch: int, length: int, vocab: int = 8000, d: int = 128):
 
 
 def our_step(recipe: str, overrides, batch: int, length: int):
-    import mindspore as ms
-
-    from bench.common import bench_config, train_step
 
     cfg = bench_config([f"recipe={recipe}", *overrides], smoke=False)  # the recipe itself, not its smoke block
     cell = train_step(cfg, 60, 1000)
@@ -76,10 +76,6 @@ def our_step(recipe: str, overrides, batch: int, length: int):
 
 
 def main(argv) -> dict:
-    import mindspore as ms
-
-    from bench.common import alternate, pop_option, ratio, save_result
-    from zoo.errors import fail
 
     rounds, argv = pop_option(argv, "--rounds", 8)
     steps, argv = pop_option(argv, "--steps", 3)

@@ -17,17 +17,20 @@ prepare()  # before MindSpore is imported
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import mindspore as ms  # noqa: E402
+import mindspore.ops as ops  # noqa: E402
 import numpy as np  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from amp.policy import apply_policy  # noqa: E402
+from bench.common import bench_config, pop_option, save_result  # noqa: E402
+from data import create_dataset  # noqa: E402
+from engine.checkpoint import read_checkpoint  # noqa: E402
+from engine.metrics import NetWithLoss, create_loss  # noqa: E402
+from models import build_model  # noqa: E402
 
 
 def gradients(cfg, level: str, scale: float, params, batch) -> dict:
-    import mindspore as ms
-    import mindspore.ops as ops
-    from omegaconf import OmegaConf
-
-    from amp.policy import apply_policy
-    from models import build_model
-    from engine.metrics import NetWithLoss, create_loss
 
     net = build_model(cfg)
     ms.load_param_into_net(net, params)
@@ -42,11 +45,6 @@ def gradients(cfg, level: str, scale: float, params, batch) -> dict:
 
 
 def main(argv) -> dict:
-    import mindspore as ms
-
-    from bench.common import bench_config, pop_option, save_result
-    from data import create_dataset
-    from models import build_model
 
     scales, argv = pop_option(argv, "--scales", [1.0, 1024.0, 65536.0],
                               lambda v: [float(x) for x in v.split(",")])
@@ -59,7 +57,6 @@ def main(argv) -> dict:
     params = {p.name: ms.Parameter(p.data.copy(), name=p.name)
               for p in build_model(cfg).get_parameters()}
     if checkpoint:
-        from engine.checkpoint import read_checkpoint
         saved = read_checkpoint(Path(checkpoint))
         params = {k: ms.Parameter(saved[k], name=k) if k in saved else v for k, v in params.items()}
     ref = gradients(cfg, "O0", 1.0, params, batch)

@@ -14,8 +14,9 @@ prepare()  # before MindSpore is imported
 from pathlib import Path  # noqa: E402
 from typing import Dict, List, Optional  # noqa: E402
 
-from zoo.errors import fail  # noqa: E402
-from engine.weights import WEIGHTS, read_manifest  # noqa: E402
+from engine.load import load_config  # noqa: E402
+from engine.weights import WEIGHTS, checkpoint_config, read_manifest  # noqa: E402
+from zoo.errors import choices_hint, fail  # noqa: E402
 
 TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu": 0.01}
 
@@ -23,7 +24,6 @@ TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu": 0.01}
 def score(name: str, folder: Path = WEIGHTS) -> Dict:
     """The weight's metrics as eval.py computes them (sha256 checked first), with the scorer named."""
     from eval import evaluate
-    from engine.weights import checkpoint_config
 
     cfg, _ = checkpoint_config([f"weights={folder / read_manifest(folder)[name]['file']}"])
     result = evaluate(cfg)
@@ -38,7 +38,6 @@ def score(name: str, folder: Path = WEIGHTS) -> Dict:
 
 def data_here(entry: dict) -> Optional[str]:
     """The weight's data path when it is on this machine ("embedded" for packaged data); None otherwise."""
-    from engine.load import load_config
     cfg, _ = load_config([f"recipe={entry['recipe']}", *entry["overrides"]], needs_data=False)
     if cfg.dataset.path is None:
         return "embedded"
@@ -75,7 +74,6 @@ def main(argv: List[str]) -> None:
     known = read_manifest()
     for name in argv:
         if name not in known:
-            from zoo.errors import choices_hint
             fail(f"{name!r} is not a shipped weight; " + choices_hint(name, known))
     rows = verify(argv or None)
     print(table(rows))

@@ -5,11 +5,15 @@ that runs on the embedded MNIST subset when the path is unset (zoo/config.apply_
 """
 from pathlib import Path
 
+import mindspore.dataset as msds
+import mindspore.dataset.transforms as T
+import mindspore.dataset.vision as V
 import numpy as np
+from mindspore import dtype as mstype
 
 from data.sampling import sampling, workers
-from zoo.registry import DATASETS
 from zoo.errors import ConfigError
+from zoo.registry import DATASETS
 
 CIFAR_RECORD = 1 + 32 * 32 * 3
 CIFAR_FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
@@ -39,8 +43,6 @@ def check_cifar_folder(path: Path, split: str) -> None:
 
 
 def _finish(ds, cfg, split: str, ops):
-    import mindspore.dataset.transforms as T
-    from mindspore import dtype as mstype
 
     train = split == "train"
     ds = ds.map(operations=ops, input_columns="image", num_parallel_workers=workers(cfg))
@@ -50,15 +52,12 @@ def _finish(ds, cfg, split: str, ops):
 
 
 def _normalize(cfg):
-    import mindspore.dataset.vision as V
     return V.Normalize(mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std])
 
 
 @DATASETS.register("cifar10", task="classification", classes=10)
 def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
-    import mindspore.dataset as msds
-    import mindspore.dataset.vision as V
 
     path = _require_path(cfg, "the cifar-10-batches-bin folder")
     check_cifar_folder(path, split)
@@ -73,8 +72,6 @@ def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
 def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
     """path/train/<class>/*.JPEG and path/val/<class>/*.JPEG (the torchvision ImageFolder layout)."""
-    import mindspore.dataset as msds
-    import mindspore.dataset.vision as V
 
     root = _require_path(cfg, "a folder with train/ and val/, one sub-folder of images per class")
     folder = root / ("train" if split == "train" else "val")

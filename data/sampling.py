@@ -3,6 +3,7 @@ in every process), worker counts, and the seeded flip-and-shift augmentation of 
 import os
 from typing import Callable, Optional
 
+import mindspore.dataset as msds
 import numpy as np
 
 
@@ -31,7 +32,6 @@ class EpochShuffle:
     """Training order as a mindspore.dataset Sampler: `epoch_order`, one epoch after another."""
 
     def __new__(cls, *args, **kwargs):  # a mindspore.dataset.Sampler, imported lazily
-        import mindspore.dataset as msds
 
         class _EpochShuffle(msds.Sampler):
             def __init__(self, n, seed, start_epoch=0, shard=None, skip=0):

@@ -17,11 +17,13 @@ import os
 from pathlib import Path
 from typing import List, Tuple
 
+import mindspore.dataset as msds
 import numpy as np
+import sentencepiece as spm
 
 from data.sampling import sampling
-from zoo.registry import DATASETS
 from zoo.errors import ConfigError
+from zoo.registry import DATASETS
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 DEFAULTS = {"src_lang": "en", "tgt_lang": "de", "train_prefix": "train", "test_prefix": "test",
@@ -94,7 +96,6 @@ def read_pairs(cfg, split: str) -> List[Tuple[str, str]]:
 
 def tokenizer(cfg):
     """The joint sentencepiece model: the given file, or one trained on the training pairs (cached by content)."""
-    import sentencepiece as spm
 
     p = params(cfg)
     if p["spm_model"]:
@@ -176,7 +177,6 @@ def make_batches(examples, buckets, max_tokens: int, batch_size: int, train: boo
 @DATASETS.register("translation", task="translation")
 def translation(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
-    import mindspore.dataset as msds
 
     p = params(cfg)
     buckets = sorted(p["buckets"])

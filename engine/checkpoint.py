@@ -2,6 +2,7 @@
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -10,7 +11,11 @@ import mindspore.nn as nn
 import numpy as np
 from mindspore.train import Callback
 
+from amp.policy import apply_policy, check_device_dtype
+from engine.fuse import fuse_conv_bn
+from models import build_model
 from zoo.errors import ConfigError, write_error
+from zoo.runtime import set_context
 
 log = logging.getLogger("amp_zoo")
 
@@ -229,10 +234,6 @@ def inference_network(cfg, script: str):
     """eval.py and export.py: the recipe's network under its policy, in eval mode, with the checkpoint's
     weights (averaged over decode.average_last checkpoints, Conv+BN folded when infer.fuse_conv_bn).
     Returns (network, the effective config, notes for the user, fused pairs or None)."""
-    from amp.policy import apply_policy, check_device_dtype
-    from models import build_model
-    from engine.fuse import fuse_conv_bn
-    from zoo.runtime import set_context
 
     if not cfg.checkpoint:
         raise ConfigError(f"checkpoint is not set; run: python {script} recipe=NAME checkpoint=PATH/TO/model.ckpt")
@@ -256,7 +257,6 @@ def inference_network(cfg, script: str):
 
 def check_disk_space(directory, step_cell: nn.Cell) -> None:
     """Refuse to start when the disk cannot hold two checkpoints (the new one is written beside the last)."""
-    import shutil
 
     need = 2 * sum(p.size * p.itemsize for p in step_cell.get_parameters())
     where = Path(directory)

@@ -6,14 +6,16 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
+import data  # noqa: F401  (registers the datasets)
 from amp.names import check_policy_names
 from amp.policy import check_device_dtype
-import data  # noqa: F401  (registers the datasets)
 from models import check_model, import_plugins  # (and registers the models)
 from zoo.compose import check_slips, compose, expand_home, one_line
-from zoo.config import RANGES, SPECIAL, Config
+from zoo.config import Config, RANGES, SPECIAL
 from zoo.errors import ConfigError, fail
 from zoo.registry import DATASETS
 from zoo.runtime import pick_device
@@ -155,8 +157,6 @@ def check_devices(cfg) -> None:
 def check_command_line(argv: List[str]) -> None:
     """Compose and check every run the command line asks for (several with -m); on any error print one line
     and exit 2, before Hydra creates a run directory."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     try:
         check_slips(argv)

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 
 from omegaconf import OmegaConf
 
+from engine.checkpoint import CHECKPOINT_NAME, checkpoints
 from zoo.config import Config
 from zoo.errors import ConfigError
 
@@ -91,7 +92,6 @@ def release(directory) -> None:
 
 def describe(directory: Path) -> Optional[str]:
     """'lenet_o0, step 2,811, finished' for a directory that holds a run; None for one that does not."""
-    from engine.checkpoint import CHECKPOINT_NAME, checkpoints
 
     found = checkpoints(directory / "checkpoints") if (directory / "checkpoints").is_dir() else []
     finished = (directory / "metrics.json").exists()

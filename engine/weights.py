@@ -8,9 +8,12 @@ unknown name and a `recipe=` of another recipe are each one line.
 """
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from engine.load import load_config, user_keys, validate
+from engine.rundir import run_config_for
 from zoo.errors import ConfigError, choices_hint
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
@@ -74,10 +77,6 @@ def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
     """eval.py and export.py: the config a checkpoint is used with, and the smoke note (or None). A shipped
     weight: its manifest's recipe, sha256 checked first; a train.py checkpoint: its run's config.yaml; any
     other: the command line's recipe. Notes go to stderr."""
-    import sys
-
-    from engine.load import load_config, user_keys, validate
-    from engine.rundir import run_config_for
 
     cfg, smoke_note = load_config(argv)
     given = user_keys(argv)
@@ -99,7 +98,6 @@ def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.
     recipe and overrides, the command line's other keys over them, checkpoint set to the verified file, and
     output (unless given) under runs/weights/ rather than beside the file in the repository.
     Returns (config, note) or (cfg, None) when no shipped weight is asked for."""
-    from engine.load import load_config
 
     spec = cfg.weights or (str(Path(str(cfg.checkpoint)).expanduser()) if cfg.checkpoint and
                            shipped_file(cfg.checkpoint) else None)

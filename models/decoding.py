@@ -11,13 +11,17 @@ The search itself (which candidates survive, when a sentence is done) runs on th
 and is shared with `full_recompute_step`, the reference that re-runs the whole decoder on the token buffer at
 every step: tests and bench/decode.py check that both give the same hypotheses.
 """
+import time
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
+import mindspore as ms
+import mindspore.nn as nn
 import mindspore.ops as ops
 import numpy as np
+import sacrebleu
 
-from data.translation import BOS, EOS, PAD
+from data.translation import BOS, EOS, PAD, encode_pairs, params
 
 # step(last_tokens (rows,), t, reorder (rows,)) -> (log-probabilities (rows, k), token ids (rows, k)) of the
 # best k next tokens at position t + 1, after reordering the hypotheses' state by `reorder`.
@@ -117,7 +121,6 @@ def greedy(step: Step, batch: int, max_len: int) -> List[List[int]]:
 
 
 def bleu(hypotheses: List[str], references: List[str], lowercase: bool = False) -> float:
-    import sacrebleu
     return float(sacrebleu.corpus_bleu(hypotheses, [references], lowercase=lowercase).score)
 
 
@@ -140,8 +143,6 @@ class IncrementalDecoder:
     step has no cache gather."""
 
     def __init__(self, net, beam: int):
-        import mindspore as ms
-        import mindspore.nn as nn
 
         model, beam = unwrap(net), max(1, beam)
         specials = np.zeros(model.embed.embedding_table.shape[0], np.float32)
@@ -189,7 +190,6 @@ class IncrementalDecoder:
 def full_recompute_step(net, src: np.ndarray, beam: int, max_len: int, candidates: int) -> Step:
     """The reference: every step re-runs the whole decoder on all tokens so far (no cache), on the host's
     token buffer reordered with the search."""
-    import mindspore as ms
 
     model = unwrap(net)
     k = max(1, beam)
@@ -226,9 +226,6 @@ def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, 
               form: Optional[str] = None) -> dict:
     """Decode a split with the trained network; BLEU against the untokenized references (sacrebleu 13a), cased
     and lowercased."""
-    import time
-
-    from data.translation import encode_pairs, params
 
     form = form or str(cfg.decode.length_norm)
     net.set_train(False)

@@ -10,6 +10,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
+from zoo.errors import ConfigError
 from zoo.registry import MODELS
 
 
@@ -64,7 +65,6 @@ class Bottleneck(nn.Cell):
 
 
 def check_resnet(args: dict, data=None) -> None:
-    from zoo.errors import ConfigError
     if args["stem"] not in ("imagenet", "cifar"):
         raise ConfigError(f"model.params.stem={args['stem']!r} is not valid; valid: imagenet, cifar")
     for key in ("width", "num_classes", "in_channels"):

@@ -20,14 +20,14 @@ once per source shape, and only the top candidates of the last position leave th
 """
 import math
 
-import numpy as np
-
 import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
+import numpy as np
 from mindspore import Tensor
 from mindspore.common.initializer import Normal, XavierUniform
 
+from zoo.errors import ConfigError
 from zoo.registry import CELLS, MODELS
 
 PAD = 0
@@ -334,7 +334,6 @@ class Transformer(nn.Cell):
 def check_transformer(args: dict, data=None) -> None:
     """d_model, heads and max_len the model can be built with, and (given the data config) positions for
     the data's longest sentence."""
-    from zoo.errors import ConfigError
     d_model, heads, max_len = args["d_model"], args["heads"], args["max_len"]
     for key in ("d_model", "heads", "ffn", "encoder_layers", "decoder_layers", "max_len"):
         if args[key] < 1:
