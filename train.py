@@ -31,8 +31,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from tensorboardX import SummaryWriter  # noqa: E402
 
 from amp.fallback import DivergenceWatch, describe, ladder  # noqa: E402
+from amp.precision import precision_report, write_report  # noqa: E402
 from amp.profile import ProfileSteps  # noqa: E402
-from amp.report import precision_report, write_report  # noqa: E402
 from amp.telemetry import AmpTelemetry  # noqa: E402
 from data import create_dataset, task  # noqa: E402
 from engine.callbacks import (EpochLog, Evaluator, GracefulStop, ProgressBar, SafeWriter, StepOffset, StepTimer,

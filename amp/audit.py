@@ -26,7 +26,7 @@ import mindspore.nn as nn
 import numpy as np
 
 from amp.policy import apply_policy, compute_dtype
-from amp.report import units
+from amp.precision import units
 from data import create_dataset
 from engine.load import load_config
 from models import build_model
@@ -81,7 +81,7 @@ def unit_flops(cell, inputs, output: np.ndarray) -> int:
 
 def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
     """net_builder() -> a fresh fp32 network; batch: the network's inputs (Tensors). One row per compute unit
-    (amp.report.units: the Cells a keep-list names, e.g. Dense, LayerNorm, Softmax, BatchMatMul)."""
+    (amp.precision.units: the Cells a keep-list names, e.g. Dense, LayerNorm, Softmax, BatchMatMul)."""
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     net = net_builder()

@@ -1,14 +1,13 @@
 """The precision policy gives each Cell the dtype the report claims: checked on real forward passes
 (PyNative hooks on the Cells' outputs), not on the report."""
+import mindspore as ms
+import mindspore.nn as nn
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-import mindspore as ms
-import mindspore.nn as nn
-
 from amp.policy import apply_policy
-from amp.report import precision_report
+from amp.precision import precision_report
 
 F16, F32 = "Float16", "Float32"
 

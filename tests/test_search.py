@@ -136,7 +136,7 @@ def test_a_search_directory_with_other_settings_is_refused(tmp_path):
 
 
 def test_bisection_and_keep_list_compression():
-    from amp.search import Unit, bisect, keep_list
+    from amp.ranking import Unit, bisect, keep_list
     from models import create_model
 
     calls = []

@@ -1,17 +1,17 @@
 """The shape of the code: an acyclic import graph, every number of the schema range-checked, a user's keys
 winning over a smoke block, the pass arithmetic of a resume, and a model that does not compile as one line."""
 import ast
+import dataclasses
 import os
 import subprocess
 import sys
-import dataclasses
 from pathlib import Path
 from typing import Optional
 
 import pytest
 
-from zoo.config import RANGES, Config
 from engine.load import check_command_line, load_config
+from zoo.config import Config, RANGES
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("zoo", "engine", "amp", "models", "data", "bench")
@@ -23,7 +23,7 @@ LAYERS = [
     ("networks and data: the model zoo's Cells, decoding, the readers and pipelines", ["models", "data"]),
     ("the AMP library: policy, loss scaling, telemetry, divergence watch, profiler",
      ["amp", "amp.policy", "amp.names", "amp.loss_scale", "amp.functional", "amp.telemetry", "amp.profile",
-      "amp.fallback"]),
+      "amp.fallback", "amp.precision", "amp.ranking"]),
     ("the engine: config loading, loss and optimizer, checkpoints, callbacks, run directories, weights",
      ["engine"]),
     ("commands: the drivers, the AMP tools and the benchmarks",

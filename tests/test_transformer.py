@@ -4,24 +4,23 @@ import gzip
 import itertools
 import json
 
+import mindspore as ms
+import mindspore.nn as nn
 import numpy as np
 import pytest
 import sacrebleu
 from omegaconf import OmegaConf
 
-import mindspore as ms
-import mindspore.nn as nn
-
 from amp.loss_scale import AmpTrainStep, plan_loss_scale
 from amp.policy import apply_policy
-from amp.report import precision_report
+from amp.precision import precision_report
 from data.translation import BOS, EOS, read_pairs, tokenizer
+from engine.metrics import FlatCrossEntropy, NetWithLoss
 from models import create_model
+from models.decoding import beam_search, bleu, greedy, length_penalty
 from tests.conftest import ROOT, run_cli
 from zoo.compose import compose
 from zoo.errors import ConfigError
-from engine.metrics import FlatCrossEntropy, NetWithLoss
-from models.decoding import beam_search, bleu, greedy, length_penalty
 
 TINY = dict(d_model=32, heads=4, ffn=64, encoder_layers=1, decoder_layers=1, dropout=0.0, max_len=32)
 
