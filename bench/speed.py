@@ -36,7 +36,8 @@ from zoo.runtime import machine  # noqa: E402
 
 
 def shape_of(cfg, batch: int, size: int):
-    channels = cfg.dataset.channels or (1 if cfg.model.name == "lenet5" else 3)
+    channels = (cfg.dataset.channels or cfg.model.params.get("in_channels")
+                or (1 if cfg.model.name == "lenet5" else 3))
     return (batch or cfg.dataset.batch_size, channels, size or cfg.dataset.image_size,
             size or cfg.dataset.image_size)
 
