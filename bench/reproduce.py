@@ -127,7 +127,8 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
         card = recipe_card(name)
         seeds = card["target"]["seeds"]
         rows.append({**card, "data": find_data(card, given), "seeds": seeds, "runs": [],
-                     "progress": progress(runs, name, seeds)})
+                     "progress": progress(runs, name, seeds),
+                     "started": any((runs / f"{name}-s{seed}").exists() for seed in seeds)})
     # seed-major: every recipe's first seed before any second one, so a stopped reproduce already compares
     # the precision levels
     todo = [(row, seed) for i in range(max(len(r["seeds"]) for r in rows))
@@ -146,6 +147,7 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
             if plan_only:
                 continue
             run_dir.mkdir(parents=True, exist_ok=True)
+            row["started"] = True
             code = runner(cmd, run_dir.parent / f"{run_id}.out")
             if code != 0 or not (run_dir / "metrics.json").is_file():
                 print(f"{run_id}: train.py exited {code} before finishing (see {run_dir.parent}/{run_id}.out); "
@@ -230,8 +232,11 @@ def render(rows: List[dict]) -> str:
             continue
         runs = r["runs"]
         if not runs:
-            state = f"in progress: {r['progress']}" if r.get("progress") else "not finished yet"
-            lines.append(head + f"| {where} | {state} (`make reproduce` continues it) | - | - | - |")
+            state = (f"in progress: {r['progress']}" if r.get("progress") else "not finished yet"
+                     ) + " (`make reproduce` continues it)"
+            if not r.get("started", True):
+                state = "not run yet (`make reproduce` runs it)"
+            lines.append(head + f"| {where} | {state} | - | - | - |")
             continue
         values = [x["value"] for x in runs]
         ours = f"**{statistics.mean(values):.2f}**" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
