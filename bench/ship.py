@@ -2,7 +2,8 @@
 
 Takes the run's final checkpoint (for translation, the last decode.average_last epoch checkpoints averaged,
 as the published protocol scores them), keeps the network's parameters only (no optimizer moments, no
-loss-scale state or AMP counters), writes weights/NAME.ckpt (fp32, or fp16 with --fp16 for large models),
+loss-scale state or AMP counters), writes weights/NAME.ckpt (fp32, or fp16 with --fp16 for large models; a translation run's sentencepiece
+model beside it as weights/NAME.spm.model),
 scores that file on the full test split, and writes its entry in weights/MANIFEST.json: sha256, bytes,
 parameter count, recipe and overrides, the commit that trained it, MindSpore version and machine, the metric
 with its scorer, the published anchor, and the command that re-evaluates it (bench.verify runs them all).
@@ -12,6 +13,7 @@ from zoo.entry import prepare, run
 prepare()  # before MindSpore is imported
 
 import json  # noqa: E402
+import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import List  # noqa: E402
 
@@ -20,6 +22,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from bench.verify import score  # noqa: E402
 from data import task  # noqa: E402
+from data.translation import tokenizer_file  # noqa: E402
 from engine.checkpoint import average_checkpoints, checkpoints, last_checkpoints, read_checkpoint  # noqa: E402
 from engine.load import flatten  # noqa: E402
 from engine.rundir import load_run_config  # noqa: E402
@@ -78,6 +81,10 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
                                       for k in ("metric", "published", "published_setting", "source")},
         "command": f"python eval.py weights={name}",
     }
+    if task(cfg) == "translation":  # the run's own sentencepiece model ships beside its weights
+        spm_path = folder / f"{name}.spm.model"
+        shutil.copyfile(tokenizer_file(cfg.dataset), spm_path)
+        entry["tokenizer"] = {"file": spm_path.name, "sha256": sha256(spm_path), "bytes": spm_path.stat().st_size}
     entries = read_manifest(folder)
     entries[name] = entry
     (folder / MANIFEST).write_text(json.dumps(entries, indent=2) + "\n")

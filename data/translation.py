@@ -94,9 +94,9 @@ def read_pairs(cfg, split: str) -> List[Tuple[str, str]]:
     return pairs
 
 
-def tokenizer(cfg):
-    """The joint sentencepiece model: the given file, or one trained on the training pairs (cached by content)."""
-
+def tokenizer_file(cfg) -> Path:
+    """The joint sentencepiece model's file: dataset.params.spm_model, or one trained on the training pairs
+    (cached by content in dataset.params.cache_dir)."""
     p = params(cfg)
     if p["spm_model"]:
         path = Path(p["spm_model"]).expanduser()
@@ -104,12 +104,7 @@ def tokenizer(cfg):
             what = "is a directory" if path.is_dir() else "does not exist"
             raise ConfigError(f"dataset.params.spm_model={p['spm_model']!r} {what}; give a sentencepiece .model file, "
                               f"or leave it unset to train one on the training text")
-        try:
-            return spm.SentencePieceProcessor(model_file=str(path))
-        except (OSError, RuntimeError) as e:
-            raise ConfigError(f"dataset.params.spm_model={p['spm_model']!r} is not a sentencepiece model "
-                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__}); give the .model file "
-                              f"spm_train wrote, or leave it unset to train one") from None
+        return path
     pairs = read_pairs(cfg, "train")
     text = "\n".join(s for pair in pairs for s in pair)
     key = hashlib.sha1(f"{p['vocab_size']}\n{text}".encode()).hexdigest()[:16]
@@ -127,7 +122,18 @@ def tokenizer(cfg):
         os.replace(f"{tmp_prefix}.model", model)  # atomic: a concurrent run never reads half a model
         os.remove(f"{tmp_prefix}.vocab")
         corpus.unlink()
-    return spm.SentencePieceProcessor(model_file=str(model))
+    return model
+
+
+def tokenizer(cfg):
+    """The joint sentencepiece model (tokenizer_file), loaded."""
+    path = tokenizer_file(cfg)
+    try:
+        return spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{path} is not a sentencepiece model ({reason}); give the .model file spm_train wrote "
+                          f"as dataset.params.spm_model, or leave it unset to train one") from None
 
 
 def encode_pairs(cfg, split: str):

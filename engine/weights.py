@@ -56,14 +56,25 @@ def find(spec: str) -> Tuple[str, dict, Path]:
         raise ConfigError(f"weights={spec} is not a shipped weight; " + choices_hint(name, entries))
     entry = entries[name]
     path = folder / entry["file"]
-    if not path.is_file():
-        raise ConfigError(f"weights={spec}: {path} is missing; restore it (git checkout -- {path.name} in "
-                          f"{folder}) or train it again with the recipe {entry['recipe']}")
-    actual = sha256(path)
-    if actual != entry["sha256"]:
-        raise ConfigError(f"weights={spec}: {path} fails its sha256 check (expected {entry['sha256'][:16]}..., got "
-                          f"{actual[:16]}...): the file is corrupt or was changed; restore it from the repository")
+    shipped = [(path, entry["sha256"])]
+    if "tokenizer" in entry:  # a translation weight's sentencepiece model
+        shipped.append((folder / entry["tokenizer"]["file"], entry["tokenizer"]["sha256"]))
+    for file, expected in shipped:
+        if not file.is_file():
+            raise ConfigError(f"weights={spec}: {file} is missing; restore it (git checkout -- {file.name} in "
+                              f"{folder}) or train it again with the recipe {entry['recipe']}")
+        actual = sha256(file)
+        if actual != expected:
+            raise ConfigError(f"weights={spec}: {file} fails its sha256 check (expected {expected[:16]}..., got "
+                              f"{actual[:16]}...): the file is corrupt or was changed; restore it from the repository")
     return name, entry, path
+
+
+def tokenizer_override(entry: dict, path: Path) -> List[str]:
+    """A translation weight's shipped sentencepiece model as the override that makes the run use it."""
+    if "tokenizer" not in entry:
+        return []
+    return [f"++dataset.params.spm_model={path.parent / entry['tokenizer']['file']}"]
 
 
 def shipped_file(checkpoint) -> Optional[str]:
@@ -108,7 +119,8 @@ def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.
         raise ConfigError(f"recipe={cfg.recipe_name}, but weights {name} were trained with the recipe "
                           f"{entry['recipe']}; drop recipe= (the manifest gives it)")
     mine = [a for a in argv if not a.startswith(("recipe=", "weights=", "checkpoint=", "-"))]
-    out, _ = load_config([f"recipe={entry['recipe']}", *entry["overrides"], *mine, f"checkpoint={path}"])
+    out, _ = load_config([f"recipe={entry['recipe']}", *entry["overrides"], *tokenizer_override(entry, path), *mine,
+                          f"checkpoint={path}"])
     if out.output is None:
         out.output = str(Path("runs", "weights", name + suffix))
         Path(out.output).parent.mkdir(parents=True, exist_ok=True)

@@ -156,7 +156,7 @@ READER_CASES = [
     ("transformer_base_o2", _text(b"ok\n\xff\xfe bad\n", b"gut\nschlecht\n"), [],
      "train.en is not UTF-8 text (line 2: invalid start byte)"),
     ("transformer_base_o2", lambda d: (_text(b"a b\n", b"c d\n")(d), (d / "m.model").write_bytes(b"garbage")),
-     ["+dataset.params.spm_model={data}/m.model"], "m.model' is not a sentencepiece model"),
+     ["+dataset.params.spm_model={data}/m.model"], "m.model is not a sentencepiece model"),
     ("transformer_base_o2", lambda d: (_text(b"a b\n", b"c d\n")(d), (d / "m.model").mkdir()),
      ["+dataset.params.spm_model={data}/m.model"], "m.model' is a directory; give a sentencepiece .model file"),
     ("resnet34_cifar10_o2", _cifar_label, [], "data_batch_1.bin holds label 12 in record 0; CIFAR-10 labels are 0-9"),

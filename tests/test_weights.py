@@ -82,3 +82,28 @@ def test_eval_by_name_writes_outside_the_repository():
     assert not list(WEIGHTS.glob("*.json")) or sorted(p.name for p in WEIGHTS.glob("*.json")) == ["MANIFEST.json"]
     assert Path("runs/weights/lenet_fashion_o0.eval.json").exists() or \
         (Path(__file__).resolve().parent.parent / "runs/weights/lenet_fashion_o0.eval.json").exists()
+
+
+def test_a_translation_weight_brings_its_own_tokenizer(tmp_path):
+    """bench.ship puts a translation run's sentencepiece model beside its weights (NAME.spm.model, sha256 in the
+    manifest); a weight found by name uses that model, and a changed or missing one is refused before loading."""
+    from engine.load import load_config
+    from engine.weights import weights_config
+
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    (folder / "t.ckpt").write_bytes(b"weights")
+    (folder / "t.spm.model").write_bytes(b"tokenizer")
+    entry = {"file": "t.ckpt", "sha256": sha256(folder / "t.ckpt"), "recipe": "transformer_base_o2",
+             "overrides": [], "tokenizer": {"file": "t.spm.model", "sha256": sha256(folder / "t.spm.model")}}
+    (folder / "MANIFEST.json").write_text(json.dumps({"t": entry}))
+    argv = [f"weights={folder / 't.ckpt'}"]
+    cfg, _ = load_config(argv)
+    out, note = weights_config(cfg, argv, [])
+    assert out.dataset.params.spm_model == str(folder / "t.spm.model") and note.startswith("weights t: sha256")
+    (folder / "t.spm.model").write_bytes(b"changed")
+    with pytest.raises(ConfigError, match="t.spm.model fails its sha256 check"):
+        find(str(folder / "t.ckpt"))
+    (folder / "t.spm.model").unlink()
+    with pytest.raises(ConfigError, match="t.spm.model is missing"):
+        find(str(folder / "t.ckpt"))
