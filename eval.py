@@ -24,7 +24,6 @@ from models.decoding import translate  # noqa: E402
 
 
 def evaluate(cfg) -> dict:
-
     net, cfg, notes, fused = inference_network(cfg, "eval.py")
     for note in notes:
         print(note, file=sys.stderr)
@@ -42,7 +41,6 @@ def evaluate(cfg) -> dict:
 
 
 def main(argv) -> None:
-
     cfg, smoke_note = checkpoint_config(argv, ".eval.json")
     result = evaluate(cfg)
     out = Path(cfg.output) if cfg.output else Path(str(cfg.checkpoint) + ".eval.json")

@@ -23,7 +23,6 @@ from zoo.errors import ConfigError  # noqa: E402
 
 
 def export(cfg) -> Path:
-
     net, cfg, notes, _ = inference_network(cfg, "export.py")
     for note in notes:
         print(note, file=sys.stderr)
@@ -43,7 +42,6 @@ def export(cfg) -> Path:
 
 
 def main(argv) -> None:
-
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("infer.format=")), "MINDIR")
     cfg, _ = checkpoint_config(argv, f".{fmt.lower()}")
     out = export(cfg)

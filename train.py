@@ -58,7 +58,6 @@ register_schema()
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg) -> Optional[float]:
-
     argv = list(HydraConfig.get().overrides.task)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -94,7 +93,6 @@ CREATED: List[Path] = []  # run directories this process created
 def claim_run_dir(argv: List[str]) -> None:
     """Before Hydra writes anything: hold a named hydra.run.dir for this process, and refuse a fresh start in a
     directory that holds a run. One error line, exit 2, the directory unchanged."""
-
     given = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")), None)
     if given is None or "-m" in argv or "--multirun" in argv:
         return
@@ -117,7 +115,6 @@ def abandon(run_dir: Path, error: str) -> None:
     """Bad input found once the run directory exists: a directory this process created and nothing else wrote
     into is removed, unless the error points at its train.log (a model that does not compile keeps its trace
     there); any other keeps the error in its train.log."""
-
     named = any(a.startswith("hydra.run.dir=") for a in sys.argv[1:])
     ours = run_dir.resolve() in CREATED or not named  # a dir Hydra made for this run (runs/<recipe>/<time>)
     untouched = not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists()
@@ -186,7 +183,6 @@ class Rung:
 
 def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=()) -> Optional[float]:
     """cfg: from engine.load.load_config. extra_callbacks: appended to the driver's own (bench/overhead.py)."""
-
     if not cfg.resume:
         refuse_fresh_start(run_dir)
     start = resume_start(cfg, run_dir / "checkpoints")
@@ -222,7 +218,6 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
 
 def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
-
     t_start = time.perf_counter()
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
@@ -275,7 +270,6 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
 
 def resume_start(cfg, ckpt_dir: Path) -> Start:
     """resume=auto: the newest checkpoint that reads; resume=PATH: that one; unset: the initial weights."""
-
     if not cfg.resume:
         return Start()
     if cfg.resume == "auto":
@@ -323,7 +317,6 @@ def passes(start_step: int, steps_per_epoch: int, epochs: int) -> List[Tuple[int
 def build_step(run: Run, amp_cfg):
     """The model under the rung's precision policy, in a train step with its loss scale and optimizer; returns
     (network, policy, loss-scale plan, train step, Model, precision report)."""
-
     step = build_train_step(run.cfg, amp_cfg, run.lr, run.device)
     report = precision_report(step.net, step.policy)
     if run.is_main:
@@ -340,7 +333,6 @@ def build_step(run: Run, amp_cfg):
 
 def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) -> Rung:
     """One rung of the ladder from `start` to the end of training, a divergence, or a stop signal."""
-
     cfg, t = run.cfg, run.cfg.trainer
     net, policy, plan, step_cell, model, report = build_step(run, amp_cfg)
     if start.checkpoint is not None:
@@ -433,7 +425,6 @@ def compile_error(run: Run, error: Exception) -> str:
 
 def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
     """Final evaluation (and BLEU on the test split for translation), metrics.json."""
-
     cfg = run.cfg
     steps_done = run.timer.steps[-1] if run.timer.steps else 0
     final = run.evaluator.evaluate()

@@ -69,7 +69,6 @@ def vanishing_constants(cell, dtype: str) -> List[str]:
 
 def unit_flops(cell, inputs, output: np.ndarray) -> int:
     """Multiply-adds x 2 of a matmul or convolution; one operation per output value for anything else."""
-
     if isinstance(cell, nn.Dense):
         return 2 * cell.in_channels * output.size
     if isinstance(cell, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
@@ -82,7 +81,6 @@ def unit_flops(cell, inputs, output: np.ndarray) -> int:
 def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
     """net_builder() -> a fresh fp32 network; batch: the network's inputs (Tensors). One row per compute unit
     (amp.precision.units: the Cells a keep-list names, e.g. Dense, LayerNorm, Softmax, BatchMatMul)."""
-
     ms.set_context(mode=ms.PYNATIVE_MODE)
     net = net_builder()
     net.set_train(False)

@@ -45,7 +45,6 @@ def rank(units: List[Unit]) -> List[Unit]:
 
 def matching(names: List[str], units: List[Unit], net, key: str) -> List[str]:
     """Unit paths a keep-list names (Cell classes: every instance; paths: that sub-module and below)."""
-
     classes, paths = split_keep(list(names))
     cells = dict(unit_cells(net))
     check_paths(net, paths, key)
@@ -61,7 +60,6 @@ def matching(names: List[str], units: List[Unit], net, key: str) -> List[str]:
 def keep_list(kept: List[str], units: List[Unit], net) -> List[str]:
     """The shortest keep-list for exactly these units: a class name where every unit of that class is kept,
     a sub-module path where every unit below it is, the unit's own path otherwise."""
-
     cells, left, out = dict(unit_cells(net)), [u.path for u in units if u.path in kept], []
     for cls in dict.fromkeys(type(cells[p]).__name__ for p in left):
         try:

@@ -21,7 +21,6 @@ from zoo.errors import fail  # noqa: E402
 
 
 def build_report(overrides: List[str]) -> Dict:
-
     cfg, _ = load_config(overrides, needs_data=False)  # a report builds the network and reads no data
     net = build_model(cfg)
     net, policy = apply_policy(net, cfg.amp)
@@ -29,7 +28,6 @@ def build_report(overrides: List[str]) -> Dict:
 
 
 def main(argv: List[str]) -> None:
-
     if "-h" in argv or "--help" in argv:
         print(__doc__.strip())
         return

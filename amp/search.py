@@ -67,7 +67,6 @@ SET_BY_SEARCH = {  # keys the search sets for every run -> what to give instead
 
 def evidence(cfg) -> Tuple[List[Unit], dict]:
     """amp.audit on one training batch at O3: every compute unit with its flags, parameters and FLOPs."""
-
     ms.set_seed(cfg.runtime.seed)
     batch = next(create_dataset(cfg.dataset, "train").create_tuple_iterator())
     o3 = OmegaConf.merge(cfg.amp, {"level": "O3", "keep_fp32": [], "force_fp16": []})
@@ -158,7 +157,6 @@ def judge(c: Candidate, runs: Runs, seeds: List[int], reference: Dict[int, dict]
 
 
 def search(cfg, base: List[str], out: Path, log=print) -> dict:
-
     s = cfg.search
     metric = s.metric or cfg.target.metric
     scale = METRICS[metric]
@@ -307,7 +305,6 @@ def searched_recipe(result: dict, out: Path) -> Optional[Path]:
 
 def check_settings(cfg, argv: List[str]) -> List[str]:
     """The search's own settings; returns the overrides every training run gets."""
-
     s = cfg.search
     keys = [a.split("=", 1)[0].lstrip("+~") for a in argv]
     for key, instead in SET_BY_SEARCH.items():
@@ -331,7 +328,6 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
 def prepare_out(cfg, base: List[str]) -> Path:
     """search.out, holding this search's training settings: a directory that holds another search's is refused
     (its runs would be compared with runs trained differently)."""
-
     out = Path(cfg.search.out or Path("runs", "search", cfg.recipe_name))
     try:
         claim(out, "search.out")  # one search per folder at a time: a second one would rank the first's runs
@@ -353,7 +349,6 @@ def prepare_out(cfg, base: List[str]) -> Path:
 
 
 def main(argv: List[str]) -> dict:
-
     try:
         cfg, smoke_note = load_config(argv)
         if smoke_note:

@@ -23,7 +23,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def bench_config(argv: List[str], smoke: bool = True):
     """The run a benchmark's command line asks for, through the same load_config as train.py; bad input is
     one error line and exit 2."""
-
     try:
         return load_config(argv, smoke=smoke)[0]
     except ConfigError as e:
@@ -34,7 +33,6 @@ def train_step(cfg, steps_per_epoch: int, steps: int):
     """The step train.py trains with (engine.step.build_train_step: the recipe's network under its policy, loss
     scale and optimizer) on the device MindSpore was set to, with a learning rate for each of `steps` steps;
     set to train."""
-
     epochs = max(cfg.trainer.epochs, -(-steps // steps_per_epoch))
     lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size), steps_per_epoch, epochs)
     step = build_train_step(cfg, cfg.amp, lr, ms.get_context("device_target")).cell
@@ -45,7 +43,6 @@ def train_step(cfg, steps_per_epoch: int, steps: int):
 def trained_network(cfg, checkpoint):
     """The run's network under its policy, in eval mode, with one checkpoint's weights (engine.checkpoint's
     inference_network, without averaging)."""
-
     one = OmegaConf.merge(cfg, {"checkpoint": str(checkpoint), "decode": {"average_last": 1}})
     return inference_network(one, "bench")[0]
 
@@ -53,7 +50,6 @@ def trained_network(cfg, checkpoint):
 def alternate(variants: Dict[str, Callable], rounds: int, steps: int) -> Dict[str, List[float]]:
     """Run every variant `steps` times in turn, `rounds` times over; per variant, the median ms of each round.
     Taking turns puts drift on a shared machine into every variant alike."""
-
     times: Dict[str, List[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():

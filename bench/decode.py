@@ -31,7 +31,6 @@ from zoo.errors import fail  # noqa: E402
 
 
 def main(argv) -> dict:
-
     check, argv = pop_option(argv, "--check", 32)
     overrides = [a for a in argv if "=" in a]
     argv = [a for a in argv if "=" not in a]

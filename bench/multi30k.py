@@ -54,7 +54,6 @@ def plot(lines, out: Path, title: str, xlabel: str = "epoch", ylabel: str = "BLE
 
 
 def main(argv) -> dict:
-
     curve_beam, argv = pop_option(argv, "--curve-beam", 1)
     final, scan = "--no-final" not in argv, "--no-curve" not in argv
     argv = [a for a in argv if a not in ("--no-final", "--no-curve")]

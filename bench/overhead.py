@@ -55,7 +55,6 @@ class BareBlocks(Callback):
     """Times our steps; after every `block` of them, runs and times `block` steps of two bare Models."""
 
     def __init__(self, cfg, block: int):
-
         steps_per_epoch = create_dataset(cfg.dataset, "train").get_dataset_size()
         self.bare, self.bare2 = bare_model(cfg, steps_per_epoch), bare_model(cfg, steps_per_epoch)
         self.data = {id(m): create_dataset(cfg.dataset, "train", seed=cfg.runtime.seed).take(block)
@@ -87,7 +86,6 @@ class BareBlocks(Callback):
 
 
 def bare_model(cfg, steps_per_epoch: int):
-
     ls = cfg.amp.loss_scale
     scale = float(ls.scale) if ls.type == "fixed" else 1.0
     net = build_model(cfg)
@@ -112,7 +110,6 @@ def bootstrap_ci(ratios, n=2000, seed=0):
 
 
 def main(argv) -> dict:
-
     from train import train
 
     block, argv = pop_option(argv, "--block", 25)

@@ -25,7 +25,6 @@ from data import create_dataset  # noqa: E402
 
 
 def main(argv) -> dict:
-
     blocks, argv = pop_option(argv, "--blocks", 12)
     block, argv = pop_option(argv, "--block", 20)
     cfg = bench_config(argv)

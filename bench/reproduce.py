@@ -43,7 +43,6 @@ KNOWN_DATA = {"multi30k": ROOT.parent / "shared" / "data" / "multi30k"}
 
 def recipe_card(name: str) -> dict:
     """The recipe's data group, dataset.path default and target block, as Hydra composes the recipe."""
-
     cfg = compose([f"recipe={name}"])
     return {"recipe": name, "group": HydraConfig.get().runtime.choices["dataset"], "default_path": cfg.dataset.path,
             "level": str(cfg.amp.level), "target": OmegaConf.to_container(cfg.target),

@@ -25,7 +25,6 @@ from data import create_dataset  # noqa: E402
 
 
 def main(argv) -> dict:
-
     rounds, argv = pop_option(argv, "--rounds", 30)
     cfg = bench_config(argv)
     ms.set_device("CPU")

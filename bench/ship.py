@@ -50,7 +50,6 @@ def overrides(run_cfg) -> List[str]:
 
 
 def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -> dict:
-
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.json").is_file():
         raise ConfigError(f"{run_dir} has no metrics.json: ship a finished run")

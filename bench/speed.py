@@ -43,7 +43,6 @@ def shape_of(cfg, batch: int, size: int):
 
 
 def our_step(cfg, shape) -> Callable[[], float]:
-
     cell = train_step(cfg, 100, 1000)
     rng = np.random.RandomState(0)
     x = ms.Tensor(rng.randn(*shape).astype(np.float32))
@@ -89,7 +88,6 @@ def torch_step(cfg, shape) -> Callable[[], float]:
 
 def our_profile(step: Callable, steps: int = 3) -> Dict[str, float]:
     """ms per step by op type, from MindSpore's profiler."""
-
     with tempfile.TemporaryDirectory() as tmp:
         prof = profile(activities=[ProfilerActivity.CPU], on_trace_ready=tensorboard_trace_handler(tmp))
         prof.start()
@@ -113,7 +111,6 @@ def torch_profile(step: Callable, steps: int = 3) -> Dict[str, float]:
 
 
 def main(argv: List[str]) -> dict:
-
     rounds, argv = pop_option(argv, "--rounds", 6)
     steps, argv = pop_option(argv, "--steps", 3)
     batch, argv = pop_option(argv, "--batch", 0)

@@ -102,7 +102,6 @@ def greedy_bleu(model, cfg, split_cfg) -> dict:
 
 
 def main(argv) -> dict:
-
     try:
         import torch
     except ImportError:

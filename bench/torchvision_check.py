@@ -110,7 +110,6 @@ def check(name: str, batch: int, size: int) -> Dict:
 
 
 def main(argv: List[str]) -> None:
-
     batch, argv = pop_option(argv, "--batch", 2)
     size, argv = pop_option(argv, "--size", 224)
     models, argv = pop_option(argv, "--models", ["resnet18", "resnet34", "resnet50"], lambda v: v.split(","))

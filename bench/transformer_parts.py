@@ -68,7 +68,6 @@ def replaced_forms():
 
 
 def main(argv) -> dict:
-
     rounds, argv = pop_option(argv, "--rounds", 6)
     steps, argv = pop_option(argv, "--steps", 2)
     length, argv = pop_option(argv, "--length", 16)

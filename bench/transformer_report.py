@@ -122,7 +122,6 @@ def runs_compared(lines, runs, out: Path):
     """Every run's val curve against the first's at equal optimizer updates (O2 against O0, or another update
     size): one plot over updates, and a table of the updates at least two runs were scored at. A run is a run
     directory or a kept NAME_curve.json."""
-
     curves = {}
     for found in filter(None, map(read_curve, map(Path, runs))):
         name, c, per = found

@@ -64,7 +64,6 @@ def torch_step(batch: int, length: int, vocab: int = 8000, d: int = 128):
 
 
 def our_step(recipe: str, overrides, batch: int, length: int):
-
     cfg = bench_config([f"recipe={recipe}", *overrides], smoke=False)  # the recipe itself, not its smoke block
     cell = train_step(cfg, 60, 1000)
     rng = np.random.RandomState(0)
@@ -76,7 +75,6 @@ def our_step(recipe: str, overrides, batch: int, length: int):
 
 
 def main(argv) -> dict:
-
     rounds, argv = pop_option(argv, "--rounds", 8)
     steps, argv = pop_option(argv, "--steps", 3)
     chosen, argv = pop_option(argv, "--settings", list(range(len(SETTINGS))),

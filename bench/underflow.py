@@ -31,7 +31,6 @@ from models import build_model  # noqa: E402
 
 
 def gradients(cfg, level: str, scale: float, params, batch) -> dict:
-
     net = build_model(cfg)
     ms.load_param_into_net(net, params)
     amp_cfg = OmegaConf.merge(cfg.amp, {"level": level, "keep_fp32": [] if level == "O3" else None})
@@ -45,7 +44,6 @@ def gradients(cfg, level: str, scale: float, params, batch) -> dict:
 
 
 def main(argv) -> dict:
-
     scales, argv = pop_option(argv, "--scales", [1.0, 1024.0, 65536.0],
                               lambda v: [float(x) for x in v.split(",")])
     checkpoint, argv = pop_option(argv, "--checkpoint", None, str)

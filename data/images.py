@@ -43,7 +43,6 @@ def check_cifar_folder(path: Path, split: str) -> None:
 
 
 def _finish(ds, cfg, split: str, ops):
-
     train = split == "train"
     ds = ds.map(operations=ops, input_columns="image", num_parallel_workers=workers(cfg))
     ds = ds.map(operations=T.TypeCast(mstype.int32), input_columns="label")
@@ -58,7 +57,6 @@ def _normalize(cfg):
 @DATASETS.register("cifar10", task="classification", classes=10)
 def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
-
     path = _require_path(cfg, "the cifar-10-batches-bin folder")
     check_cifar_folder(path, split)
     n = msds.Cifar10Dataset(str(path), usage=split).get_dataset_size()
@@ -72,7 +70,6 @@ def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
 def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
     """path/train/<class>/*.JPEG and path/val/<class>/*.JPEG (the torchvision ImageFolder layout)."""
-
     root = _require_path(cfg, "a folder with train/ and val/, one sub-folder of images per class")
     folder = root / ("train" if split == "train" else "val")
     if not folder.is_dir():

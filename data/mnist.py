@@ -98,7 +98,6 @@ def load_idx(path: Path, split: str):
 
 
 def transforms(image_size: int, channels: int, mean, std) -> list:
-
     mean = [m * 255 for m in (mean or [0.1307])]
     std = [s * 255 for s in (std or [0.3081])]
     ops = [V.Resize((image_size, image_size))]
@@ -111,7 +110,6 @@ def transforms(image_size: int, channels: int, mean, std) -> list:
 @functools.lru_cache(maxsize=4)
 def preprocessed(path, split: str, test_fraction: float, image_size: int, channels: int, mean, std):
     """The split (embedded when path is None) with its deterministic transforms applied once."""
-
     images, labels = (load_embedded_mnist(split, test_fraction) if path is None
                       else load_idx(Path(path).expanduser(), split))
     ops = transforms(image_size, channels, list(mean), list(std))
@@ -122,7 +120,6 @@ def preprocessed(path, split: str, test_fraction: float, image_size: int, channe
 @DATASETS.register("mnist", task="classification", classes=10)
 def mnist(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
-
     train = split == "train"
     batch_size = cfg.batch_size if train else cfg.eval_batch_size
     images, labels = preprocessed(cfg.path, split, cfg.test_fraction, cfg.image_size, cfg.channels,

@@ -28,24 +28,20 @@ def epoch_length(n: int, shard=None, skip: int = 0) -> int:
     return n // num_shards - skip
 
 
-class EpochShuffle:
+class EpochShuffle(msds.Sampler):
     """Training order as a mindspore.dataset Sampler: `epoch_order`, one epoch after another."""
 
-    def __new__(cls, *args, **kwargs):  # a mindspore.dataset.Sampler, imported lazily
+    def __init__(self, n, seed, start_epoch=0, shard=None, skip=0):
+        self.n, self.seed, self.epoch, self.shard, self.skip = n, seed, start_epoch, shard, skip
+        super().__init__()
 
-        class _EpochShuffle(msds.Sampler):
-            def __init__(self, n, seed, start_epoch=0, shard=None, skip=0):
-                self.n, self.seed, self.epoch, self.shard, self.skip = n, seed, start_epoch, shard, skip
-                super().__init__()
+    def __iter__(self):
+        order = epoch_order(self.n, self.seed, self.epoch, self.shard, self.skip)
+        self.epoch += 1
+        return iter(order.tolist())
 
-            def __iter__(self):
-                order = epoch_order(self.n, self.seed, self.epoch, self.shard, self.skip)
-                self.epoch += 1
-                return iter(order.tolist())
-
-            def __len__(self):
-                return epoch_length(self.n, self.shard, self.skip)
-        return _EpochShuffle(*args, **kwargs)
+    def __len__(self):
+        return epoch_length(self.n, self.shard, self.skip)
 
 
 class EpochBatches:

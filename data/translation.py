@@ -183,7 +183,6 @@ def make_batches(examples, buckets, max_tokens: int, batch_size: int, train: boo
 @DATASETS.register("translation", task="translation")
 def translation(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
-
     p = params(cfg)
     buckets = sorted(p["buckets"])
     if buckets[-1] < p["max_len"]:

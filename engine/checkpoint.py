@@ -92,7 +92,6 @@ def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, mode
 def average_checkpoints(paths) -> dict:
     """Element-wise mean of the float parameters of several checkpoints (Vaswani et al. average the last 5
     or 20); integer state (steps, counters) comes from the newest."""
-
     params = [read_checkpoint(p) for p in paths]
     out = dict(params[-1])
     for name, value in params[-1].items():
@@ -234,7 +233,6 @@ def inference_network(cfg, script: str):
     """eval.py and export.py: the recipe's network under its policy, in eval mode, with the checkpoint's
     weights (averaged over decode.average_last checkpoints, Conv+BN folded when infer.fuse_conv_bn).
     Returns (network, the effective config, notes for the user, fused pairs or None)."""
-
     if not cfg.checkpoint:
         raise ConfigError(f"checkpoint is not set; run: python {script} recipe=NAME checkpoint=PATH/TO/model.ckpt")
     notes = []
@@ -257,7 +255,6 @@ def inference_network(cfg, script: str):
 
 def check_disk_space(directory, step_cell: nn.Cell) -> None:
     """Refuse to start when the disk cannot hold two checkpoints (the new one is written beside the last)."""
-
     need = 2 * sum(p.size * p.itemsize for p in step_cell.get_parameters())
     where = Path(directory)
     while not where.exists():

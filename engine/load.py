@@ -157,7 +157,6 @@ def check_devices(cfg) -> None:
 def check_command_line(argv: List[str]) -> None:
     """Compose and check every run the command line asks for (several with -m); on any error print one line
     and exit 2, before Hydra creates a run directory."""
-
     try:
         check_slips(argv)
     except ConfigError as e:

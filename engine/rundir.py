@@ -92,7 +92,6 @@ def release(directory) -> None:
 
 def describe(directory: Path) -> Optional[str]:
     """'lenet_o0, step 2,811, finished' for a directory that holds a run; None for one that does not."""
-
     found = checkpoints(directory / "checkpoints") if (directory / "checkpoints").is_dir() else []
     finished = (directory / "metrics.json").exists()
     if not found and not finished:

@@ -88,7 +88,6 @@ def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
     """eval.py and export.py: the config a checkpoint is used with, and the smoke note (or None). A shipped
     weight: its manifest's recipe, sha256 checked first; a train.py checkpoint: its run's config.yaml; any
     other: the command line's recipe. Notes go to stderr."""
-
     cfg, smoke_note = load_config(argv)
     given = user_keys(argv)
     cfg, note = weights_config(cfg, argv, given, suffix)  # composed and validated by load_config
@@ -109,7 +108,6 @@ def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.
     recipe and overrides, the command line's other keys over them, checkpoint set to the verified file, and
     output (unless given) under runs/weights/ rather than beside the file in the repository.
     Returns (config, note) or (cfg, None) when no shipped weight is asked for."""
-
     spec = cfg.weights or (str(Path(str(cfg.checkpoint)).expanduser()) if cfg.checkpoint and
                            shipped_file(cfg.checkpoint) else None)
     if not spec:

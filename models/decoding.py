@@ -143,7 +143,6 @@ class IncrementalDecoder:
     step has no cache gather."""
 
     def __init__(self, net, beam: int):
-
         model, beam = unwrap(net), max(1, beam)
         specials = np.zeros(model.embed.embedding_table.shape[0], np.float32)
         specials[[PAD, BOS]] = -np.inf  # padding and BOS are never generated
@@ -190,7 +189,6 @@ class IncrementalDecoder:
 def full_recompute_step(net, src: np.ndarray, beam: int, max_len: int, candidates: int) -> Step:
     """The reference: every step re-runs the whole decoder on all tokens so far (no cache), on the host's
     token buffer reordered with the search."""
-
     model = unwrap(net)
     k = max(1, beam)
     memory, src_bias = model.encode(ms.Tensor(np.repeat(src, k, axis=0)))
@@ -226,7 +224,6 @@ def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, 
               form: Optional[str] = None) -> dict:
     """Decode a split with the trained network; BLEU against the untokenized references (sacrebleu 13a), cased
     and lowercased."""
-
     form = form or str(cfg.decode.length_norm)
     net.set_train(False)
     examples, pairs, sp = encode_pairs(cfg.dataset, split)

@@ -74,15 +74,17 @@ def test_eval_bad_checkpoints(tmp_path):
     assert "Traceback" not in corrupt.stderr
 
 
-def _idx(folder, n=96, magic=2051):
+def _idx(folder, n=96, magic=2051, label=None):
+    """The four idx files in their real format; `label`: every example labelled so (default 0-9 in turn)."""
     import struct
 
     import numpy as np
     for prefix, count in (("train", n), ("t10k", 16)):
         with open(folder / f"{prefix}-images-idx3-ubyte", "wb") as f:
             f.write(struct.pack(">IIII", magic, count, 28, 28) + bytes(count * 784))
+        labels = np.arange(count) % 10 if label is None else np.full(count, label)
         with open(folder / f"{prefix}-labels-idx1-ubyte", "wb") as f:
-            f.write(struct.pack(">II", 2049, count) + (np.arange(count) % 10).astype(np.uint8).tobytes())
+            f.write(struct.pack(">II", 2049, count) + labels.astype(np.uint8).tobytes())
 
 
 def _empty_image_folder(folder):
@@ -124,13 +126,6 @@ def test_bad_data_files(tmp_path, recipe, make, extra, message):
 
 # Every reader, class by class: an empty, truncated, mislabelled or wrong-kind file is one ConfigError naming it
 # (train.py turns that into the one `error:` line and exit 2, as test_bad_data_files shows), before any step.
-def _idx_labels(folder, label):
-    import numpy as np
-    _idx(folder)
-    (folder / "train-labels-idx1-ubyte").write_bytes(b"\x00\x00\x08\x01\x00\x00\x00\x60" +
-                                                     np.full(96, label, np.uint8).tobytes())
-
-
 def _text(src: bytes, tgt: bytes):
     def make(folder):
         (folder / "train.en").write_bytes(src)
@@ -147,7 +142,7 @@ READER_CASES = [
     ("lenet_o0", lambda d: (_idx(d), (d / "train-images-idx3-ubyte").write_bytes(b"")), [],
      "train-images-idx3-ubyte is empty (0 bytes)"),
     ("lenet_o0", lambda d: _idx(d, n=0), [], "train-images-idx3-ubyte holds no images"),
-    ("lenet_o0", lambda d: _idx_labels(d, 12), [],
+    ("lenet_o0", lambda d: _idx(d, label=12), [],
      "train-labels-idx1-ubyte holds label 12 (at example 0); an MNIST-style data set's labels are 0-9"),
     ("lenet_o0", lambda d: (d / "mnist.zip").write_bytes(b"PK"), ["dataset.path={data}/mnist.zip"],
      "mnist.zip' is a file; give the folder that holds the mnist files"),

@@ -25,14 +25,13 @@ class Level:
                                     # "all": every Cell but the keep-list
     keep_fp32: Tuple[str, ...]      # the default keep-list (amp.keep_fp32=null)
     rank: int                       # how much runs in low precision: the fallback ladder only steps down
-    meaning: str
 
 
 LEVELS: Dict[str, Level] = {
-    "O0": Level("none", (), 0, "everything fp32 (force_fp16 Cells still run in low precision)"),
-    "O1": Level("white_list", (), 1, "fp32, but Conv, Dense and RNN cells (and force_fp16) in low precision"),
-    "O2": Level("all", ("BatchNorm", "LayerNorm"), 2, "low precision but the keep-list, which runs fp32"),
-    "O3": Level("all", (), 3, "like O2 with an empty default keep-list"),
+    "O0": Level("none", (), 0),                             # fp32 (force_fp16 Cells still run low)
+    "O1": Level("white_list", (), 1),                       # fp32 but Conv, Dense, RNN cells (and force_fp16)
+    "O2": Level("all", ("BatchNorm", "LayerNorm"), 2),      # low precision but the keep-list, which runs fp32
+    "O3": Level("all", (), 3),                              # O2 with an empty default keep-list
 }
 
 AmpLevel = StrEnum("AmpLevel", {name: name for name in LEVELS})
