@@ -6,7 +6,9 @@ of Django's own user-interface strings (the gettext catalogs inside the `django`
 real human translations, enough for a smoke run, nowhere near WMT.
 
 Subwords: a joint sentencepiece model (ids: 0 pad, 1 unk, 2 bos, 3 eos) trained on the training text, or
-loaded from `dataset.params.spm_model`. Batches are padded to their length bucket's boundary, so there
+loaded from `dataset.params.spm_model`: unigram on the raw text by default, or the published Multi30k
+preparation (`dataset=multi30k_published`): lowercased, Moses-tokenized (sacremoses), a BPE vocabulary.
+Either way decoding returns detokenized text, so BLEU is always scored against the raw references. Batches are padded to their length bucket's boundary, so there
 are only a few fixed shapes: graph mode compiles once per bucket and data sinking works.
 """
 import gettext
@@ -20,6 +22,7 @@ from typing import List, Tuple
 import mindspore.dataset as msds
 import numpy as np
 import sentencepiece as spm
+from sacremoses import MosesDetokenizer, MosesTokenizer
 
 from data.sampling import sampling
 from zoo.errors import ConfigError
@@ -28,7 +31,8 @@ from zoo.registry import DATASETS
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 DEFAULTS = {"src_lang": "en", "tgt_lang": "de", "train_prefix": "train", "test_prefix": "test",
             "vocab_size": 8000, "max_len": 64, "buckets": [16, 32, 64], "spm_model": None,
-            "cache_dir": "~/.cache/amp_zoo"}
+            "cache_dir": "~/.cache/amp_zoo", "lowercase": False, "moses": False, "spm_type": "unigram"}
+SPM_TYPES = ("unigram", "bpe")
 
 
 def params(cfg) -> dict:
@@ -36,7 +40,33 @@ def params(cfg) -> dict:
     if unknown:
         raise ConfigError(f"dataset.params.{sorted(unknown)[0]} is not a translation option; "
                           f"valid: {', '.join(DEFAULTS)}")
-    return {**DEFAULTS, **{k: v for k, v in cfg.params.items()}}
+    p = {**DEFAULTS, **{k: v for k, v in cfg.params.items()}}
+    if p["spm_type"] not in SPM_TYPES:
+        raise ConfigError(f"dataset.params.spm_type={p['spm_type']!r} is not a sentencepiece model type; "
+                          f"valid: {', '.join(SPM_TYPES)}")
+    return p
+
+
+class Tokenizer:
+    """Text <-> subword ids: the text preparation dataset.params asks for (Moses tokenization, lowercasing),
+    then the joint sentencepiece model. `decode` gives detokenized target-language text."""
+
+    def __init__(self, sp: spm.SentencePieceProcessor, p: dict):
+        self.sp, self.lowercase, self.tgt_lang = sp, p["lowercase"], p["tgt_lang"]
+        self.moses = {lang: MosesTokenizer(lang) for lang in (p["src_lang"], p["tgt_lang"])} if p["moses"] else {}
+        self.detok = MosesDetokenizer(p["tgt_lang"]) if p["moses"] else None
+
+    def prepare(self, text: str, lang: str) -> str:
+        if self.moses:
+            text = self.moses[lang].tokenize(text, return_str=True, escape=False)
+        return text.lower() if self.lowercase else text
+
+    def encode(self, text: str, lang: str) -> List[int]:
+        return self.sp.encode(self.prepare(text, lang))
+
+    def decode(self, ids) -> str:
+        text = self.sp.decode(ids)
+        return self.detok.detokenize(text.split()) if self.detok else text
 
 
 def _read_lines(path: Path) -> List[str]:
@@ -106,8 +136,10 @@ def tokenizer_file(cfg) -> Path:
                               f"or leave it unset to train one on the training text")
         return path
     pairs = read_pairs(cfg, "train")
-    text = "\n".join(s for pair in pairs for s in pair)
-    key = hashlib.sha1(f"{p['vocab_size']}\n{text}".encode()).hexdigest()[:16]
+    prepare = Tokenizer(None, p).prepare
+    text = "\n".join(prepare(src, p["src_lang"]) + "\n" + prepare(tgt, p["tgt_lang"]) for src, tgt in pairs)
+    kind = "" if p["spm_type"] == "unigram" else f"{p['spm_type']}\n"  # unigram keeps the key it always had
+    key = hashlib.sha1(f"{p['vocab_size']}\n{kind}{text}".encode()).hexdigest()[:16]
     cache = Path(os.path.expanduser(p["cache_dir"]))
     model = cache / f"spm-{key}.model"
     if not model.is_file():
@@ -116,7 +148,7 @@ def tokenizer_file(cfg) -> Path:
         corpus.write_text(text, encoding="utf-8")
         tmp_prefix = cache / f"spm-{key}.tmp{os.getpid()}"
         spm.SentencePieceTrainer.train(
-            input=str(corpus), model_prefix=str(tmp_prefix), vocab_size=p["vocab_size"], model_type="unigram",
+            input=str(corpus), model_prefix=str(tmp_prefix), vocab_size=p["vocab_size"], model_type=p["spm_type"],
             character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, hard_vocab_limit=False,
             num_threads=1, minloglevel=2, input_sentence_size=2_000_000, shuffle_input_sentence=False)
         os.replace(f"{tmp_prefix}.model", model)  # atomic: a concurrent run never reads half a model
@@ -125,11 +157,11 @@ def tokenizer_file(cfg) -> Path:
     return model
 
 
-def tokenizer(cfg):
-    """The joint sentencepiece model (tokenizer_file), loaded."""
+def tokenizer(cfg) -> Tokenizer:
+    """The joint sentencepiece model (tokenizer_file), loaded, behind the text preparation dataset.params asks for."""
     path = tokenizer_file(cfg)
     try:
-        return spm.SentencePieceProcessor(model_file=str(path))
+        return Tokenizer(spm.SentencePieceProcessor(model_file=str(path)), params(cfg))
     except (OSError, RuntimeError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"{path} is not a sentencepiece model ({reason}); give the .model file spm_train wrote "
@@ -143,8 +175,8 @@ def encode_pairs(cfg, split: str):
     pairs = read_pairs(cfg, split)
     out = []
     for src, tgt in pairs:
-        s = sp.encode(src)[: p["max_len"] - 1] + [EOS]
-        t = sp.encode(tgt)
+        s = sp.encode(src, p["src_lang"])[: p["max_len"] - 1] + [EOS]
+        t = sp.encode(tgt, p["tgt_lang"])
         if len(t) + 1 > p["max_len"] and split == "train":
             continue
         t = t[: p["max_len"] - 1]

@@ -71,8 +71,30 @@ def test_tokenizer_round_trip():
     smoke = OmegaConf.merge(cfg.dataset, cfg.smoke.dataset)
     sp = tokenizer(smoke)
     for text in ("Add another user", "Änderungen gespeichert.", "Enter a valid date."):
-        assert sp.decode(sp.encode(text)) == text
-    assert sp.piece_to_id("<s>") == BOS and sp.piece_to_id("</s>") == EOS
+        assert sp.decode(sp.encode(text, "de")) == text
+    assert sp.sp.piece_to_id("<s>") == BOS and sp.sp.piece_to_id("</s>") == EOS
+
+
+def test_published_preparation_lowercases_tokenizes_and_detokenizes(tmp_path):
+    """dataset=multi30k_published: the model sees lowercased Moses tokens in a BPE vocabulary of its own, and
+    decoding gives detokenized text, so BLEU is scored against the raw references as the default's is."""
+    cfg = compose(["recipe=transformer_base_o2"])
+    raw = OmegaConf.create(OmegaConf.to_container(OmegaConf.merge(cfg.dataset, cfg.smoke.dataset)))
+    raw.params.cache_dir = str(tmp_path)
+    option = compose(["recipe=transformer_tiny_multi30k_o0", "dataset=multi30k_published"]).dataset.params
+    assert (option.lowercase, option.moses, option.spm_type, option.vocab_size, option.test_prefix) == (
+        True, True, "bpe", 10000, "test_2016_flickr")  # Multi30k's files and shapes, the published preparation
+    published = OmegaConf.merge(raw, {"params": {"lowercase": True, "moses": True, "spm_type": "bpe"}})
+    tok = tokenizer(published)
+    text = 'Ihr Konto "Admin" wurde gespeichert.'
+    assert tok.prepare(text, "de") == 'ihr konto " admin " wurde gespeichert .'
+    assert tok.decode(tok.encode(text, "de")) == 'ihr konto "admin" wurde gespeichert.'
+    pieces = [tok.sp.id_to_piece(i) for i in range(4, tok.sp.get_piece_size())]
+    assert pieces and not any(piece != piece.lower() for piece in pieces)  # trained on the lowercased text
+    tokenizer(raw)  # the default preparation keeps a model of its own beside it, with capitals
+    assert len(list(tmp_path.glob("spm-*.model"))) == 2
+    with pytest.raises(ConfigError, match="spm_type='wordpiece' is not a sentencepiece model type; valid: unigram, bpe"):
+        tokenizer(OmegaConf.merge(published, {"params": {"spm_type": "wordpiece"}}))
 
 
 def test_parallel_files_must_align(tmp_path):
