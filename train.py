@@ -47,7 +47,7 @@ from engine.step import build_train_step  # noqa: E402
 from models.decoding import translate  # noqa: E402
 from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
-from zoo.errors import ConfigError, WriteError, fail, write_error  # noqa: E402
+from zoo.errors import ConfigError, TracedError, WriteError, fail, write_error  # noqa: E402
 from zoo.runtime import (any_rank, init_distributed, machine, parameter_checksum, seed_everything, set_context,
                          sink_mode, source_commit)  # noqa: E402
 
@@ -73,7 +73,7 @@ def main(cfg) -> Optional[float]:
                          ", ".join(f"{k}={OmegaConf.select(cfg, k)}" for k in taken))
         return train(cfg, run_dir, smoke_note)
     except ConfigError as e:
-        abandon(run_dir, str(e))
+        abandon(run_dir, e)
         fail(str(e))
     except OSError as e:  # WriteError (a checkpoint, metrics.json, the eval history) or any other file of the run
         where = e if isinstance(e, WriteError) else f"could not write {e.filename or run_dir}: {e.strerror or e}"
@@ -111,20 +111,20 @@ def claim_run_dir(argv: List[str]) -> None:
         CREATED.append(path.resolve())
 
 
-def abandon(run_dir: Path, error: str) -> None:
+def abandon(run_dir: Path, error: ConfigError) -> None:
     """Bad input found once the run directory exists: a directory this process created and nothing else wrote
-    into is removed, unless the error points at its train.log (a model that does not compile keeps its trace
-    there); any other keeps the error in its train.log."""
+    into is removed, unless the error's trace is in its train.log (TracedError: a model that does not compile);
+    any other keeps the error in its train.log."""
     named = any(a.startswith("hydra.run.dir=") for a in sys.argv[1:])
     ours = run_dir.resolve() in CREATED or not named  # a dir Hydra made for this run (runs/<recipe>/<time>)
     untouched = not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists()
-    if ours and first_process() and "train.log" not in error and untouched:
+    if ours and first_process() and not isinstance(error, TracedError) and untouched:
         logging.shutdown()
         shutil.rmtree(run_dir, ignore_errors=True)
         return
     for handler in logging.root.handlers:
         if isinstance(handler, logging.FileHandler):
-            handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "error: %s", (error,), None))
+            handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "error: %s", (str(error),), None))
 
 
 @dataclass
@@ -377,7 +377,7 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
             model.train(end_epoch, train_ds, callbacks=callbacks, dataset_sink_mode=run.sink,
                         sink_size=t.sink_size if run.sink else -1, initial_epoch=first_epoch)
         except (RuntimeError, TypeError, ValueError, IndexError) as e:
-            raise ConfigError(step_error(run, e, ran_before=compiled or bool(run.timer.steps))) from e
+            raise TracedError(step_error(run, e, ran_before=compiled or bool(run.timer.steps))) from e
     outcome = "stopped" if stop.signal else ("diverged" if watch.reason else "finished")
     return Rung(outcome, net, policy, watch, checkpoints, telemetry.summary(), time.perf_counter() - t_train, stop)
 

@@ -7,6 +7,11 @@ class ConfigError(ValueError):
     """A bad value in the configuration: the message names it and what would be valid."""
 
 
+class TracedError(ConfigError):
+    """A bad input found while training, whose full trace went to the run's train.log (a model that does not
+    compile, a file the pipeline cannot read): the run directory is kept for that trace."""
+
+
 class WriteError(OSError):
     """A file of a run could not be written (no space, no permission, a path that is not a directory): the
     message names the file and what to do; every complete checkpoint is intact."""
