@@ -8,8 +8,9 @@ real human translations, enough for a smoke run, nowhere near WMT.
 Subwords: a joint sentencepiece model (ids: 0 pad, 1 unk, 2 bos, 3 eos) trained on the training text, or
 loaded from `dataset.params.spm_model`: unigram on the raw text by default, or the published Multi30k
 preparation (`dataset=multi30k_published`): lowercased, Moses-tokenized (sacremoses), a BPE vocabulary.
-Either way decoding returns detokenized text, so BLEU is always scored against the raw references. Batches are padded to their length bucket's boundary, so there
-are only a few fixed shapes: graph mode compiles once per bucket and data sinking works.
+Either way decoding returns detokenized text, so BLEU is always scored against the raw references.
+Batches are padded to their length bucket's boundary, so there are only a few fixed shapes: graph mode
+compiles once per bucket and data sinking works.
 """
 import gettext
 import gzip
@@ -52,7 +53,7 @@ class Tokenizer:
     then the joint sentencepiece model. `decode` gives detokenized target-language text."""
 
     def __init__(self, sp: spm.SentencePieceProcessor, p: dict):
-        self.sp, self.lowercase, self.tgt_lang = sp, p["lowercase"], p["tgt_lang"]
+        self.sp, self.lowercase = sp, p["lowercase"]
         self.moses = {lang: MosesTokenizer(lang) for lang in (p["src_lang"], p["tgt_lang"])} if p["moses"] else {}
         self.detok = MosesDetokenizer(p["tgt_lang"]) if p["moses"] else None
 
