@@ -93,7 +93,7 @@ def test_published_preparation_lowercases_tokenizes_and_detokenizes(tmp_path):
     assert pieces and not any(piece != piece.lower() for piece in pieces)  # trained on the lowercased text
     tokenizer(raw)  # the default preparation keeps a model of its own beside it, with capitals
     assert len(list(tmp_path.glob("spm-*.model"))) == 2
-    with pytest.raises(ConfigError, match="spm_type='wordpiece' is not a sentencepiece model type; valid: unigram, bpe"):
+    with pytest.raises(ConfigError, match="spm_type='wordpiece' is not a sentencepiece model type; valid: unigram"):
         tokenizer(OmegaConf.merge(published, {"params": {"spm_type": "wordpiece"}}))
 
 
