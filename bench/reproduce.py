@@ -213,10 +213,13 @@ def one_machine(runs: List[dict]) -> Optional[str]:
 
 
 def render(rows: List[dict]) -> str:
-    """The markdown table: one row per recipe, with parity against the O0 sibling where there is one."""
+    """The markdown table: one row per recipe, with parity against the O0 sibling where there is one. A run
+    recorded with `overrides` trained before its recipe changed: the row names them, and compares with O0 only
+    when O0 trained with the same."""
     means = {r["recipe"]: statistics.mean(x["value"] for x in r["runs"]) for r in rows if r["runs"]}
     speed = {r["recipe"]: statistics.mean(x["throughput"] or 0 for x in r["runs"]) for r in rows if r["runs"]}
     machines = {r["recipe"]: one_machine(r["runs"]) for r in rows if r["runs"]}
+    settings = {r["recipe"]: r["runs"][0].get("overrides", []) for r in rows if r["runs"]}
     lines = ["| recipe | published | source | data here | reproduced here | seeds | training time | device, notes |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -249,7 +252,11 @@ def render(rows: List[dict]) -> str:
         overflows = sum(x["overflow_steps"] for x in runs)
         if r["level"] != "O0":
             notes.append(f"{overflows} overflowed steps")
-        if sibling in means and sibling != r["recipe"]:
+        if runs[0].get("overrides"):  # trained before the recipe changed: what the recipe would need to match
+            notes.append("trained with " + " ".join(runs[0]["overrides"]))
+        if sibling in means and sibling != r["recipe"] and settings[sibling] != settings[r["recipe"]]:
+            notes.append("not compared with O0: trained at another setting")
+        elif sibling in means and sibling != r["recipe"]:
             delta, tol = means[r["recipe"]] - means[sibling], r["target"]["parity"]
             verdict = "" if tol is None else (f", within ±{tol}" if abs(delta) <= tol else f", OUTSIDE ±{tol}")
             notes.append(f"{delta:+.2f} vs O0{verdict}; " + (

@@ -151,3 +151,20 @@ def test_throughput_is_compared_only_between_runs_on_one_kind_of_machine():
     o2 = next(line for line in mixed.splitlines() if "`lenet_fashion_o2`" in line)
     assert "O0's throughput" not in o2 and "throughput not compared: O0 trained on another machine" in o2
     assert "+0.00 vs O0" in o2, "accuracy still compares: it does not depend on the machine"
+
+
+def test_a_run_from_before_its_recipe_changed_says_so_and_is_not_compared():
+    """A recipe's default changed after a run (Multi30k's update size): the record's overrides say how it
+    trained, and O2 is compared with O0 only when both trained alike."""
+    def row(recipe, value, overrides):
+        run = {"value": value, "throughput": 10.0, "device": "CPU", "amp": "x", "protocol": "p", "steps": 10,
+               "overflow_steps": 0, "wall_time_s": 60.0, "machine": "AMD EPYC", "overrides": overrides}
+        return {"recipe": recipe, "level": recipe[-2:].upper(), "group": "multi30k", "data": "/d", "runs": [run],
+                "target": {"published": 41.02, "metric": "bleu", "published_setting": "s", "source": "s", "parity": 1.0}}
+
+    table = rp.render([row("tiny_o0", 40.5, []), row("tiny_o2", 38.8, ["trainer.update_freq=1"])])
+    o2 = next(line for line in table.splitlines() if "`tiny_o2`" in line)
+    assert "trained with trainer.update_freq=1" in o2 and "not compared with O0: trained at another setting" in o2
+    assert "vs O0" not in o2
+    alike = rp.render([row("tiny_o0", 40.5, []), row("tiny_o2", 38.8, [])])
+    assert "-1.70 vs O0, OUTSIDE ±1.0" in alike
