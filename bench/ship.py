@@ -23,7 +23,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from bench.verify import score  # noqa: E402
 from data import task  # noqa: E402
 from data.translation import tokenizer_file  # noqa: E402
-from engine.checkpoint import average_checkpoints, checkpoints, last_checkpoints, read_checkpoint  # noqa: E402
+from engine.checkpoint import average_checkpoints, checkpoints, epoch_checkpoints, read_checkpoint  # noqa: E402
 from engine.load import flatten  # noqa: E402
 from engine.rundir import load_run_config  # noqa: E402
 from engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256  # noqa: E402
@@ -33,7 +33,7 @@ from zoo.errors import ConfigError, fail  # noqa: E402
 from zoo.runtime import set_context  # noqa: E402
 
 SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
-        "logger")
+        "logger", "runtime.device_id")  # top-level groups, or keys: where and how a run was watched, not trained
 
 
 def overrides(run_cfg) -> List[str]:
@@ -43,7 +43,7 @@ def overrides(run_cfg) -> List[str]:
     run = flatten(OmegaConf.to_container(run_cfg, resolve=True))
     out = []
     for key, value in sorted(run.items()):
-        if key.split(".")[0] in SKIP or recipe.get(key) == value:
+        if key.split(".")[0] in SKIP or key in SKIP or recipe.get(key) == value:
             continue
         out.append(f"{key}={json.dumps(value) if isinstance(value, (list, dict)) else value}")
     return out
@@ -57,8 +57,14 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     cfg = load_run_config(run_dir)
     set_context(cfg.runtime)
     final = checkpoints(run_dir / "checkpoints")[-1]
-    if task(cfg) == "translation" and cfg.decode.average_last > 1:
-        params = average_checkpoints(last_checkpoints(final, cfg.decode.average_last))
+    source = final.name
+    if task(cfg) == "translation" and cfg.decode.average_last > 1:  # the last epoch checkpoints, as bench.multi30k
+        ends = list(epoch_checkpoints(run_dir / "checkpoints", metrics["steps_per_epoch"]).values())
+        if len(ends) < cfg.decode.average_last:
+            raise ConfigError(f"decode.average_last={cfg.decode.average_last} but {run_dir / 'checkpoints'} holds "
+                              f"{len(ends)} epoch checkpoints")
+        last = ends[-cfg.decode.average_last:]
+        params, source = average_checkpoints(last), [p.name for p in last]
     else:
         params = read_checkpoint(final)
     net = build_model(cfg)
@@ -72,7 +78,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     entry = {
         "file": path.name, "sha256": sha256(path), "bytes": path.stat().st_size,
         "parameters": int(sum(p.size for p in net.trainable_params())), "dtype": "float16" if fp16 else "float32",
-        "recipe": cfg.recipe_name, "overrides": overrides(cfg), "from": final.name,
+        "recipe": cfg.recipe_name, "overrides": overrides(cfg), "from": source,
         "commit": metrics.get("commit"), "mindspore": metrics["machine"]["mindspore"],
         "machine": metrics["machine"]["cpu"], "trained": {"steps": metrics["steps"], "epochs": metrics["epochs"],
                                                         "train_time_s": metrics.get("train_time_s")},

@@ -29,7 +29,7 @@ def score(name: str, folder: Path = WEIGHTS) -> Dict:
     result = evaluate(cfg)
     out = {k: round(v, 6) for k, v in result.items() if isinstance(v, float)}
     if "bleu" in result:
-        out["scorer"] = result.get("signature", "sacrebleu")
+        out["scorer"] = {"bleu": result["signature"], "bleu_lowercase": result["signature_lowercase"]}
     else:
         out["scorer"] = "mindspore.train Top1/Top5CategoricalAccuracy on the full test split"
     out["split"] = "test"

@@ -118,7 +118,7 @@ def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.
                           f"{entry['recipe']}; drop recipe= (the manifest gives it)")
     mine = [a for a in argv if not a.startswith(("recipe=", "weights=", "checkpoint=", "-"))]
     out, _ = load_config([f"recipe={entry['recipe']}", *entry["overrides"], *tokenizer_override(entry, path), *mine,
-                          f"checkpoint={path}"])
+                          f"checkpoint={path}", "decode.average_last=1"])  # a shipped file is averaged already
     if out.output is None:
         out.output = str(Path("runs", "weights", name + suffix))
         Path(out.output).parent.mkdir(parents=True, exist_ok=True)

@@ -125,9 +125,15 @@ def bleu(hypotheses: List[str], references: List[str], lowercase: bool = False) 
 
 
 def scores(hypotheses: List[str], pairs) -> dict:
-    """Cased and lowercased BLEU of the hypotheses against the raw references of (source, reference) pairs."""
+    """Cased and lowercased BLEU of the hypotheses against the raw references of (source, reference) pairs,
+    with sacrebleu's signatures (which say how each was scored)."""
     refs = [tgt for _, tgt in pairs][: len(hypotheses)]
-    return {"bleu": bleu(hypotheses, refs), "bleu_lowercase": bleu(hypotheses, refs, lowercase=True)}
+    out = {}
+    for key, lowercase in (("bleu", False), ("bleu_lowercase", True)):
+        metric = sacrebleu.BLEU(lowercase=lowercase)
+        out[key] = float(metric.corpus_score(hypotheses, [refs]).score)
+        out[f"signature{key[4:]}"] = str(metric.get_signature())
+    return out
 
 
 def unwrap(net):

@@ -17,7 +17,7 @@ from amp.precision import precision_report
 from data.translation import BOS, EOS, read_pairs, tokenizer
 from engine.metrics import FlatCrossEntropy, NetWithLoss
 from models import create_model
-from models.decoding import beam_search, bleu, greedy, length_penalty
+from models.decoding import beam_search, bleu, greedy, length_penalty, scores
 from tests.conftest import ROOT, run_cli
 from zoo.compose import compose
 from zoo.errors import ConfigError
@@ -277,6 +277,10 @@ def test_bleu_is_sacrebleus():
     refs = ["Das ist ein Test .", "Der Benutzer wurde erfolgreich gespeichert"]
     assert bleu(hyps, refs) == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
     assert bleu(refs, refs) == pytest.approx(100.0)
+    out = scores(hyps, list(zip(hyps, refs)))  # what every BLEU in a result file carries: how it was scored
+    assert out["bleu_lowercase"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score)
+    assert "case:mixed|" in out["signature"] and "case:lc|" in out["signature_lowercase"]
+    assert "tok:13a" in out["signature"]
 
 
 def test_transformer_recipe_end_to_end_with_averaging(tmp_path):

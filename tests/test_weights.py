@@ -101,6 +101,7 @@ def test_a_translation_weight_brings_its_own_tokenizer(tmp_path):
     cfg, _ = load_config(argv)
     out, note = weights_config(cfg, argv, [])
     assert out.dataset.params.spm_model == str(folder / "t.spm.model") and note.startswith("weights t: sha256")
+    assert out.decode.average_last == 1, "a shipped translation weight is averaged already: it is loaded alone"
     (folder / "t.spm.model").write_bytes(b"changed")
     with pytest.raises(ConfigError, match="t.spm.model fails its sha256 check"):
         find(str(folder / "t.ckpt"))
