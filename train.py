@@ -145,6 +145,9 @@ class Run:
     evaluator: Any
     t_start: float
     smoke_note: Optional[str]
+    trained_s: float = 0.0     # training seconds before the current rung (earlier processes of a resumed run too)
+    wall_before_s: float = 0.0  # wall seconds of a resumed run's earlier processes
+    timed_from_step: int = 0   # > 0: resumed from a checkpoint that kept no times (written before they were kept)
 
     @property
     def unit(self) -> str:
@@ -192,9 +195,15 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
               f"it further, resume with a larger trainer.epochs", flush=True)
         return done.get("final", {}).get("top1", 0.0)
     run = setup(cfg, run_dir, smoke_note, start)
+    if start.params is not None:  # a resume: its earlier processes' time counts
+        if "train_time_s" in start.params:
+            run.trained_s, run.wall_before_s = (float(start.params[k].asnumpy()) for k in ("train_time_s", "wall_time_s"))
+        else:
+            run.timed_from_step = start.step
     rungs, transitions, summaries = ladder(cfg.amp), [], []
     for number, amp_cfg in enumerate(rungs):  # one rung unless amp.fallback.enabled and training diverges
         rung = train_rung(run, number, amp_cfg, start, extra_callbacks)
+        run.trained_s += rung.train_time
         summaries.append({"rung": number, "setting": describe(amp_cfg), **rung.amp_summary})
         if rung.outcome == "finished":
             return finish(run, rung, transitions, summaries)
@@ -344,8 +353,11 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
     run.evaluator.model = model
     telemetry = AmpTelemetry(step_cell, run.writer, t.log_every, plan.kind)
     watch = DivergenceWatch(telemetry.read, plan.kind, plan.min_scale, cfg.amp.fallback, t.log_every)
+    t_train = time.perf_counter()
+    clock = lambda: {"train_time_s": run.trained_s + time.perf_counter() - t_train,  # noqa: E731
+                     "wall_time_s": run.wall_before_s + time.perf_counter() - run.t_start}
     checkpoints = AtomicCheckpoint(run.run_dir / "checkpoints", cfg.model.name, t.ckpt_every, t.keep_last,
-                                   run.steps_per_epoch, on_save=run.writer.flush if run.writer else None)
+                                   run.steps_per_epoch, on_save=run.writer.flush if run.writer else None, clock=clock)
     stop = GracefulStop(checkpoints.save if run.is_main else lambda network, step: None,
                         agree=any_rank if run.world > 1 else None, every=t.log_every)
     offset = StepOffset(start.step)
@@ -365,7 +377,6 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
         callbacks.append(ProfileSteps(run.run_dir, report, run.device, start=start.step + 2))
     callbacks.extend(extra_callbacks)
 
-    t_train = time.perf_counter()
     for first_epoch, skip_batches, end_epoch in passes(start.step, run.steps_per_epoch, t.epochs):
         if watch.reason or stop.signal or (t.max_steps and run.timer.steps and run.timer.steps[-1] >= t.max_steps):
             break
@@ -438,8 +449,9 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "sink": run.sink, "amp_level": rung.policy.level, "amp_dtype": rung.policy.dtype,
         "batch_size": cfg.dataset.batch_size, "world_size": run.world, "global_batch": cfg.dataset.batch_size * run.world,
         "epochs": cfg.trainer.epochs, "steps": steps_done, "steps_per_epoch": run.steps_per_epoch,
-        "wall_time_s": round(time.perf_counter() - run.t_start, 2),
-        "train_time_s": round(rung.train_time, 2), **run.timer.summary(run.per_step),
+        "wall_time_s": round(run.wall_before_s + time.perf_counter() - run.t_start, 2),  # all processes of the run
+        "train_time_s": round(run.trained_s, 2), **run.timer.summary(run.per_step),
+        **({"timed_from_step": run.timed_from_step} if run.timed_from_step else {}),
         "throughput_unit": run.unit,
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},

@@ -20,6 +20,7 @@ from typing import List  # noqa: E402
 import mindspore as ms  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from bench.reproduce import training_wall_time  # noqa: E402
 from bench.verify import score  # noqa: E402
 from data import task  # noqa: E402
 from data.translation import tokenizer_file  # noqa: E402
@@ -46,6 +47,18 @@ def overrides(run_cfg) -> List[str]:
         if key.split(".")[0] in SKIP or key in SKIP or recipe.get(key) == value:
             continue
         out.append(f"{key}={json.dumps(value) if isinstance(value, (list, dict)) else value}")
+    return out
+
+
+def trained(run_dir: Path, metrics: dict, final: Path) -> dict:
+    """Steps, epochs and wall time summed over the run's sessions; the pure training time too when it counts
+    every process: one process trained it all, or its checkpoints kept the times from the first step (a run
+    resumed before they did counts its last process only)."""
+    out = {"steps": metrics["steps"], "epochs": metrics["epochs"],
+           "wall_time_s": training_wall_time(run_dir) or metrics["wall_time_s"]}
+    resumed = bool(list(run_dir.glob("config.resume-*.yaml")))
+    if not resumed or ("train_time_s" in read_checkpoint(final) and "timed_from_step" not in metrics):
+        out["train_time_s"] = metrics.get("train_time_s")
     return out
 
 
@@ -80,8 +93,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
         "parameters": int(sum(p.size for p in net.trainable_params())), "dtype": "float16" if fp16 else "float32",
         "recipe": cfg.recipe_name, "overrides": overrides(cfg), "from": source,
         "commit": metrics.get("commit"), "mindspore": metrics["machine"]["mindspore"],
-        "machine": metrics["machine"]["cpu"], "trained": {"steps": metrics["steps"], "epochs": metrics["epochs"],
-                                                        "train_time_s": metrics.get("train_time_s")},
+        "machine": metrics["machine"]["cpu"], "trained": trained(run_dir, metrics, final),
         "metric": None, "published": {k: OmegaConf.to_container(cfg.target).get(k)
                                       for k in ("metric", "published", "published_setting", "source")},
         "command": f"python eval.py weights={name}",

@@ -58,6 +58,7 @@ def load_weights(net: nn.Cell, path, model_name: str, params: dict = None) -> di
 
 
 AMP_STATE = ("scale_sense", "current_iterator_step", "last_overflow_iterator_step")
+RUN_TIMES = ("train_time_s", "wall_time_s")  # a train.py checkpoint's run times so far (AtomicCheckpoint's clock)
 
 
 def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, model_name: str = "",
@@ -91,11 +92,11 @@ def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, mode
 
 def average_checkpoints(paths) -> dict:
     """Element-wise mean of the float parameters of several checkpoints (Vaswani et al. average the last 5
-    or 20); integer state (steps, counters) comes from the newest."""
+    or 20); integer state (steps, counters) and the run's times come from the newest."""
     params = [read_checkpoint(p) for p in paths]
     out = dict(params[-1])
     for name, value in params[-1].items():
-        if value.dtype in (ms.float32, ms.float16):
+        if value.dtype in (ms.float32, ms.float16) and name not in RUN_TIMES:
             if any(name not in p or p[name].shape != value.shape for p in params):
                 raise ConfigError(f"cannot average {name}: it is missing or differs in shape among {paths}")
             mean = np.mean([p[name].asnumpy().astype(np.float64) for p in params], axis=0)
@@ -127,11 +128,13 @@ def _fsync_dir(path) -> None:
 class AtomicCheckpoint(Callback):
     """Checkpoints of the whole train step (weights, optimizer moments, LR position, loss-scale state, AMP
     counters) with the completed epochs and global step, written atomically: to a temporary file, fsynced,
-    then renamed. A process killed mid-save leaves the previous checkpoint the newest complete one."""
+    then renamed. A process killed mid-save leaves the previous checkpoint the newest complete one. `clock`
+    gives the run's training and wall seconds so far, kept in the checkpoint so that a resumed run's times
+    count every process."""
 
     def __init__(self, directory, prefix: str, every_epochs: int, keep_last: int, steps_per_epoch: int,
-                 on_save=None):
-        self.dir, self.prefix, self.on_save = Path(directory), prefix, on_save
+                 on_save=None, clock=None):
+        self.dir, self.prefix, self.on_save, self.clock = Path(directory), prefix, on_save, clock
         self.every, self.keep_last, self.steps_per_epoch = every_epochs, keep_last, steps_per_epoch
         self.latest: Optional[Path] = None
         self.saved_step = -1
@@ -145,7 +148,9 @@ class AtomicCheckpoint(Callback):
         tmp = self.dir / ".partial" / final.name  # same filesystem: the rename below is atomic
         try:
             tmp.parent.mkdir(exist_ok=True)
-            ms.save_checkpoint(train_network, str(tmp), append_dict={"epoch_num": epochs_done, "step_num": step})
+            times = self.clock() if self.clock else {}  # RUN_TIMES
+            ms.save_checkpoint(train_network, str(tmp), append_dict={"epoch_num": epochs_done, "step_num": step,
+                                                                     **times})
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, final)

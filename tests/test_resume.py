@@ -1,5 +1,6 @@
 """Nothing lost: a run killed with SIGKILL resumes bitwise-exactly; SIGTERM saves and exits 0; a corrupt
 newest checkpoint is skipped; TensorBoard has no duplicated steps after a resume."""
+import json
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import pytest
 
 import mindspore as ms
 
+from engine.checkpoint import RUN_TIMES
 from tests.conftest import ROOT, finished_run_dir, run_cli
 
 ARGS = ["recipe=lenet_o0", "trainer.epochs=3", "logger.progress_bar=false"]
@@ -34,7 +36,8 @@ def wait_for(path_glob, folder, timeout=300):
 
 
 def weights(path):
-    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path)).items()}
+    """A checkpoint's training state: every entry but the run's times so far (which differ between two runs)."""
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path)).items() if k not in RUN_TIMES}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +61,13 @@ def test_sigkill_then_resume_is_bitwise_exact(uninterrupted, tmp_path):
     assert a.keys() == b.keys()
     for k in a:  # weights, momentum, learning-rate position, AMP counters
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    # the run's times count the killed process too (up to its last checkpoint), not only the resumed one
+    killed = float(ms.load_checkpoint(str(run_dir / "checkpoints" / "lenet5-e0001-s00000125.ckpt"))["train_time_s"])
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    log = (run_dir / "train.log").read_text()
+    resumed_s = sum(float(s) for s in re.findall(r"epoch [23]/3: .* in ([0-9.]+) s", log))
+    assert metrics["train_time_s"] >= killed + resumed_s > killed > 0 and "timed_from_step" not in metrics
+    assert metrics["wall_time_s"] > metrics["train_time_s"]
     assert (run_dir / "config.yaml").exists() and list(run_dir.glob("config.resume-*.yaml"))
     ea, eb = EventAccumulator(str(uninterrupted / "tb")), EventAccumulator(str(run_dir / "tb"))
     ea.Reload()
