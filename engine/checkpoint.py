@@ -53,8 +53,17 @@ def load_weights(net: nn.Cell, path, model_name: str, params: dict = None) -> di
             raise ConfigError(f"checkpoint={str(path)!r} does not fit model {model_name!r}: {p.name} has shape "
                               f"{tuple(params[p.name].shape)} in the file, {tuple(p.shape)} in the model "
                               f"(another num_classes or width?)")
-    ms.load_param_into_net(net, {p.name: params[p.name] for p in own}, strict_load=True)
+    ms.load_param_into_net(net, {p.name: as_dtype(params[p.name], p) for p in own}, strict_load=True)
     return params
+
+
+def as_dtype(value, like):
+    """A checkpoint's float value in its network parameter's float type (a weight shipped in fp16 loads into an
+    fp32 network, as MindSpore's own loader would refuse)."""
+    floats = (ms.float16, ms.float32)
+    if value.dtype == like.dtype or value.dtype not in floats or like.dtype not in floats:
+        return value
+    return ms.Parameter(ms.Tensor(value.asnumpy().astype(ms.dtype_to_nptype(like.dtype))), name=like.name)
 
 
 AMP_STATE = ("scale_sense", "current_iterator_step", "last_overflow_iterator_step")

@@ -108,3 +108,20 @@ def test_a_translation_weight_brings_its_own_tokenizer(tmp_path):
     (folder / "t.spm.model").unlink()
     with pytest.raises(ConfigError, match="t.spm.model is missing"):
         find(str(folder / "t.ckpt"))
+
+
+def test_a_weight_shipped_in_fp16_loads_into_the_fp32_network(tmp_path):
+    """bench.ship --fp16 halves a large model's file; eval.py loads it into the recipe's fp32 network."""
+    import numpy as np
+
+    from engine.checkpoint import load_weights
+    from models import create_model
+
+    net = create_model("lenet5", num_classes=10)
+    half = [{"name": p.name, "data": ms.Tensor(p.asnumpy()).astype(ms.float16)} for p in net.get_parameters()]
+    ms.save_checkpoint(half, str(tmp_path / "half.ckpt"))
+    fresh = create_model("lenet5", num_classes=10)
+    load_weights(fresh, tmp_path / "half.ckpt", "lenet5")
+    for a, b in zip(net.get_parameters(), fresh.get_parameters()):
+        assert b.dtype == ms.float32, b.name
+        np.testing.assert_allclose(b.asnumpy(), a.asnumpy().astype(np.float16).astype(np.float32), err_msg=b.name)
