@@ -28,9 +28,6 @@ def build_report(overrides: List[str]) -> Dict:
 
 
 def main(argv: List[str]) -> None:
-    if "-h" in argv or "--help" in argv:
-        print(__doc__.strip())
-        return
     levels = []
     if "--diff" in argv:
         i = argv.index("--diff")

@@ -208,3 +208,12 @@ def test_a_file_the_pipeline_cannot_read_is_one_line_at_any_step(tmp_path):
     assert f"continue with python train.py hydra.run.dir={tmp_path} resume=auto" in line
     with pytest.raises(RuntimeError, match="a bug"):  # anything else after the first step is not bad input
         train.step_error(run, RuntimeError("a bug"), ran_before=True)
+
+
+@pytest.mark.parametrize("command", ["eval.py", "export.py", "-m bench.verify", "-m bench.ship", "-m bench.multi30k"])
+def test_every_command_answers_help_with_its_usage(command):
+    """-h/--help prints the command's usage and exits 0 instead of being taken for a bad argument."""
+    result = run_cli(command, "--help")
+    name = command.split()[-1].removesuffix(".py").replace(".", "/").split("/")[-1]
+    assert result.returncode == 0 and "error" not in result.stderr.lower(), result.stderr[-500:]
+    assert "python" in result.stdout and name in result.stdout, result.stdout[:300]

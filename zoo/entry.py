@@ -31,8 +31,13 @@ def prepare(argv: Optional[List[str]] = None, recipe: Optional[str] = None) -> s
 
 
 def run(main: Callable[[List[str]], object], argv: Optional[List[str]] = None) -> None:
-    """main(argv) (default sys.argv[1:]), with bad input reported as one line and exit 2."""
+    """main(argv) (default sys.argv[1:]), with bad input reported as one line and exit 2; -h or --help prints
+    the command's own docstring (its usage) instead."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print((sys.modules["__main__"].__doc__ or "").strip())
+        return
     try:
-        main(sys.argv[1:] if argv is None else argv)
+        main(argv)
     except ConfigError as e:
         fail(str(e))
