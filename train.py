@@ -38,7 +38,7 @@ from data import create_dataset, task  # noqa: E402
 from engine.callbacks import (EpochLog, Evaluator, GracefulStop, ProgressBar, SafeWriter, StepOffset, StepTimer,
                               StopAtStep, TensorBoardLogger, planned_epochs)  # noqa: E402
 from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, last_good_checkpoint,
-                               read_checkpoint, restore_weights, resume_point)  # noqa: E402
+                               RUN_TIMES, read_checkpoint, restore_weights, resume_point)  # noqa: E402
 from engine.load import load_config, user_keys, validate  # noqa: E402
 from engine.metrics import NetWithEval, metrics  # noqa: E402
 from engine.optim import lr_schedule, scaled_lr  # noqa: E402
@@ -197,7 +197,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
     run = setup(cfg, run_dir, smoke_note, start)
     if start.params is not None:  # a resume: its earlier processes' time counts
         if "train_time_s" in start.params:
-            run.trained_s, run.wall_before_s = (float(start.params[k].asnumpy()) for k in ("train_time_s", "wall_time_s"))
+            run.trained_s, run.wall_before_s = (float(start.params[k].asnumpy()) for k in RUN_TIMES)
         else:
             run.timed_from_step = start.step
     rungs, transitions, summaries = ladder(cfg.amp), [], []

@@ -50,14 +50,14 @@ def overrides(run_cfg) -> List[str]:
     return out
 
 
-def trained(run_dir: Path, metrics: dict, final: Path) -> dict:
+def trained(run_dir: Path, metrics: dict, final_params: dict) -> dict:
     """Steps, epochs and wall time summed over the run's sessions; the pure training time too when it counts
     every process: one process trained it all, or its checkpoints kept the times from the first step (a run
     resumed before they did counts its last process only)."""
     out = {"steps": metrics["steps"], "epochs": metrics["epochs"],
            "wall_time_s": training_wall_time(run_dir) or metrics["wall_time_s"]}
     resumed = bool(list(run_dir.glob("config.resume-*.yaml")))
-    if not resumed or ("train_time_s" in read_checkpoint(final) and "timed_from_step" not in metrics):
+    if not resumed or ("train_time_s" in final_params and "timed_from_step" not in metrics):
         out["train_time_s"] = metrics.get("train_time_s")
     return out
 
@@ -70,6 +70,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     cfg = load_run_config(run_dir)
     set_context(cfg.runtime)
     final = checkpoints(run_dir / "checkpoints")[-1]
+    params = final_params = read_checkpoint(final)
     source = final.name
     if task(cfg) == "translation" and cfg.decode.average_last > 1:  # the last epoch checkpoints, as bench.multi30k
         ends = list(epoch_checkpoints(run_dir / "checkpoints", metrics["steps_per_epoch"]).values())
@@ -78,8 +79,6 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
                               f"{len(ends)} epoch checkpoints")
         last = ends[-cfg.decode.average_last:]
         params, source = average_checkpoints(last), [p.name for p in last]
-    else:
-        params = read_checkpoint(final)
     net = build_model(cfg)
     names = [p.name for p in net.get_parameters()]
     dtype = ms.float16 if fp16 else ms.float32
@@ -93,7 +92,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
         "parameters": int(sum(p.size for p in net.trainable_params())), "dtype": "float16" if fp16 else "float32",
         "recipe": cfg.recipe_name, "overrides": overrides(cfg), "from": source,
         "commit": metrics.get("commit"), "mindspore": metrics["machine"]["mindspore"],
-        "machine": metrics["machine"]["cpu"], "trained": trained(run_dir, metrics, final),
+        "machine": metrics["machine"]["cpu"], "trained": trained(run_dir, metrics, final_params),
         "metric": None, "published": {k: OmegaConf.to_container(cfg.target).get(k)
                                       for k in ("metric", "published", "published_setting", "source")},
         "command": f"python eval.py weights={name}",

@@ -121,7 +121,13 @@ def greedy(step: Step, batch: int, max_len: int) -> List[List[int]]:
 
 
 def bleu(hypotheses: List[str], references: List[str], lowercase: bool = False) -> float:
-    return float(sacrebleu.corpus_bleu(hypotheses, [references], lowercase=lowercase).score)
+    return signed_bleu(hypotheses, references, lowercase)[0]
+
+
+def signed_bleu(hypotheses: List[str], references: List[str], lowercase: bool) -> Tuple[float, str]:
+    """sacrebleu's corpus BLEU and its signature (which says how it was scored)."""
+    metric = sacrebleu.BLEU(lowercase=lowercase)
+    return float(metric.corpus_score(hypotheses, [references]).score), str(metric.get_signature())
 
 
 def scores(hypotheses: List[str], pairs) -> dict:
@@ -130,9 +136,7 @@ def scores(hypotheses: List[str], pairs) -> dict:
     refs = [tgt for _, tgt in pairs][: len(hypotheses)]
     out = {}
     for key, lowercase in (("bleu", False), ("bleu_lowercase", True)):
-        metric = sacrebleu.BLEU(lowercase=lowercase)
-        out[key] = float(metric.corpus_score(hypotheses, [refs]).score)
-        out[f"signature{key[4:]}"] = str(metric.get_signature())
+        out[key], out[f"signature{key[4:]}"] = signed_bleu(hypotheses, refs, lowercase)
     return out
 
 
