@@ -239,7 +239,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
         claim(run_dir)
     if rank == 0:
         config_file = run_dir / "config.yaml"
-        if config_file.exists():  # resuming into this directory: keep the first config, add this one beside it
+        if start.checkpoint and config_file.exists():  # a resume: keep the first config, add this one beside it
             config_file = run_dir / f"config.resume-{len(list(run_dir.glob('config*.yaml')))}.yaml"
         try:
             config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -278,10 +278,17 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
 
 
 def resume_start(cfg, ckpt_dir: Path) -> Start:
-    """resume=auto: the newest checkpoint that reads; resume=PATH: that one; unset: the initial weights."""
+    """resume=auto: the newest checkpoint that reads (none yet: the initial weights); resume=PATH: that one;
+    unset: the initial weights."""
     if not cfg.resume:
         return Start()
     if cfg.resume == "auto":
+        if not checkpoints(ckpt_dir):  # start or continue: nothing to continue yet
+            if (ckpt_dir.parent / "metrics.json").exists():
+                raise ConfigError(f"resume=auto: {ckpt_dir.parent} holds a finished run and no checkpoint to continue "
+                                  f"it from; give another hydra.run.dir to start anew")
+            log.info("resume=auto: no checkpoint in %s yet; starting the run from step 0", ckpt_dir)
+            return Start()
         path, params = resume_point(ckpt_dir)
     else:
         path = Path(cfg.resume).expanduser()
@@ -472,17 +479,15 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
 
 
 def resume_run_dir(argv) -> list:
-    """resume=auto without hydra.run.dir: the newest run directory of the recipe that holds a checkpoint."""
+    """resume=auto without hydra.run.dir: the newest run directory of the recipe that holds a checkpoint, or
+    none (Hydra's new directory: the run starts)."""
     if "resume=auto" not in argv or any(a.startswith("hydra.run.dir=") for a in argv):
         return []
     recipe = next((a.split("=", 1)[1] for a in argv if a.startswith("recipe=")), None)
     if recipe is None:
         recipe = compose([]).recipe_name
     found = sorted(Path("runs", recipe).glob("*/checkpoints/*.ckpt"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        fail(f"resume=auto found no checkpoint under runs/{recipe}/; start without resume, or give "
-             f"hydra.run.dir=RUN_DIR or resume=PATH/TO.ckpt")
-    return [f"hydra.run.dir={found[-1].parent.parent}"]
+    return [f"hydra.run.dir={found[-1].parent.parent}"] if found else []  # none: a new run (Hydra's new directory)
 
 
 if __name__ == "__main__":

@@ -108,10 +108,34 @@ def test_corrupt_newest_checkpoint_is_skipped(uninterrupted, tmp_path):
     assert "resumed from" in log and "lenet5-e0002-s00000250.ckpt (step 250" in log
 
 
-def test_resume_auto_without_checkpoints_is_a_clear_error(tmp_path):
-    result = run_cli(str(ROOT / "train.py"), "recipe=lenet_o0", "resume=auto", cwd=tmp_path)
+def test_resume_auto_starts_a_run_then_continues_it(tmp_path):
+    """One command to start or continue (a queue, a preemptible job): resume=auto with nothing to continue yet
+    trains from step 0; the same command again continues that run and finds it finished."""
+    cmd = [str(ROOT / "train.py"), "recipe=lenet_o0", "trainer.max_steps=3", "logger.progress_bar=false", "resume=auto"]
+    first = run_cli(*cmd, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    log = first.stdout + first.stderr
+    assert "resume=auto: no checkpoint in" in log and "starting the run from step 0" in log
+    (run_dir,) = (tmp_path / "runs" / "lenet_o0").iterdir()
+    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 3
+    assert not list(run_dir.glob("config.resume-*.yaml"))  # a start, not a resume
+    again = run_cli(*cmd, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"{run_dir} is finished (3 steps" in again.stdout
+    assert len(list((tmp_path / "runs" / "lenet_o0").iterdir())) == 1
+
+
+def test_resume_auto_refuses_a_finished_run_without_checkpoints(uninterrupted, tmp_path):
+    import shutil
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted, run_dir)
+    shutil.rmtree(run_dir / "checkpoints")
+    result = run_cli("train.py", *ARGS, f"hydra.run.dir={run_dir}", "resume=auto")
     assert result.returncode == 2
-    assert "resume=auto found no checkpoint under runs/lenet_o0/" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: resume=auto: {run_dir} holds a finished run and no checkpoint to continue it from; give another "
+        f"hydra.run.dir to start anew")
+    assert (run_dir / "metrics.json").exists()
 
 
 def test_kill_during_a_save_leaves_the_previous_checkpoint_and_resumes_exactly(uninterrupted, tmp_path):
