@@ -39,9 +39,10 @@ bench: install
 bench-quick: install
 	$(PY) -m bench.run --quick
 
-# every shipped weight (weights/MANIFEST.json) whose data is here, re-evaluated and compared with its manifest
+# every shipped weight (weights/MANIFEST.json) whose data is here, re-evaluated and compared with its manifest;
+# e.g. make verify ARGS="--data multi30k=/data/multi30k"
 verify: install
-	$(PY) -m bench.verify
+	$(PY) -m bench.verify $(ARGS)
 
 # every recipe whose real data is here (resumable); e.g. make reproduce ARGS="--data mnist=/data/mnist"
 reproduce: install

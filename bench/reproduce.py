@@ -25,7 +25,7 @@ import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
@@ -38,7 +38,8 @@ from zoo.errors import choices_hint, fail
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 # Where this project's machines keep data that no package installs (benchmarks and tests only).
-KNOWN_DATA = {"multi30k": ROOT.parent / "shared" / "data" / "multi30k"}
+KNOWN_DATA = {"multi30k": ROOT.parent / "shared" / "data" / "multi30k",
+              "multi30k_published": ROOT.parent / "shared" / "data" / "multi30k"}
 
 
 def recipe_card(name: str) -> dict:
@@ -277,6 +278,17 @@ def write_readme(table: str, readme: Path) -> bool:
     return True
 
 
+def data_option(value: str) -> Tuple[str, str]:
+    """`--data GROUP=PATH` (where a dataset group's data is on this machine) as (group, path)."""
+    if "=" not in value:
+        fail(f"--data {value!r}: give GROUP=PATH, GROUP one of the dataset groups in conf/dataset/")
+    group, path = value.split("=", 1)
+    if not (ROOT / "conf" / "dataset" / f"{group}.yaml").is_file():
+        groups = [p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")]
+        fail(f"--data {group}=...: {group!r} is not a dataset group; " + choices_hint(group, groups))
+    return group, path
+
+
 def parse(argv: List[str]):
     all_recipes = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     given, only, runs, out, plan = {}, [], ROOT / "runs" / "reproduce", ROOT / "bench" / "results" / "reproduce", False
@@ -292,12 +304,7 @@ def parse(argv: List[str]):
             if value is None:
                 fail(f"{arg} needs a value")
             if arg == "--data":
-                if "=" not in value:
-                    fail(f"--data {value!r}: give GROUP=PATH, GROUP one of the dataset groups in conf/dataset/")
-                group, path = value.split("=", 1)
-                if not (ROOT / "conf" / "dataset" / f"{group}.yaml").is_file():
-                    groups = [p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")]
-                    fail(f"--data {group}=...: {group!r} is not a dataset group; " + choices_hint(group, groups))
+                group, path = data_option(value)
                 given[group] = path
             elif arg == "--only":
                 if value not in all_recipes:

@@ -18,6 +18,7 @@ from pathlib import Path  # noqa: E402
 from typing import List  # noqa: E402
 
 import mindspore as ms  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from bench.reproduce import training_wall_time  # noqa: E402
@@ -25,7 +26,7 @@ from bench.verify import score  # noqa: E402
 from data import task  # noqa: E402
 from data.translation import tokenizer_file  # noqa: E402
 from engine.checkpoint import average_checkpoints, checkpoints, epoch_checkpoints, read_checkpoint  # noqa: E402
-from engine.load import flatten  # noqa: E402
+from engine.load import flatten, load_config  # noqa: E402
 from engine.rundir import load_run_config  # noqa: E402
 from engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256  # noqa: E402
 from models import build_model  # noqa: E402
@@ -34,7 +35,7 @@ from zoo.errors import ConfigError, fail  # noqa: E402
 from zoo.runtime import set_context  # noqa: E402
 
 SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
-        "logger", "runtime.device_id")  # top-level groups, or keys: where and how a run was watched, not trained
+        "logger", "runtime.device_id", "dataset.path")  # groups, or keys: where a run ran and how it was watched
 
 
 def overrides(run_cfg) -> List[str]:
@@ -81,6 +82,8 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
         params, source = average_checkpoints(last), [p.name for p in last]
     net = build_model(cfg)
     names = [p.name for p in net.get_parameters()]
+    needs_path = load_config([f"recipe={cfg.recipe_name}"], needs_data=False)[1] is not None  # no packaged data
+    group = HydraConfig.get().runtime.choices["dataset"]
     dtype = ms.float16 if fp16 else ms.float32
     kept = [{"name": n, "data": ms.Tensor(params[n].asnumpy()).astype(dtype)} for n in names]
     folder.mkdir(parents=True, exist_ok=True)
@@ -95,7 +98,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
         "machine": metrics["machine"]["cpu"], "trained": trained(run_dir, metrics, final_params),
         "metric": None, "published": {k: OmegaConf.to_container(cfg.target).get(k)
                                       for k in ("metric", "published", "published_setting", "source")},
-        "command": f"python eval.py weights={name}",
+        "command": f"python eval.py weights={name}" + (f" dataset.path=/data/{group}" if needs_path else ""),
     }
     if task(cfg) == "translation":  # the run's own sentencepiece model ships beside its weights
         spm_path = folder / f"{name}.spm.model"
@@ -104,7 +107,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     entries = read_manifest(folder)
     entries[name] = entry
     (folder / MANIFEST).write_text(json.dumps(entries, indent=2) + "\n")
-    entry["metric"] = score(name, folder)
+    entry["metric"] = score(name, folder, cfg.dataset.path)
     entries[name] = entry
     (folder / MANIFEST).write_text(json.dumps(entries, indent=2) + "\n")
     return entry

@@ -1,6 +1,7 @@
-"""Re-derive every shipped number:  python -m bench.verify [NAME ...]   (make verify)
+"""Re-derive every shipped number:  python -m bench.verify [NAME ...] [--data GROUP=PATH ...]   (make verify)
 
-For each weight in weights/MANIFEST.json whose data is on this machine: check its sha256, evaluate it with
+For each weight in weights/MANIFEST.json whose data is on this machine (--data GROUP=PATH, as make reproduce
+takes it, or the recipe's own dataset.path): check its sha256, evaluate it with
 eval.py's own evaluation on the full test split, and compare with the manifest. Evaluation is deterministic
 on one machine; across CPUs (oneDNN picks other kernels) a few borderline test images may flip, so a
 classification result agrees when within TOLERANCE (2 images in 10,000). Prints a table; exit 1 on a mismatch.
@@ -14,6 +15,9 @@ prepare()  # before MindSpore is imported
 from pathlib import Path  # noqa: E402
 from typing import Dict, List, Optional  # noqa: E402
 
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+
+from bench.reproduce import data_option, find_data  # noqa: E402
 from engine.load import load_config  # noqa: E402
 from engine.weights import WEIGHTS, checkpoint_config, read_manifest  # noqa: E402
 from zoo.errors import choices_hint, fail  # noqa: E402
@@ -21,11 +25,13 @@ from zoo.errors import choices_hint, fail  # noqa: E402
 TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu": 0.01}
 
 
-def score(name: str, folder: Path = WEIGHTS) -> Dict:
-    """The weight's metrics as eval.py computes them (sha256 checked first), with the scorer named."""
+def score(name: str, folder: Path = WEIGHTS, data: Optional[str] = None) -> Dict:
+    """The weight's metrics as eval.py computes them (sha256 checked first), with the scorer named; `data`: the
+    dataset.path to score on (None: the recipe's own, or its embedded data)."""
     from eval import evaluate
 
-    cfg, _ = checkpoint_config([f"weights={folder / read_manifest(folder)[name]['file']}"])
+    path = [f"dataset.path={data}"] if data else []
+    cfg, _ = checkpoint_config([f"weights={folder / read_manifest(folder)[name]['file']}", *path])
     result = evaluate(cfg)
     out = {k: round(v, 6) for k, v in result.items() if isinstance(v, float)}
     if "bleu" in result:
@@ -36,26 +42,30 @@ def score(name: str, folder: Path = WEIGHTS) -> Dict:
     return out
 
 
-def data_here(entry: dict) -> Optional[str]:
-    """The weight's data path when it is on this machine ("embedded" for packaged data); None otherwise."""
-    cfg, _ = load_config([f"recipe={entry['recipe']}", *entry["overrides"]], needs_data=False)
-    if cfg.dataset.path is None:
+def data_here(entry: dict, given: Optional[Dict[str, str]] = None) -> Optional[str]:
+    """Where the weight's data is on this machine: --data GROUP=PATH, the recipe's dataset.path, or where this
+    project's machines keep it ("embedded" for data that ships in a package); None when it is not here."""
+    composed = [f"recipe={entry['recipe']}", *entry["overrides"]]
+    cfg, smoke_note = load_config(composed, needs_data=False)
+    if cfg.dataset.path is None and smoke_note is None:
         return "embedded"
-    return cfg.dataset.path if Path(cfg.dataset.path).expanduser().exists() else None
+    group = HydraConfig.get().runtime.choices["dataset"]
+    return find_data({"group": group, "default_path": cfg.dataset.path}, given or {})
 
 
-def verify(names: Optional[List[str]] = None, folder: Path = WEIGHTS) -> List[Dict]:
+def verify(names: Optional[List[str]] = None, folder: Path = WEIGHTS, given: Optional[Dict[str, str]] = None
+           ) -> List[Dict]:
     rows = []
     for name, entry in read_manifest(folder).items():
         if names and name not in names:
             continue
         metric = entry["published"].get("metric") or "top1"
         expected = entry["metric"][metric]
-        data = data_here(entry)
+        data = data_here(entry, given)
         if data is None:
             rows.append({"name": name, "metric": metric, "manifest": expected, "now": None, "ok": None})
             continue
-        now = score(name, folder)[metric]
+        now = score(name, folder, None if data == "embedded" else data)[metric]
         rows.append({"name": name, "metric": metric, "manifest": expected, "now": now,
                      "ok": abs(now - expected) <= TOLERANCE.get(metric, 0.0)})
     return rows
@@ -71,11 +81,17 @@ def table(rows: List[Dict]) -> str:
 
 
 def main(argv: List[str]) -> None:
-    known = read_manifest()
-    for name in argv:
-        if name not in known:
-            fail(f"{name!r} is not a shipped weight; " + choices_hint(name, known))
-    rows = verify(argv or None)
+    known, names, given = read_manifest(), [], {}
+    it = iter(argv)
+    for arg in it:
+        if arg == "--data":
+            group, path = data_option(next(it, ""))
+            given[group] = path
+        elif arg not in known:
+            fail(f"{arg!r} is not a shipped weight; " + choices_hint(arg, known))
+        else:
+            names.append(arg)
+    rows = verify(names or None, given=given)
     print(table(rows))
     if any(r["ok"] is False for r in rows):
         sys.exit(1)

@@ -117,8 +117,11 @@ def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.
         raise ConfigError(f"recipe={cfg.recipe_name}, but weights {name} were trained with the recipe "
                           f"{entry['recipe']}; drop recipe= (the manifest gives it)")
     mine = [a for a in argv if not a.startswith(("recipe=", "weights=", "checkpoint=", "-"))]
-    out, _ = load_config([f"recipe={entry['recipe']}", *entry["overrides"], *tokenizer_override(entry, path), *mine,
-                          f"checkpoint={path}", "decode.average_last=1"])  # a shipped file is averaged already
+    out, smoke_note = load_config([f"recipe={entry['recipe']}", *entry["overrides"], *tokenizer_override(entry, path),
+                                   *mine, f"checkpoint={path}", "decode.average_last=1"])  # averaged already
+    if smoke_note is not None:  # the recipe's data ships in no package: the smoke data would score nonsense
+        raise ConfigError(f"weights={spec}: {entry['recipe']} needs its data; give dataset.path=FOLDER, as in "
+                          f"{entry['command']}")
     if out.output is None:
         out.output = str(Path("runs", "weights", name + suffix))
         Path(out.output).parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import pytest
 
 import mindspore as ms
 
+from bench.reproduce import KNOWN_DATA
 from bench.verify import data_here, verify
 from tests.conftest import run_cli
 from zoo.errors import ConfigError
@@ -33,7 +34,8 @@ def test_every_weight_matches_its_manifest_entry(name):
         "inference weights only: no optimizer or loss-scale state"
     assert sum(p.size for k, p in params.items() if "moving_" not in k) == entry["parameters"], \
         "trainable parameters, as torchvision counts them (BatchNorm running statistics apart)"
-    assert entry["command"] == f"python eval.py weights={name}" and entry["published"]["source"]
+    assert entry["command"].startswith(f"python eval.py weights={name}") and entry["published"]["source"]
+    assert not any(o.startswith("dataset.path=") for o in entry["overrides"]), "where the data was is no setting"
     assert {"top1", "top5", "scorer"} <= set(entry["metric"]) or "bleu_lowercase" in entry["metric"]
 
 
@@ -95,11 +97,15 @@ def test_a_translation_weight_brings_its_own_tokenizer(tmp_path):
     (folder / "t.ckpt").write_bytes(b"weights")
     (folder / "t.spm.model").write_bytes(b"tokenizer")
     entry = {"file": "t.ckpt", "sha256": sha256(folder / "t.ckpt"), "recipe": "transformer_base_o2",
-             "overrides": [], "tokenizer": {"file": "t.spm.model", "sha256": sha256(folder / "t.spm.model")}}
+             "overrides": [], "command": "python eval.py weights=t dataset.path=/data/wmt14", "tokenizer": {"file": "t.spm.model", "sha256": sha256(folder / "t.spm.model")}}
     (folder / "MANIFEST.json").write_text(json.dumps({"t": entry}))
     argv = [f"weights={folder / 't.ckpt'}"]
     cfg, _ = load_config(argv)
-    out, note = weights_config(cfg, argv, [])
+    with pytest.raises(ConfigError, match=r"transformer_base_o2 needs its data; give dataset.path=FOLDER"):
+        weights_config(cfg, argv, [])  # not the smoke data: it would score nonsense
+    argv.append(f"dataset.path={tmp_path}")
+    cfg, _ = load_config(argv)
+    out, note = weights_config(cfg, argv, ["dataset.path"])
     assert out.dataset.params.spm_model == str(folder / "t.spm.model") and note.startswith("weights t: sha256")
     assert out.decode.average_last == 1, "a shipped translation weight is averaged already: it is loaded alone"
     (folder / "t.spm.model").write_bytes(b"changed")
@@ -125,3 +131,14 @@ def test_a_weight_shipped_in_fp16_loads_into_the_fp32_network(tmp_path):
     for a, b in zip(net.get_parameters(), fresh.get_parameters()):
         assert b.dtype == ms.float32, b.name
         np.testing.assert_allclose(b.asnumpy(), a.asnumpy().astype(np.float16).astype(np.float32), err_msg=b.name)
+
+
+def test_verify_finds_a_weights_data_where_it_is_given(tmp_path):
+    """A manifest names no machine's data path: make verify finds a translation weight's data from --data
+    GROUP=PATH (as make reproduce), and says "no data here" rather than scoring the smoke data."""
+    name = next(n for n, e in ENTRIES.items() if e["recipe"].startswith("transformer_tiny_multi30k"))
+    assert data_here(ENTRIES[name], {"multi30k": str(tmp_path)}) == str(tmp_path.resolve())
+    assert data_here(ENTRIES[name], {"multi30k": str(tmp_path / "absent")}) in (None, str(KNOWN_DATA["multi30k"]))
+    out = run_cli("-m bench.verify", "--data", "multi31k=/x")
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
+        "error: --data multi31k=...: 'multi31k' is not a dataset group; did you mean multi30k")
