@@ -11,6 +11,11 @@ size and channels (or --size), labels random. A ratio is the median of per-round
 machine cancels; take numbers only on a quiet machine. --profile adds where each step spends its time: our ops
 (MindSpore's profiler) beside PyTorch's (torch.profiler), by op type.
 
+Two PyTorch peers take turns with ours. "PyTorch fp32" runs in our process, so MindSpore's oneDNN cap
+(ONEDNN_MAX_CPU_ISA=AVX2, see zoo.entry) holds it too: the same kernels' ISA on both sides. "PyTorch fp32, own
+process" runs in a process of its own at its full ISA (AVX-512 here), waiting on a pipe while the others run:
+the step a PyTorch user gets on this machine.
+
 PyTorch (and torchvision) are bench-only dependencies: pip install torch==2.14.1 torchvision==0.29.1.
 """
 from zoo.entry import prepare
@@ -19,7 +24,9 @@ import sys  # noqa: E402
 
 ISA_NOTE = prepare()  # before MindSpore loads
 
+import os  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
@@ -86,6 +93,46 @@ def torch_step(cfg, shape) -> Callable[[], float]:
     return step
 
 
+WORKER = "--torch-worker"  # python -m bench.speed --torch-worker ARGS: the own-process peer (one step a line)
+
+
+def torch_worker(argv: List[str]) -> None:
+    """The own-process peer: build PyTorch's step as torch_step does, warm it up, then one step per line read."""
+    import torch
+    torch.set_num_threads(2)
+    batch, argv = pop_option(argv, "--batch", 0)
+    size, argv = pop_option(argv, "--size", 0)
+    cfg = bench_config(argv, smoke=False)
+    step = torch_step(cfg, shape_of(cfg, batch, size))
+    step()
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        step()
+        print("done", flush=True)
+
+
+def own_process_peer(argv: List[str]) -> Callable[[], None]:
+    """One step of the own-process peer a call; the process is uncapped (ONEDNN_MAX_CPU_ISA=ALL) and ends with
+    ours."""
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="ALL", GLOG_v="3")
+    proc = subprocess.Popen([sys.executable, "-m", "bench.speed", WORKER, *argv], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
+
+    def answer(word: str) -> None:
+        for line in proc.stdout:  # anything a library prints first is skipped
+            if line.strip() == word:
+                return
+        raise RuntimeError(f"the PyTorch worker ended (exit {proc.wait()}): run {' '.join(proc.args)} to see why")
+
+    answer("ready")
+
+    def step() -> None:
+        proc.stdin.write("step\n")
+        proc.stdin.flush()
+        answer("done")
+    return step
+
+
 def our_profile(step: Callable, steps: int = 3) -> Dict[str, float]:
     """ms per step by op type, from MindSpore's profiler."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,6 +180,8 @@ def main(argv: List[str]) -> dict:
         torch.set_num_threads(2)  # MindSpore's CPU kernels use both cores here
         peer = f"PyTorch {torch.__version__} eager fp32, {torch.get_num_threads()} threads"
         variants["PyTorch fp32"] = torch_step(cfg, shape)
+        variants["PyTorch fp32, own process"] = own_process_peer([*argv, "--batch", str(shape[0]), "--size",
+                                                                  str(shape[2])])
     except ImportError:
         torch, peer = None, "PyTorch is not installed (pip install torch==2.14.1 torchvision==0.29.1): no peer"
     first = {}
@@ -144,8 +193,9 @@ def main(argv: List[str]) -> dict:
     rows = {name: {"ms": round(statistics.median(ts), 2), "first_call_s": first[name]}
             for name, ts in times.items()}
     if torch is not None:
-        for name in rows:
-            rows[name]["speed_vs_pytorch"] = ratio(times["PyTorch fp32"], times[name])  # > 1: we are faster
+        for name in rows:  # > 1: we are faster
+            rows[name]["speed_vs_pytorch"] = ratio(times["PyTorch fp32"], times[name])
+            rows[name]["speed_vs_pytorch_own_process"] = ratio(times["PyTorch fp32, own process"], times[name])
     mach = machine()
     result = {"recipe": cfg.recipe_name, "model": cfg.model.name, "stem": cfg.model.params.get("stem"),
               "shape": list(shape), "rounds": rounds, "steps_per_round": steps, "peer": peer, "onednn": ISA_NOTE,
@@ -167,4 +217,7 @@ def main(argv: List[str]) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    if sys.argv[1:2] == [WORKER]:
+        torch_worker(sys.argv[2:])
+    else:
+        main(sys.argv[1:])
