@@ -1,6 +1,7 @@
 """Reproduce every recipe whose real data is on this machine, and write the table of published numbers.
 
-    python -m bench.reproduce [--data GROUP=PATH ...] [--only RECIPE ...] [--runs DIR] [--out DIR] [--plan|--table]
+    python -m bench.reproduce [--data GROUP=PATH ...] [--only RECIPE ...] [--seeds N] [--runs DIR] [--out DIR]
+                              [--plan|--table]
     make reproduce
 
 Every recipe in recipes/ gets a row. Its data group (`override /dataset: ...` in the recipe) is looked for at
@@ -16,7 +17,8 @@ Writes OUT/reproduce.json (one record per run) and OUT/REPRODUCE.md (the table; 
 bench/results/reproduce), and the same table into README.md between its `reproduce` markers, after every
 finished run: the README's "Published numbers" table comes from here and nowhere else. --plan prints what
 would run and runs nothing; --table writes the table from the runs so far and runs nothing;
---only RECIPE (repeatable) runs only those recipes (the table keeps every row).
+--only RECIPE (repeatable) runs only those recipes (the table keeps every row); --seeds N runs only the first N
+seeds of each (one seed of everything first, say; the table keeps every recorded run).
 """
 import json
 import re
@@ -117,8 +119,10 @@ def multi30k_scorer(run_dir: Path) -> dict:
 
 def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, plan_only: bool = False,
               runner: Callable = run_subprocess, scorer: Callable = multi30k_scorer,
-              readme: Optional[Path] = ROOT / "README.md", only: Optional[List[str]] = None) -> dict:
-    """Rows for every recipe in `recipes`; runs (and scores) those in `only` (default: all) whose data is here."""
+              readme: Optional[Path] = ROOT / "README.md", only: Optional[List[str]] = None,
+              max_seeds: Optional[int] = None) -> dict:
+    """Rows for every recipe in `recipes`; runs (and scores) those in `only` (default: all) whose data is here,
+    each at its first `max_seeds` seeds (default: all of its target.seeds)."""
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "reproduce.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
@@ -139,8 +143,8 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
         if run_id in results["runs"] and results["runs"][run_id].get("data") == data:
             row["runs"].append(results["runs"][run_id])
             continue
-        if only is not None and name not in only:  # not asked for: its recorded runs only
-            continue
+        if (only is not None and name not in only) or (max_seeds and row["seeds"].index(seed) >= max_seeds):
+            continue  # not asked for: its recorded runs only
         if not (run_dir / "metrics.json").is_file():
             cmd = train_command(row, data, seed, run_dir)
             print(("would run: " if plan_only else "running: ") + " ".join(cmd[1:]), flush=True)
@@ -292,6 +296,7 @@ def data_option(value: str) -> Tuple[str, str]:
 def parse(argv: List[str]):
     all_recipes = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     given, only, runs, out, plan = {}, [], ROOT / "runs" / "reproduce", ROOT / "bench" / "results" / "reproduce", False
+    max_seeds = None
     table_only = False
     it = iter(argv)
     for arg in it:
@@ -299,13 +304,17 @@ def parse(argv: List[str]):
             plan = True
         elif arg == "--table":  # run nothing: the table from the runs recorded so far
             table_only = True
-        elif arg in ("--data", "--only", "--runs", "--out"):
+        elif arg in ("--data", "--only", "--seeds", "--runs", "--out"):
             value = next(it, None)
             if value is None:
                 fail(f"{arg} needs a value")
             if arg == "--data":
                 group, path = data_option(value)
                 given[group] = path
+            elif arg == "--seeds":
+                if not value.isdigit() or int(value) < 1:
+                    fail(f"--seeds {value!r}: give how many of each recipe's seeds to run, a whole number >= 1")
+                max_seeds = int(value)
             elif arg == "--only":
                 if value not in all_recipes:
                     fail(f"--only {value!r} is not a recipe; " + choices_hint(value, all_recipes))
@@ -313,11 +322,11 @@ def parse(argv: List[str]):
             else:
                 runs, out = (Path(value), out) if arg == "--runs" else (runs, Path(value))
         else:
-            fail(f"unknown argument {arg!r}; valid: --data GROUP=PATH, --only RECIPE, --runs DIR, --out DIR, --plan, "
-                 f"--table")
-    return all_recipes, given, runs.resolve(), out, plan, [] if table_only else (only or None)
+            fail(f"unknown argument {arg!r}; valid: --data GROUP=PATH, --only RECIPE, --seeds N, --runs DIR, --out DIR, "
+                 f"--plan, --table")
+    return all_recipes, given, runs.resolve(), out, plan, [] if table_only else (only or None), max_seeds
 
 
 if __name__ == "__main__":
-    recipes, given, runs, out, plan, only = parse(sys.argv[1:])
-    print(reproduce(recipes, given, runs, out, plan, only=only)["table"])
+    recipes, given, runs, out, plan, only, max_seeds = parse(sys.argv[1:])
+    print(reproduce(recipes, given, runs, out, plan, only=only, max_seeds=max_seeds)["table"])

@@ -111,6 +111,7 @@ def test_a_session_killed_outright_ends_at_its_last_checkpoint(tmp_path):
     (["--data", "fashion"], "give GROUP=PATH"),
     (["--data", "fashon_mnist=/x"], "did you mean fashion_mnist"),
     (["--only", "lenet_o9"], "is not a recipe"),
+    (["--seeds", "0"], "a whole number >= 1"),
     (["--bogus"], "unknown argument '--bogus'"),
 ])
 def test_bad_arguments_are_one_line(argv, message, capsys):
@@ -134,6 +135,19 @@ def test_only_runs_the_named_recipes_and_shows_where_others_stand(tmp_path, fake
     assert len(fake_runner.calls) == 1 and "recipe=lenet_fashion_o0" in fake_runner.calls[0]
     row = next(line for line in table.splitlines() if "`lenet_fashion_o2`" in line)
     assert "in progress: seed 1: epoch 3, step 2,811" in row
+
+
+def test_seeds_runs_only_the_first_seeds_and_keeps_every_recorded_run(tmp_path, fake_runner, monkeypatch):
+    data = tmp_path / "fashion"
+    data.mkdir()
+    seeds(monkeypatch, lenet_fashion_o0=[1, 2, 3])
+    args = dict(recipes=["lenet_fashion_o0"], given={"fashion_mnist": str(data)}, runs=tmp_path / "runs",
+                out=tmp_path / "out", runner=fake_runner, readme=None)
+    rp.reproduce(**args, max_seeds=1)
+    assert [c for c in fake_runner.calls if "runtime.seed=1" in c] == fake_runner.calls and len(fake_runner.calls) == 1
+    table = rp.reproduce(**args)["table"]  # all three seeds now
+    assert len(fake_runner.calls) == 3 and "| 3 |" in table
+    assert rp.reproduce(**args, max_seeds=1)["table"] == table, "the table keeps the runs past the first seeds"
 
 
 def test_throughput_is_compared_only_between_runs_on_one_kind_of_machine():
