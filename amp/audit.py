@@ -13,7 +13,7 @@ or whose local error exceeds the tolerance.
 """
 import sys
 
-from zoo.entry import prepare
+from zoo.entry import prepare, run
 
 if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
     prepare()
@@ -161,10 +161,6 @@ def to_markdown(result: Dict) -> str:
 
 
 def main(argv: List[str]) -> None:
-    if "-h" in argv or "--help" in argv:
-        print(__doc__.strip())
-        return
-
     out, argv = pop_option(argv, "--json", None, str)
     tolerance, argv = pop_option(argv, "--tolerance", 1e-2, float)
     if tolerance <= 0:
@@ -188,4 +184,4 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

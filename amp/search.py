@@ -30,7 +30,7 @@ maximises the share that pays off on Ascend and GPU.
 """
 import sys
 
-from zoo.entry import prepare
+from zoo.entry import prepare, run
 
 if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
     prepare()
@@ -371,4 +371,4 @@ def main(argv: List[str]) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -210,10 +210,11 @@ def test_a_file_the_pipeline_cannot_read_is_one_line_at_any_step(tmp_path):
         train.step_error(run, RuntimeError("a bug"), ran_before=True)
 
 
-@pytest.mark.parametrize("command", ["eval.py", "export.py", "-m bench.verify", "-m bench.ship", "-m bench.multi30k"])
+@pytest.mark.parametrize("command", ["eval.py", "export.py", "-m bench.verify", "-m bench.ship", "-m bench.multi30k",
+                                     "-m amp.report", "-m amp.audit", "-m amp.search"])
 def test_every_command_answers_help_with_its_usage(command):
     """-h/--help prints the command's usage and exits 0 instead of being taken for a bad argument."""
     result = run_cli(command, "--help")
-    name = command.split()[-1].removesuffix(".py").rsplit(".", 1)[-1]  # eval, export, verify, ship, multi30k
+    name = command.split()[-1].removesuffix(".py").rsplit(".", 1)[-1]  # eval, export, verify, ship, ..., search
     assert result.returncode == 0 and "error" not in result.stderr.lower(), result.stderr[-500:]
     assert "python" in result.stdout and name in result.stdout, result.stdout[:300]
