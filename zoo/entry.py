@@ -13,6 +13,7 @@ and the benchmarks.
 says why) and keeps MindSpore's C++ log lines off the console. Both must happen before `import mindspore`, which
 is why nothing else in the project does either at import time.
 """
+import os
 import sys
 from typing import Callable, List, Optional
 
@@ -35,7 +36,10 @@ def run(main: Callable[[List[str]], object], argv: Optional[List[str]] = None) -
     the command's own docstring (its usage) instead."""
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print((sys.modules["__main__"].__doc__ or "").strip())
+        try:
+            print((sys.modules["__main__"].__doc__ or "").strip(), flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader left; no traceback (Python's documented way)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     try:
         main(argv)
