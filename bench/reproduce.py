@@ -13,8 +13,9 @@ only scored again; a run with checkpoints continues with resume=auto; a killed r
 Translation recipes are scored with the published protocol of bench/multi30k.py (last checkpoints averaged,
 beam search, test split). Not found: the row says so and gives the command that would run it.
 
-Writes OUT/reproduce.json (one record per run) and OUT/REPRODUCE.md (the table; --out, default
-bench/results/reproduce), and the same table into README.md between its `reproduce` markers, after every
+Writes OUT/reproduce.json (one record per run, with its test-split curve) and OUT/REPRODUCE.md (the table;
+--out, default bench/results/reproduce) with OUT/curves_<family>.png (each model and data set: the test metric
+of every run against its step, every precision level at equal steps), and the same table into README.md between its `reproduce` markers, after every
 finished run: the README's "Published numbers" table comes from here and nowhere else. --plan prints what
 would run and runs nothing; --table writes the table from the runs so far and runs nothing;
 --only RECIPE (repeatable) runs only those recipes (the table keeps every row); --seeds N runs only the first N
@@ -106,8 +107,49 @@ def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
                       protocol=f"last {len(result['averaged'])} averaged, beam {result['beam']}")
     else:
         value = metrics["final"][metric]
-        record.update(value=round(100 * value if metric.startswith("top") else value, 2), protocol="final checkpoint")
+        record.update(value=round(100 * value if metric.startswith("top") else value, 2), protocol="final checkpoint",
+                      curve=eval_curve(run_dir, metric))
     return record
+
+
+def eval_curve(run_dir: Path, metric: str) -> List[List[float]]:
+    """[[step, metric], ...]: the run's evaluations on the test split (eval_history.jsonl), kept in the record so
+    the curve outlives the run directory; top-1/top-5 in percent."""
+    history = run_dir / "eval_history.jsonl"
+    if not history.is_file():
+        return []
+    points = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
+    scale = 100 if metric.startswith("top") else 1
+    return [[p["step"], round(scale * p[metric], 2)] for p in points if metric in p]
+
+
+def plot_curves(rows: List[dict], out: Path) -> List[Path]:
+    """One plot per family (a model on one data set at every precision level): the test metric of each recorded
+    run against its step, so the levels compare at equal steps. Written to OUT/curves_<family>.png."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for fam in sorted({family(r["recipe"]) for r in rows}):
+        runs = [(r, run) for r in rows if family(r["recipe"]) == fam for run in r["runs"] if run.get("curve")]
+        if not runs:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for row, run in runs:
+            steps, values = zip(*run["curve"])
+            ax.plot(steps, values, marker="o", markersize=3, label=f"{row['recipe']} seed {run['seed']}")
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"test {runs[0][0]['target']['metric']}")
+        ax.set_title(f"{fam}: every precision level at equal steps")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"curves_{fam}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
 
 
 def multi30k_scorer(run_dir: Path) -> dict:
@@ -174,7 +216,8 @@ def publish(rows: List[dict], out: Path, readme: Optional[Path]) -> str:
     for row in rows:
         row["runs"].sort(key=lambda r: r["seed"])
     table = render(rows)
-    (out / "REPRODUCE.md").write_text(table)
+    curves = plot_curves(rows, out)
+    (out / "REPRODUCE.md").write_text(table + "".join(f"\n![{p.stem}]({p.name})\n" for p in curves))
     if readme is not None:
         write_readme(table, readme)
     return table

@@ -28,6 +28,8 @@ def fake_runner():
                    "throughput_unit": "samples", "final": {"top1": 0.90 + seed / 1000},
                    "amp": {"setting": "O0 with no loss scaling", "overflow_steps": 0, "skipped_steps": 0}}
         (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        (run_dir / "eval_history.jsonl").write_text("".join(
+            json.dumps({"epoch": e, "step": 937 * e, "top1": 0.8 + e / 100 + seed / 1000}) + "\n" for e in (1, 2)))
         return 0
     run.calls = calls
     return run
@@ -58,6 +60,9 @@ def test_runs_each_seed_once_and_names_absent_data(tmp_path, fake_runner, monkey
     assert rp.reproduce(**args)["table"] == table and len(fake_runner.calls) == 2, "finished runs are not run again"
     records = json.loads((tmp_path / "out" / "reproduce.json").read_text())["runs"]
     assert sorted(records) == ["lenet_fashion_o0-s1", "lenet_fashion_o0-s2"]
+    assert records["lenet_fashion_o0-s2"]["curve"] == [[937, 81.2], [1874, 82.2]], "test top-1 per eval, in %"
+    assert (tmp_path / "out" / "curves_lenet_fashion.png").stat().st_size > 10_000
+    assert "![curves_lenet_fashion](curves_lenet_fashion.png)" in (tmp_path / "out" / "REPRODUCE.md").read_text()
 
 
 def test_a_killed_run_continues_with_resume_auto(tmp_path, fake_runner, monkeypatch):
