@@ -17,6 +17,7 @@ import gzip
 import hashlib
 import importlib.util
 import os
+from collections import Counter
 from pathlib import Path
 from typing import List, Tuple
 
@@ -189,6 +190,11 @@ def bucket_of(example, buckets) -> int:
     return next(b for b in buckets if max(len(example[0]), len(example[1])) <= b)
 
 
+def batch_rows(length: int, max_tokens: int, batch_size: int) -> int:
+    """Sentences in a batch of the `length`-token bucket."""
+    return max(1, max_tokens // length) if max_tokens > 0 else batch_size
+
+
 def make_batches(examples, buckets, max_tokens: int, batch_size: int, train: bool):
     """Fixed batches, each padded to its length bucket: a few static shapes, so graph mode compiles once per
     bucket. With max_tokens > 0 (fairseq's --max-tokens) a bucket of length L holds max_tokens // L sentences
@@ -204,7 +210,7 @@ def make_batches(examples, buckets, max_tokens: int, batch_size: int, train: boo
     for length, bucket in by_bucket.items():
         if train:
             bucket = [bucket[i] for i in rng.permutation(len(bucket))]
-        size = max(1, max_tokens // length) if max_tokens > 0 else batch_size
+        size = batch_rows(length, max_tokens, batch_size)
         for i in range(0, len(bucket), size):
             chunk = bucket[i:i + size]
             if train and len(chunk) < size:
@@ -230,6 +236,14 @@ def translation(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0
         raise ConfigError(f"dataset.max_tokens={cfg.max_tokens} cannot hold one sentence of the longest bucket "
                           f"({buckets[-1]} tokens); use at least {buckets[-1]}, or 0 for dataset.batch_size sentences")
     batches = make_batches(examples, buckets, cfg.max_tokens if train else 0, batch_size, train)
+    if train and not batches:  # every bucket holds fewer pairs than one of its batches
+        counts = Counter(bucket_of(ex, buckets) for ex in examples)
+        length, n = max(counts.items(), key=lambda kv: kv[1] / batch_rows(kv[0], cfg.max_tokens, batch_size))
+        unit = f"dataset.max_tokens={cfg.max_tokens}" if cfg.max_tokens > 0 else f"dataset.batch_size={batch_size}"
+        raise ConfigError(f"the {len(examples)} training pairs fill no whole batch: the fullest length bucket "
+                          f"({length} tokens) has {n} pair{'s' * (n != 1)}, and a batch of it holds "
+                          f"{batch_rows(length, cfg.max_tokens, batch_size)} ({unit}); lower {unit.split('=')[0]}, "
+                          f"or give more training pairs")
     return msds.GeneratorDataset(batches, column_names=["src", "tgt_in", "tgt_out"],
                                  **sampling(len(batches), split, shard, seed, start_epoch, skip_batches))
 
