@@ -84,6 +84,25 @@ def test_audit_runs_a_recipe_on_its_smoke_data():
     assert "suggested: amp.keep_fp32=[" in result.stdout
 
 
+def test_audit_without_a_recipes_own_data_measures_the_embedded_digits(monkeypatch):
+    """A Fashion-MNIST recipe on a machine without the package: the audit stands the embedded MNIST digits in
+    (same format) and says so; a dataset.path the user gives must exist."""
+    import amp.audit as tool
+    from engine.load import load_config
+    from zoo.errors import ConfigError
+
+    absent = "/no/fashion-mnist"
+    real = load_config
+    monkeypatch.setattr(tool, "load_config", lambda argv, **kw: real([*argv, f"dataset.path={absent}"], **kw))
+    cfg, note = tool.audit_config(["recipe=resnet18_fashion_o2"])  # as if the recipe's own path were absent
+    assert cfg.dataset.path is None and note.startswith(f"note: {absent} is not on this machine (Debian's package")
+    assert "embedded MNIST digits" in note
+    batch = next(tool.create_dataset(cfg.dataset, "train").create_tuple_iterator())
+    assert tuple(batch[0].shape) == (128, 1, 28, 28)
+    with pytest.raises(ConfigError, match="does not exist: install Debian's package"):
+        tool.audit_config(["recipe=resnet18_fashion_o2", f"dataset.path={absent}"])
+
+
 def test_the_tools_set_up_mindspore_only_as_entry_points():
     """Importing amp.report (train.py does) caps no oneDNN ISA; run as a command it follows the recipe's
     runtime.onednn_isa (the Transformer recipes set none) and answers --help."""
