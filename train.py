@@ -283,13 +283,13 @@ def resume_start(cfg, ckpt_dir: Path) -> Start:
     if not cfg.resume:
         return Start()
     if cfg.resume == "auto":
-        if not checkpoints(ckpt_dir):  # start or continue: nothing to continue yet
+        path, params = resume_point(ckpt_dir)
+        if path is None:  # start or continue: nothing to continue yet
             if (ckpt_dir.parent / "metrics.json").exists():
                 raise ConfigError(f"resume=auto: {ckpt_dir.parent} holds a finished run and no checkpoint to continue "
                                   f"it from; give another hydra.run.dir to start anew")
             log.info("resume=auto: no checkpoint in %s yet; starting the run from step 0", ckpt_dir)
             return Start()
-        path, params = resume_point(ckpt_dir)
     else:
         path = Path(cfg.resume).expanduser()
         params = read_checkpoint(path)

@@ -209,11 +209,12 @@ def epoch_checkpoints(directory, steps_per_epoch: int) -> dict:
     return found
 
 
-def resume_point(directory) -> Tuple[Path, dict]:
-    """The newest checkpoint in `directory` that reads and fits; corrupt ones are skipped and named."""
+def resume_point(directory) -> Tuple[Optional[Path], Optional[dict]]:
+    """The newest checkpoint in `directory` that reads and fits; corrupt ones are skipped and named.
+    (None, None): the directory holds no checkpoint yet."""
     found = checkpoints(directory)
     if not found:
-        raise ConfigError(f"resume: no checkpoint in {directory}; start without resume")
+        return None, None
     for path in reversed(found):
         try:
             params = read_checkpoint(path)
