@@ -118,10 +118,25 @@ def read_curve(run: Path):
     return name, curve, curve[first]["step"] / int(first) / freq
 
 
+def at_update(curve: dict, u: int, key: str = "bleu_lowercase"):
+    """(value, exact) of a curve {update: record} at update u: its own record, or the straight line between its
+    two scored neighbours (runs whose epochs hold different numbers of updates); None outside its range."""
+    if str(u) in curve:
+        return curve[str(u)][key], True
+    below = [int(v) for v in curve if int(v) < u]
+    above = [int(v) for v in curve if int(v) > u]
+    if not below or not above:
+        return None
+    a, b = max(below), min(above)
+    ya, yb = curve[str(a)][key], curve[str(b)][key]
+    return ya + (yb - ya) * (u - a) / (b - a), False
+
+
 def runs_compared(lines, runs, out: Path):
-    """Every run's val curve against the first's at equal optimizer updates (O2 against O0, or another update
-    size): one plot over updates, and a table of the updates at least two runs were scored at. A run is a run
-    directory or a kept NAME_curve.json."""
+    """Every run's val curve against the first's at the first's scored updates (O2 against O0, another update
+    size, another vocabulary): one plot over updates, and a table of the updates where another run has a value.
+    A run whose epochs end at other updates is read on the straight line between its neighbouring scores
+    (marked ~). A run is a run directory or a kept NAME_curve.json."""
     curves = {}
     for found in filter(None, map(read_curve, map(Path, runs))):
         name, c, per = found
@@ -131,16 +146,19 @@ def runs_compared(lines, runs, out: Path):
     names = list(curves)
     plot([(n, curves[n], "bleu_lowercase") for n in names], out / "runs_compared.png",
          "val BLEU (lowercased, greedy) at equal updates", xlabel="optimizer updates")
-    shared = sorted({u for n in names for u in curves[n] if sum(u in curves[m] for m in names) >= 2}, key=int)
-    rows = [(u, *(f"{curves[n][u]['bleu_lowercase']:.2f}" if u in curves[n] else "" for n in names)) for u in shared]
-    lines += table("Runs compared at equal updates",
-                   "Val BLEU lowercased, greedy, after the epoch ending at that update. ![runs compared](runs_compared.png)",
-                   ["updates", *(f"`{n}`" for n in names)], rows)
     base = curves[names[0]]
+    values = {u: {n: at_update(curves[n], int(u)) for n in names[1:]} for u in sorted(base, key=int)}
+    cell = lambda v: "" if v is None else f"{v[0]:.2f}" if v[1] else f"~{v[0]:.2f}"  # noqa: E731
+    rows = [(u, f"{base[u]['bleu_lowercase']:.2f}", *(cell(vs[n]) for n in names[1:]))
+            for u, vs in values.items() if any(vs.values())]
+    lines += table("Runs compared at equal updates",
+                   "Val BLEU lowercased, greedy, after the epoch ending at that update (~: between a run's two "
+                   "neighbouring scores, its epochs ending elsewhere). ![runs compared](runs_compared.png)",
+                   ["updates", *(f"`{n}`" for n in names)], rows)
     for n in names[1:]:
-        diffs = [curves[n][u]["bleu_lowercase"] - base[u]["bleu_lowercase"] for u in curves[n] if u in base]
+        diffs = [vs[n][0] - base[u]["bleu_lowercase"] for u, vs in values.items() if vs[n]]
         if diffs:
-            lines += [f"`{n}` - `{names[0]}` over the {len(diffs)} updates both were scored at: mean "
+            lines += [f"`{n}` - `{names[0]}` over the {len(diffs)} updates compared: mean "
                       f"{sum(diffs) / len(diffs):+.2f} BLEU, largest {max(diffs, key=abs):+.2f}.", ""]
 
 

@@ -71,6 +71,23 @@ def test_transformer_report_compares_a_kept_curve_by_its_update_freq(tmp_path):
     assert "| 140 | 9.00 | 12.50 |" in md and "`k2`" in md
 
 
+def test_transformer_report_reads_a_run_with_other_epochs_between_its_scores(tmp_path):
+    """Another vocabulary makes epochs of another length (the published BPE: 129 batches, ours: 140): the runs
+    are compared at the first run's updates, the other read between its two neighbouring scores and marked."""
+    from bench.transformer_report import runs_compared
+
+    def kept(name, per, bleu):
+        path = tmp_path / f"{name}_curve.json"
+        path.write_text(json.dumps({str(e): {"step": per * e, "bleu_lowercase": b, "bleu": b}
+                                    for e, b in enumerate(bleu, 1)}))
+        return path
+    lines = []
+    runs_compared(lines, [kept("bpe", 100, [9.0, 21.0]), kept("spm", 70, [7.0, 14.0, 21.0])], tmp_path)
+    md = "\n".join(lines)
+    assert "| 100 | 9.00 | ~10.00 |" in md and "| 200 | 21.00 | ~20.00 |" in md
+    assert "mean +0.00 BLEU, largest +1.00" in md
+
+
 def test_decode_bench_names_a_bad_override_in_one_line(tmp_path, capsys):
     """bench.decode takes key=value over the run's config (amp.level=O0 for an O2 run); a key that is not in the
     schema is one error line and exit 2, before any checkpoint is read."""
