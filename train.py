@@ -364,7 +364,8 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
     clock = lambda: {"train_time_s": run.trained_s + time.perf_counter() - t_train,  # noqa: E731
                      "wall_time_s": run.wall_before_s + time.perf_counter() - run.t_start}
     checkpoints = AtomicCheckpoint(run.run_dir / "checkpoints", cfg.model.name, t.ckpt_every, t.keep_last,
-                                   run.steps_per_epoch, on_save=run.writer.flush if run.writer else None, clock=clock)
+                                   run.steps_per_epoch, on_save=run.writer.flush if run.writer else None, clock=clock,
+                                   every_steps=t.save_every_steps)
     stop = GracefulStop(checkpoints.save if run.is_main else lambda network, step: None,
                         agree=any_rank if run.world > 1 else None, every=t.log_every)
     offset = StepOffset(start.step)

@@ -12,6 +12,7 @@ import numpy as np
 from mindspore.train import Callback
 
 from amp.policy import apply_policy, check_device_dtype
+from amp.telemetry import crossed
 from engine.fuse import fuse_conv_bn
 from models import build_model
 from zoo.errors import ConfigError, write_error
@@ -139,12 +140,17 @@ class AtomicCheckpoint(Callback):
     counters) with the completed epochs and global step, written atomically: to a temporary file, fsynced,
     then renamed. A process killed mid-save leaves the previous checkpoint the newest complete one. `clock`
     gives the run's training and wall seconds so far, kept in the checkpoint so that a resumed run's times
-    count every process."""
+    count every process.
+
+    `every_steps` (> 0) also saves a resume point inside an epoch every that many steps, so that a killed
+    process (a session's end, a preempted node) loses at most that many steps of a long epoch. Only the newest
+    resume point is kept; `keep_last` counts the epoch-end checkpoints (what evaluation and averaging read)."""
 
     def __init__(self, directory, prefix: str, every_epochs: int, keep_last: int, steps_per_epoch: int,
-                 on_save=None, clock=None):
+                 on_save=None, clock=None, every_steps: int = 0):
         self.dir, self.prefix, self.on_save, self.clock = Path(directory), prefix, on_save, clock
         self.every, self.keep_last, self.steps_per_epoch = every_epochs, keep_last, steps_per_epoch
+        self.every_steps, self.seen = every_steps, None
         self.latest: Optional[Path] = None
         self.saved_step = -1
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -172,15 +178,34 @@ class AtomicCheckpoint(Callback):
         if self.on_save is not None:  # e.g. flush TensorBoard: whatever a resume will not redo is on disk
             self.on_save()
         # prune this run's older checkpoints only: none newer than this one (after a fallback restart from an
-        # earlier checkpoint, the later ones are removed by the ladder itself)
-        older = [p for p in checkpoints(self.dir) if int(CHECKPOINT_NAME.fullmatch(p.name).group(2)) <= step]
-        for old in older[: -self.keep_last]:
+        # earlier checkpoint, the later ones are removed by the ladder itself). A resume point inside an epoch
+        # is superseded by any newer checkpoint; the epoch ends keep the last `keep_last`.
+        older = [p for p in checkpoints(self.dir) if int(CHECKPOINT_NAME.fullmatch(p.name).group(2)) < step]
+        inside = [p for p in older if not self._at_epoch_end(p)]
+        ends = [p for p in older if self._at_epoch_end(p)] + ([final] if step % self.steps_per_epoch == 0 else [])
+        for old in inside + ends[: -self.keep_last]:
             old.unlink()
         return final
 
+    def _at_epoch_end(self, path: Path) -> bool:
+        epoch, step = map(int, CHECKPOINT_NAME.fullmatch(path.name).groups())
+        return step == epoch * self.steps_per_epoch
+
+    def on_train_begin(self, run_context):
+        self.seen = run_context.original_args().cur_step_num  # the global step (StepOffset runs first)
+
+    def on_train_step_end(self, run_context):
+        cb = run_context.original_args()
+        previous, self.seen = self.seen, cb.cur_step_num
+        if not self.every_steps or previous is None or not crossed(previous, cb.cur_step_num, self.every_steps):
+            return
+        epoch_end = cb.cur_step_num % self.steps_per_epoch == 0
+        if not (epoch_end and self.every and (cb.cur_step_num // self.steps_per_epoch) % self.every == 0):
+            self.save(cb.train_network, cb.cur_step_num)  # an epoch end that on_train_epoch_end saves is left to it
+
     def on_train_epoch_end(self, run_context):
         cb = run_context.original_args()
-        if self.every and cb.cur_epoch_num % self.every == 0:
+        if self.every and cb.cur_epoch_num % self.every == 0 and cb.cur_step_num != self.saved_step:
             self.save(cb.train_network, cb.cur_step_num)
 
     def on_train_end(self, run_context):

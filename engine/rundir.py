@@ -23,9 +23,9 @@ HELD: Dict[Path, int] = {}  # directory -> the descriptor whose lock this proces
 
 # What a resume may change: how long the run goes on, how it logs and where its data now is. Everything else
 # (model, data, precision, loss scale, optimizer, schedule, batch) is the run's.
-MAY_CHANGE = ("trainer.epochs", "trainer.max_steps", "trainer.eval_every", "trainer.ckpt_every", "trainer.keep_last",
-              "trainer.log_every", "logger", "resume", "checkpoint", "output", "dataset.path", "runtime.profile",
-              "runtime.device", "runtime.device_id", "runtime.onednn_isa")
+MAY_CHANGE = ("trainer.epochs", "trainer.max_steps", "trainer.eval_every", "trainer.ckpt_every",
+              "trainer.save_every_steps", "trainer.keep_last", "trainer.log_every", "logger", "resume", "checkpoint",
+              "output", "dataset.path", "runtime.profile", "runtime.device", "runtime.device_id", "runtime.onednn_isa")
 
 
 def load_run_config(run_dir):

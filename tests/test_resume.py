@@ -79,6 +79,31 @@ def test_sigkill_then_resume_is_bitwise_exact(uninterrupted, tmp_path):
     np.testing.assert_allclose([v for _, v in steps_b], [v for _, v in steps_a], rtol=1e-6)
 
 
+def test_resume_points_inside_an_epoch_lose_less_and_resume_exactly(uninterrupted, tmp_path):
+    """trainer.save_every_steps=50 (an epoch is 125 steps): a process killed inside epoch 2 resumes from the
+    newest resume point inside it, bitwise-exactly; a resume point is replaced by the next checkpoint, so the
+    finished run keeps its epoch ends only."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, "trainer.save_every_steps=50")
+    wait_for("lenet5-e0001-s00000[12][05]0.ckpt", run_dir / "checkpoints")  # step 150 or 200
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    names = sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt"))
+    inside = [n for n in names if n not in ("lenet5-e0001-s00000125.ckpt", "lenet5-e0002-s00000250.ckpt")]
+    assert len(inside) == 1 and names[0] == "lenet5-e0001-s00000125.ckpt", names  # s50 and s100 were replaced
+    resumed = run_cli("train.py", *ARGS, f"hydra.run.dir={run_dir}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    log = resumed.stdout + resumed.stderr
+    if "e0002" not in inside[0]:  # killed before the epoch end: resumed inside epoch 2
+        assert f"resumed from {run_dir / 'checkpoints' / inside[0]}" in log and "epoch 1 + " in log, log[-2000:]
+    a = weights(uninterrupted / "checkpoints" / "lenet5-e0003-s00000375.ckpt")
+    b = weights(run_dir / "checkpoints" / "lenet5-e0003-s00000375.ckpt")
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("*.ckpt")) == [
+        f"lenet5-e{e:04d}-s{125 * e:08d}.ckpt" for e in (1, 2, 3)]
+
+
 def test_sigterm_saves_and_exits_zero(tmp_path):
     run_dir = tmp_path / "run"
     proc = start(run_dir)

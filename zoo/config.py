@@ -164,6 +164,7 @@ class TrainerConfig:
     ignore_index: int = -100          # label ignored by the loss (translation: 0, the padding id)
     eval_every: int = 1               # epochs; 0: only at the end
     ckpt_every: int = 1               # epochs; 0: only at the end
+    save_every_steps: int = 0         # also a resume point every N steps inside an epoch (newest kept); 0: off
     keep_last: int = 3
     sink: bool = True                 # data sinking where the device supports it
     sink_size: int = -1               # steps per sink; -1: a whole epoch
@@ -277,6 +278,7 @@ RANGES = {
     "amp.fallback.overflow_rate": (0.0, 1), "amp.fallback.window": (1, None),
     "trainer.epochs": (1, None), "trainer.max_steps": (0, None), "trainer.update_freq": (1, None), "trainer.label_smoothing": (0, 1),
     "trainer.ignore_index": (-100, None), "trainer.eval_every": (0, None), "trainer.ckpt_every": (0, None),
+    "trainer.save_every_steps": (0, None),
     "trainer.keep_last": (1, None), "trainer.sink_size": (-1, None), "trainer.log_every": (1, None),
     "decode.beam": (1, 64), "decode.length_penalty": (0, 10), "decode.average_last": (1, None),
     "decode.batch_size": (1, None),
