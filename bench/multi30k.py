@@ -21,11 +21,12 @@ from pathlib import Path  # noqa: E402
 
 from omegaconf import OmegaConf  # noqa: E402
 
-from bench.common import pop_option, trained_network  # noqa: E402
+from bench.common import trained_network  # noqa: E402
 from data import create_dataset  # noqa: E402
 from engine.checkpoint import average_checkpoints, epoch_checkpoints, load_weights  # noqa: E402
 from engine.rundir import load_run_config  # noqa: E402
 from models.decoding import translate  # noqa: E402
+from zoo.cli import pop_flag, pop_option  # noqa: E402
 from zoo.errors import fail  # noqa: E402
 
 
@@ -59,8 +60,9 @@ def main(argv) -> dict:
     every, argv = pop_option(argv, "--curve-every", 1)
     if every < 1:
         fail(f"--curve-every needs a whole number of epochs >= 1; got {every}")
-    final, scan = "--no-final" not in argv, "--no-curve" not in argv
-    argv = [a for a in argv if a not in ("--no-final", "--no-curve")]
+    no_final, argv = pop_flag(argv, "--no-final")
+    no_curve, argv = pop_flag(argv, "--no-curve")
+    final, scan = not no_final, not no_curve
     if len(argv) != 1 or not (Path(argv[0]) / "config.yaml").is_file():
         fail(f"give one run directory holding config.yaml and checkpoints/; got {argv or 'nothing'}")
     run_dir = Path(argv[0])

@@ -35,6 +35,7 @@ from omegaconf import OmegaConf
 
 from engine import train_run
 from engine.checkpoint import CHECKPOINT_NAME, checkpoints
+from zoo.cli import pop_all, pop_flag, pop_option
 from zoo.compose import compose
 from zoo.errors import choices_hint, fail
 
@@ -338,37 +339,24 @@ def data_option(value: str) -> Tuple[str, str]:
 
 def parse(argv: List[str]):
     all_recipes = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
-    given, only, runs, out, plan = {}, [], ROOT / "runs" / "reproduce", ROOT / "bench" / "results" / "reproduce", False
-    max_seeds = None
-    table_only = False
-    it = iter(argv)
-    for arg in it:
-        if arg == "--plan":
-            plan = True
-        elif arg == "--table":  # run nothing: the table from the runs recorded so far
-            table_only = True
-        elif arg in ("--data", "--only", "--seeds", "--runs", "--out"):
-            value = next(it, None)
-            if value is None:
-                fail(f"{arg} needs a value")
-            if arg == "--data":
-                group, path = data_option(value)
-                given[group] = path
-            elif arg == "--seeds":
-                if not value.isdigit() or int(value) < 1:
-                    fail(f"--seeds {value!r}: give how many of each recipe's seeds to run, a whole number >= 1")
-                max_seeds = int(value)
-            elif arg == "--only":
-                if value not in all_recipes:
-                    fail(f"--only {value!r} is not a recipe; " + choices_hint(value, all_recipes))
-                only.append(value)
-            else:
-                runs, out = (Path(value), out) if arg == "--runs" else (runs, Path(value))
-        else:
-            fail(f"unknown argument {arg!r}; valid: --data GROUP=PATH, --only RECIPE, --seeds N, --runs DIR, --out DIR, "
-                 f"--plan, --table")
-    return all_recipes, given, runs.resolve(), out, plan, [] if table_only else (only or None), max_seeds
-
+    plan, argv = pop_flag(argv, "--plan")
+    table_only, argv = pop_flag(argv, "--table")  # run nothing: the table from the runs recorded so far
+    data, argv = pop_all(argv, "--data")
+    only, argv = pop_all(argv, "--only")
+    seeds, argv = pop_option(argv, "--seeds", None, str)
+    runs, argv = pop_option(argv, "--runs", ROOT / "runs" / "reproduce", Path)
+    out, argv = pop_option(argv, "--out", ROOT / "bench" / "results" / "reproduce", Path)
+    if argv:
+        fail(f"unknown argument {argv[0]!r}; valid: --data GROUP=PATH, --only RECIPE, --seeds N, --runs DIR, "
+             f"--out DIR, --plan, --table")
+    given = dict(data_option(value) for value in data)
+    if seeds is not None and (not seeds.isdigit() or int(seeds) < 1):
+        fail(f"--seeds {seeds!r}: give how many of each recipe's seeds to run, a whole number >= 1")
+    for name in only:
+        if name not in all_recipes:
+            fail(f"--only {name!r} is not a recipe; " + choices_hint(name, all_recipes))
+    return (all_recipes, given, runs.resolve(), out, plan, [] if table_only else (only or None),
+            None if seeds is None else int(seeds))
 
 if __name__ == "__main__":
     recipes, given, runs, out, plan, only, max_seeds = parse(sys.argv[1:])

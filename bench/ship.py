@@ -30,6 +30,7 @@ from engine.load import flatten, load_config  # noqa: E402
 from engine.rundir import load_run_config  # noqa: E402
 from engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256  # noqa: E402
 from models import build_model  # noqa: E402
+from zoo.cli import pop_flag  # noqa: E402
 from zoo.compose import compose  # noqa: E402
 from zoo.errors import ConfigError, fail  # noqa: E402
 from zoo.runtime import set_context  # noqa: E402
@@ -114,10 +115,10 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
 
 
 def main(argv: List[str]) -> None:
-    args = [a for a in argv if not a.startswith("--")]
-    if len(args) != 2:
-        fail("usage: python -m bench.ship RUN_DIR NAME [--fp16]")
-    entry = ship(Path(args[0]), args[1], "--fp16" in argv)
+    fp16, args = pop_flag(argv, "--fp16")
+    if len(args) != 2 or any(a.startswith("--") for a in args):
+        fail(f"usage: python -m bench.ship RUN_DIR NAME [--fp16]; got {' '.join(argv) or 'nothing'}")
+    entry = ship(Path(args[0]), args[1], fp16)
     print(json.dumps(entry, indent=2))
 
 

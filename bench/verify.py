@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from bench.reproduce import data_option, find_data  # noqa: E402
 from engine.load import load_config  # noqa: E402
 from engine.weights import WEIGHTS, checkpoint_config, read_manifest  # noqa: E402
-from zoo.cli import pop_option  # noqa: E402
+from zoo.cli import pop_all  # noqa: E402
 from zoo.errors import choices_hint, fail  # noqa: E402
 
 TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu": 0.01}
@@ -82,11 +82,9 @@ def table(rows: List[Dict]) -> str:
 
 
 def main(argv: List[str]) -> None:
-    known, given = read_manifest(), {}
-    while "--data" in argv:
-        value, argv = pop_option(argv, "--data", None, str)
-        group, path = data_option(value)
-        given[group] = path
+    known = read_manifest()
+    data, argv = pop_all(argv, "--data")
+    given = dict(data_option(value) for value in data)
     for name in argv:
         if name not in known:
             fail(f"{name!r} is not a shipped weight; " + choices_hint(name, known))

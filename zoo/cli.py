@@ -14,3 +14,18 @@ def pop_option(argv: List[str], name: str, default, convert: Callable = int) -> 
     except (IndexError, ValueError):
         like = f" like {default!r}" if default is not None else ""
         fail(f"{name} needs a value{like}; got {argv[i + 1] if i + 1 < len(argv) else 'nothing'}")
+
+
+def pop_all(argv: List[str], name: str, convert: Callable = str) -> Tuple[list, List[str]]:
+    """Every `--name VALUE` of a repeatable option (`--only A --only B`), taken out of argv in order."""
+    values = []
+    while name in argv:
+        value, argv = pop_option(argv, name, None, convert)
+        values.append(value)
+    return values, argv
+
+
+def pop_flag(argv: List[str], name: str) -> Tuple[bool, List[str]]:
+    """Whether the bare `--name` was given, and argv without it."""
+    return name in argv, [a for a in argv if a != name]
+
