@@ -38,6 +38,7 @@ from engine.checkpoint import CHECKPOINT_NAME, checkpoints
 from zoo.cli import pop_all, pop_flag, pop_option
 from zoo.compose import compose
 from zoo.errors import choices_hint, fail
+from zoo.runtime import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
@@ -133,13 +134,16 @@ def plot_curves(rows: List[dict], out: Path) -> List[Path]:
 
     written = []
     for fam in sorted({family(r["recipe"]) for r in rows}):
-        runs = [(r, run) for r in rows if family(r["recipe"]) == fam for run in r["runs"] if run.get("curve")]
+        runs = [(r, run) for r in rows if family(r["recipe"]) == fam
+                for run in r["runs"] + r.get("unfinished", []) if run.get("curve")]
         if not runs:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for row, run in runs:
             steps, values = zip(*run["curve"])
-            ax.plot(steps, values, marker="o", markersize=3, label=f"{row['recipe']} seed {run['seed']}")
+            done = run in row["runs"]
+            ax.plot(steps, values, marker="o", markersize=3, linestyle="-" if done else "--",
+                    label=f"{row['recipe']} seed {run['seed']}" + ("" if done else f" (unfinished, epoch {run['epoch']})"))
         ax.set_xlabel("step")
         ax.set_ylabel(f"test {runs[0][0]['target']['metric']}")
         ax.set_title(f"{fam}: every precision level at equal steps")
@@ -173,8 +177,13 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
     for name in recipes:
         card = recipe_card(name)
         seeds = card["target"]["seeds"]
+        live = unfinished(runs, name, seeds, card["target"]["metric"])
+        for run_id, rec in live.items():
+            results.setdefault("unfinished", {})[run_id] = rec
+        gone = [dict(rec, live=False) for run_id, rec in results.get("unfinished", {}).items()
+                if run_id.rsplit("-s", 1)[0] == name and run_id not in live and run_id not in results["runs"]]
         rows.append({**card, "data": find_data(card, given), "seeds": seeds, "runs": [],
-                     "progress": progress(runs, name, seeds),
+                     "unfinished": list(live.values()) + gone,
                      "started": any((runs / f"{name}-s{seed}").exists() for seed in seeds)})
     # seed-major: every recipe's first seed before any second one, so a stopped reproduce already compares
     # the precision levels
@@ -205,10 +214,20 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
         # read again before writing: another reproduce (say --only another recipe) may have recorded a run since
         results = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
         results["runs"][run_id] = record
+        results.get("unfinished", {}).pop(run_id, None)
         results_file.write_text(json.dumps(results, indent=2))
         row["runs"].append(record)
+        row["unfinished"] = [rec for rec in row["unfinished"] if rec["run"] != run_id]
         if not plan_only:  # the table as it stands after every finished run
             publish(rows, out, readme)
+    if not plan_only:  # where the unfinished runs stand, kept beside the finished ones
+        recorded = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
+        shown = {row["recipe"] for row in rows}
+        kept = {run_id: rec for run_id, rec in recorded.get("unfinished", {}).items()
+                if run_id.rsplit("-s", 1)[0] not in shown}
+        kept.update({rec["run"]: {k: v for k, v in rec.items() if k != "live"} for row in rows for rec in row["unfinished"]})
+        recorded["unfinished"] = {run_id: rec for run_id, rec in kept.items() if run_id not in recorded["runs"]}
+        results_file.write_text(json.dumps(recorded, indent=2))
     table = publish(rows, out, None if plan_only else readme)
     return {"rows": rows, "table": table}
 
@@ -224,23 +243,48 @@ def publish(rows: List[dict], out: Path, readme: Optional[Path]) -> str:
     return table
 
 
-def progress(runs: Path, name: str, seeds: List[int]) -> str:
-    """Where unfinished runs of a recipe stand: the newest checkpoint of each, and val BLEU if scored."""
-    notes = []
+def unfinished(runs: Path, name: str, seeds: List[int], metric: str) -> Dict[str, dict]:
+    """Where each unfinished run of a recipe stands, read from its run directory: newest checkpoint, test curve
+    so far and, for translation, val BLEU if scored. Kept in reproduce.json, so a run that dies with its machine
+    still shows how far it got, and its curve still compares with the other precision levels."""
+    found, cpu = {}, None
     for seed in seeds:
         run_dir = runs / f"{name}-s{seed}"
-        found = checkpoints(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else []
-        if not found or (run_dir / "metrics.json").is_file():
+        saved = checkpoints(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else []
+        if not saved or (run_dir / "metrics.json").is_file():
             continue
-        epoch, step = map(int, CHECKPOINT_NAME.fullmatch(found[-1].name).groups())
-        note = f"seed {seed}: epoch {epoch}, step {step:,}"
-        curve = run_dir / "multi30k_curve.json"
-        if curve.is_file():
-            scored = json.loads(curve.read_text())
+        epoch, step = map(int, CHECKPOINT_NAME.fullmatch(saved[-1].name).groups())
+        cpu = cpu or machine()["cpu"]
+        record = {"run": f"{name}-s{seed}", "seed": seed, "epoch": epoch, "step": step,
+                  "curve": eval_curve(run_dir, metric), "machine": cpu,
+                  "updated": datetime.fromtimestamp(saved[-1].stat().st_mtime).strftime("%Y-%m-%d %H:%M")}
+        bleu = run_dir / "multi30k_curve.json"
+        if bleu.is_file():
+            scored = json.loads(bleu.read_text())
             last = max(scored, key=int)
-            note += f" (val BLEU {scored[last]['bleu_lowercase']:.1f} lowercased at epoch {last}, greedy)"
+            record["val_bleu"] = [int(last), round(scored[last]["bleu_lowercase"], 1)]
+        found[record["run"]] = record
+    return found
+
+
+def progress(row: dict) -> str:
+    """A row's unfinished runs in words: a live one (its run directory is here) continues with `make reproduce`;
+    a recorded one whose run directory went with its machine starts anew."""
+    notes = []
+    for rec in sorted(row["unfinished"], key=lambda r: r["seed"]):
+        note = f"seed {rec['seed']}: epoch {rec['epoch']}, step {rec['step']:,}"
+        if rec.get("curve"):
+            step, value = rec["curve"][-1]
+            note += f", test {row['target']['metric']} {value:.2f} at step {step:,}"
+        if rec.get("val_bleu"):
+            note += f" (val BLEU {rec['val_bleu'][1]:.1f} lowercased at epoch {rec['val_bleu'][0]}, greedy)"
+        if rec.get("live", True):
+            note += " (`make reproduce` continues it)"
+        else:
+            note += (f" when it stopped on {rec['updated']} ({rec['machine']}); its run directory is not on this "
+                     f"machine, so `make reproduce` starts it anew")
         notes.append(note)
-    return "; ".join(notes)
+    return "unfinished: " + "; ".join(notes)
 
 
 def family(name: str) -> str:
@@ -283,9 +327,8 @@ def render(rows: List[dict]) -> str:
             continue
         runs = r["runs"]
         if not runs:
-            state = (f"in progress: {r['progress']}" if r.get("progress") else "not finished yet"
-                     ) + " (`make reproduce` continues it)"
-            if not r.get("started", True):
+            state = progress(r) if r.get("unfinished") else "not finished yet (`make reproduce` continues it)"
+            if not r.get("started", True) and not r.get("unfinished"):
                 state = "not run yet (`make reproduce` runs it)"
             lines.append(head + f"| {where} | {state} | - | - | - |")
             continue
@@ -301,6 +344,8 @@ def render(rows: List[dict]) -> str:
         overflows = sum(x["overflow_steps"] for x in runs)
         if r["level"] != "O0":
             notes.append(f"{overflows} overflowed steps")
+        if r.get("unfinished"):
+            notes.append(progress(r))
         if runs[0].get("overrides"):  # trained before the recipe changed: what the recipe would need to match
             notes.append("trained with " + " ".join(runs[0]["overrides"]))
         if sibling in means and sibling != r["recipe"] and settings[sibling] != settings[r["recipe"]]:

@@ -1,6 +1,7 @@
 """bench.reproduce bookkeeping on fake runs: which data is found, resume, the rows for absent data."""
 import json
 import os
+import shutil
 from datetime import datetime
 
 import pytest
@@ -139,7 +140,7 @@ def test_only_runs_the_named_recipes_and_shows_where_others_stand(tmp_path, fake
                          tmp_path / "out", runner=fake_runner, readme=None, only=["lenet_fashion_o0"])["table"]
     assert len(fake_runner.calls) == 1 and "recipe=lenet_fashion_o0" in fake_runner.calls[0]
     row = next(line for line in table.splitlines() if "`lenet_fashion_o2`" in line)
-    assert "in progress: seed 1: epoch 3, step 2,811" in row
+    assert "unfinished: seed 1: epoch 3, step 2,811 (`make reproduce` continues it)" in row
 
 
 def test_seeds_runs_only_the_first_seeds_and_keeps_every_recorded_run(tmp_path, fake_runner, monkeypatch):
@@ -187,3 +188,33 @@ def test_a_run_from_before_its_recipe_changed_says_so_and_is_not_compared():
     assert "vs O0" not in o2
     alike = rp.render([row("tiny_o0", 40.5, []), row("tiny_o2", 38.8, [])])
     assert "-1.70 vs O0, OUTSIDE ±1.0" in alike
+
+
+def test_an_unfinished_run_is_recorded_and_outlives_its_run_directory(tmp_path, fake_runner, monkeypatch):
+    """A long run's machine may not come back: where it got to, and its test curve so far, stay in
+    reproduce.json (committed), and the table then says the run starts anew rather than continues."""
+    data = tmp_path / "fashion"
+    data.mkdir()
+    seeds(monkeypatch, lenet_fashion_o2=[1])
+    run_dir = tmp_path / "runs" / "lenet_fashion_o2-s1"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "lenet5-e0002-s00001874.ckpt").write_bytes(b"")
+    (run_dir / "eval_history.jsonl").write_text("".join(
+        json.dumps({"epoch": e, "step": 937 * e, "top1": 0.85 + e / 100}) + "\n" for e in (1, 2)))
+    args = dict(recipes=["lenet_fashion_o2"], given={"fashion_mnist": str(data)}, runs=tmp_path / "runs",
+                out=tmp_path / "out", runner=fake_runner, readme=None, only=[])
+    live = next(line for line in rp.reproduce(**args)["table"].splitlines() if "`lenet_fashion_o2`" in line)
+    assert "epoch 2, step 1,874, test top1 87.00 at step 1,874 (`make reproduce` continues it)" in live
+    record = json.loads((tmp_path / "out" / "reproduce.json").read_text())["unfinished"]["lenet_fashion_o2-s1"]
+    assert record["curve"] == [[937, 86.0], [1874, 87.0]] and record["step"] == 1874
+
+    shutil.rmtree(run_dir)  # the machine went away
+    gone = next(line for line in rp.reproduce(**args)["table"].splitlines() if "`lenet_fashion_o2`" in line)
+    assert "epoch 2, step 1,874, test top1 87.00" in gone and "starts it anew" in gone
+    assert "continues it" not in gone
+    assert (tmp_path / "out" / "curves_lenet_fashion.png").is_file(), "its curve is still plotted"
+
+    args["only"] = None  # make reproduce: the run starts anew, finishes, and is no longer unfinished
+    done = next(line for line in rp.reproduce(**args)["table"].splitlines() if "`lenet_fashion_o2`" in line)
+    assert len(fake_runner.calls) == 1 and "unfinished:" not in done and "**90.10**" in done
+    assert json.loads((tmp_path / "out" / "reproduce.json").read_text())["unfinished"] == {}
