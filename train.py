@@ -261,8 +261,9 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     log.info("data: %s, %d steps of %s per epoch", cfg.dataset.path or "embedded", steps_per_epoch,
              f"up to {cfg.dataset.max_tokens} tokens" if by_tokens else cfg.dataset.batch_size)
     writer = None
-    if cfg.logger.tensorboard and rank == 0:  # on resume, TensorBoard drops the killed run's events from here on
-        writer = SafeWriter(SummaryWriter(str(run_dir / "tb"), purge_step=start.step + 1 if start.checkpoint else None),
+    if cfg.logger.tensorboard and rank == 0:  # TensorBoard drops a killed process's events from here on (from
+        # step 0 when it died before its first checkpoint and the run starts over)
+        writer = SafeWriter(SummaryWriter(str(run_dir / "tb"), purge_step=start.step + 1 if start.checkpoint else 0),
                             run_dir / "tb")
     k = cfg.trainer.update_freq  # batches an update: the learning rate is a schedule over updates
     if k > 1:

@@ -150,6 +150,26 @@ def test_resume_auto_starts_a_run_then_continues_it(tmp_path):
     assert len(list((tmp_path / "runs" / "lenet_o0").iterdir())) == 1
 
 
+def test_a_run_that_died_before_its_first_checkpoint_starts_over_without_its_old_events(tmp_path):
+    """resume=auto in a directory whose process died before its first checkpoint starts at step 0; TensorBoard
+    then shows the new run only, not the dead process's points beside it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboardX import SummaryWriter
+
+    run_dir = tmp_path / "run"
+    dead = SummaryWriter(str(run_dir / "tb"))
+    for step in (10, 20, 30):
+        dead.add_scalar("train/loss", 99.0, step)
+    dead.close()
+    done = run_cli("train.py", "recipe=lenet_o0", "trainer.max_steps=20", "logger.progress_bar=false",
+                   f"hydra.run.dir={run_dir}", "resume=auto")
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    loss = [(e.step, e.value) for e in events.Scalars("train/loss")]
+    assert 99.0 not in [v for _, v in loss] and [s for s, _ in loss] == [1, 10, 20]
+
+
 def test_resume_auto_refuses_a_finished_run_without_checkpoints(uninterrupted, tmp_path):
     import shutil
     run_dir = tmp_path / "run"
