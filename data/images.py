@@ -66,7 +66,20 @@ def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     return _finish(ds, cfg, split, ops + [_normalize(cfg), V.HWC2CHW()])
 
 
-@DATASETS.register("imagenet", task="classification")
+def image_classes(folder: Path) -> list:
+    """The sub-folders of `folder` that hold images, sorted."""
+    return sorted(d.name for d in folder.iterdir()
+                  if d.is_dir() and any(p.suffix in IMAGE_EXTENSIONS for p in d.iterdir())) if folder.is_dir() else []
+
+
+def folder_classes(path) -> list:
+    """The class names of an image-folder data set: its train/ sub-folders that hold images, sorted. Their order
+    gives the labels of both splits (torchvision's ImageFolder order), so val/ lines up with train/ even when it
+    lacks a class."""
+    return image_classes(Path(path).expanduser() / "train")
+
+
+@DATASETS.register("imagenet", task="classification", classes_on_disk=folder_classes)
 def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
     """path/train/<class>/*.JPEG and path/val/<class>/*.JPEG (the torchvision ImageFolder layout)."""
@@ -78,9 +91,16 @@ def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     if not any(p.suffix in IMAGE_EXTENSIONS for p in folder.glob("*/*")):
         raise ConfigError(f"{folder} has no images in class sub-folders (looked for "
                           f"{', '.join(sorted({e.lower() for e in IMAGE_EXTENSIONS}))})")
-    n = msds.ImageFolderDataset(str(folder)).get_dataset_size()
-    ds = msds.ImageFolderDataset(str(folder), decode=True, **sampling(n, split, shard, seed, start_epoch,
-                                                                 skip_batches * cfg.batch_size))
+    classes = folder_classes(root)
+    extra = sorted(set(image_classes(folder)) - set(classes))
+    if extra:
+        raise ConfigError(f"{folder} has class folder(s) that {root / 'train'} does not: {', '.join(extra[:5])}"
+                          f"{' ...' if len(extra) > 5 else ''}; val/ must use train/'s class names, or its labels "
+                          f"would not line up with what the network learned")
+    index = {name: i for i, name in enumerate(classes)}
+    n = msds.ImageFolderDataset(str(folder), class_indexing=index).get_dataset_size()
+    ds = msds.ImageFolderDataset(str(folder), decode=True, class_indexing=index,
+                                 **sampling(n, split, shard, seed, start_epoch, skip_batches * cfg.batch_size))
     size = cfg.image_size
     if split == "train":
         ops = [V.RandomResizedCrop(size, scale=(0.08, 1.0)), V.RandomHorizontalFlip()]

@@ -124,10 +124,17 @@ def validate(cfg, needs_data: bool = True) -> None:
     check_ranges(cfg)
     DATASETS.get(cfg.dataset.name, "dataset.name")
     check_model(cfg)  # the registered name first, then the model's own check
-    classes = DATASETS.meta(cfg.dataset.name).get("classes") or len(cfg.dataset.params.get("classes") or [])
+    meta = DATASETS.meta(cfg.dataset.name)
+    classes = meta.get("classes") or len(cfg.dataset.params.get("classes") or [])
     if classes and cfg.model.num_classes != classes:
         raise ConfigError(f"model.num_classes={cfg.model.num_classes} does not match the {classes} classes of "
                           f"dataset {cfg.dataset.name}; set model.num_classes={classes}")
+    on_disk = meta.get("classes_on_disk")  # an image folder: its class sub-folders are the labels
+    found = on_disk(cfg.dataset.path) if needs_data and on_disk and cfg.dataset.path is not None else []
+    if found and cfg.model.num_classes != len(found):
+        raise ConfigError(f"model.num_classes={cfg.model.num_classes} does not match the {len(found)} class folders "
+                          f"of {Path(cfg.dataset.path).expanduser() / 'train'} ({', '.join(found[:3])}"
+                          f"{', ...' if len(found) > 3 else ''}); set model.num_classes={len(found)}")
     if needs_data and cfg.dataset.path is not None and Path(cfg.dataset.path).expanduser().is_file():
         raise ConfigError(f"dataset.path={cfg.dataset.path!r} is a file; give the folder that holds the "
                           f"{cfg.dataset.name} files")

@@ -12,6 +12,7 @@ import mindspore.nn as nn
 from amp.loss_scale import AmpTrainStep, plan_loss_scale
 from amp.policy import apply_policy
 from data import create_dataset
+from engine.load import load_config
 from models import create_model
 from tests.conftest import run_cli
 from zoo.compose import compose
@@ -112,6 +113,33 @@ def test_image_folder_without_images_is_refused(tmp_path):
     cfg = compose(["recipe=resnet34_o2", f"dataset.path={tmp_path}"]).dataset
     with pytest.raises(ConfigError, match="has no images in class sub-folders"):
         create_dataset(cfg, "train")
+
+
+def test_image_folder_val_labels_follow_train_classes(tmp_path):
+    """A val/ that lacks a class keeps train/'s labels (alphabetical per split would shift every class after
+    the missing one, and score a trained network silently wrong); a class only val/ has is one line."""
+    write_image_folder(tmp_path)
+    (tmp_path / "train" / "n03").mkdir()
+    (tmp_path / "train" / "n01").rename(tmp_path / "train" / "n00")  # val: n01, n02; train: n00, n02, n03
+    for f in (tmp_path / "train" / "n02").iterdir():
+        (tmp_path / "train" / "n03" / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "val" / "n01").rename(tmp_path / "val" / "n03")  # val: n02, n03, both in train
+    cfg = OmegaConf.merge(compose(["recipe=resnet34_o2", f"dataset.path={tmp_path}"]).dataset,
+                          {"batch_size": 4, "eval_batch_size": 6, "image_size": 32, "num_workers": 1})
+    val = [lab.asnumpy() for _, lab in create_dataset(cfg, "test").create_tuple_iterator()]
+    assert sorted(np.concatenate(val).tolist()) == [1, 1, 1, 2, 2, 2], "n02 is label 1 and n03 label 2, as in train/"
+    (tmp_path / "val" / "n09").mkdir()
+    (tmp_path / "val" / "n09" / "0.JPEG").write_bytes((tmp_path / "val" / "n02" / "0.JPEG").read_bytes())
+    with pytest.raises(ConfigError, match=r"val has class folder\(s\) that .*train does not: n09"):
+        create_dataset(cfg, "test")
+
+
+def test_image_folder_class_count_must_match_the_model(tmp_path):
+    write_image_folder(tmp_path)  # two classes
+    with pytest.raises(ConfigError, match=r"model.num_classes=1000 does not match the 2 class folders of .*train "
+                                          r"\(n01, n02\); set model.num_classes=2"):
+        load_config(["recipe=resnet34_o2", f"dataset.path={tmp_path}"])
+    assert load_config(["recipe=resnet34_o2", f"dataset.path={tmp_path}", "model.num_classes=2"])[0].model.num_classes == 2
 
 
 def test_resnet34_o2_smoke_run_from_a_fresh_checkout(tmp_path):
