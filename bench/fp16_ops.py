@@ -1,30 +1,32 @@
 """Why O2 and O3 cost time on a CPU: MindSpore's CPU kernels for the ops an fp16 policy adds or moves to fp16,
 timed against their fp32 form on one activation-sized tensor, with the cores each keeps busy.
 
-    python -m bench.fp16_ops [--shape 128,64,28,28] [--repeats 20]
+    python -m bench.fp16_ops [--shape 128,64,28,28] [--repeats 20] [--out FILE]
 
 Ops: Cast (fp32 -> fp16 and back: what every fp16/fp32 boundary costs), ReLU and Add (in fp16 at O2/O3, in
 fp32 at O0). Each runs as its own compiled graph, alternating with the others; a time is the median of
 `--repeats` calls, and "cores busy" is the process's CPU time over wall time across them (2.0 on this machine
 is both cores). The default shape is ResNet-18's first-stage activation on Fashion-MNIST at batch 128.
-Writes bench/results/fp16_ops.json.
+Writes bench/results/fp16_ops.json (--out: another file).
 """
 from zoo.entry import prepare, run
 
 if __name__ == "__main__":
     prepare()
 
+import json  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import mindspore as ms  # noqa: E402
 import mindspore.nn as nn  # noqa: E402
 import mindspore.ops as ops  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.common import save_result  # noqa: E402
+from bench.common import machine, save_result  # noqa: E402
 from zoo.cli import pop_option  # noqa: E402
 from zoo.errors import fail  # noqa: E402
 
@@ -64,8 +66,9 @@ def timed(fn, args, repeats: int) -> dict:
 def main(argv) -> dict:
     shape, argv = pop_option(argv, "--shape", "128,64,28,28", str)
     repeats, argv = pop_option(argv, "--repeats", 20)
+    out, argv = pop_option(argv, "--out", None, Path)
     if argv:
-        fail(f"unknown argument {argv[0]!r}; valid: --shape N,C,H,W, --repeats N")
+        fail(f"unknown argument {argv[0]!r}; valid: --shape N,C,H,W, --repeats N, --out FILE")
     try:
         dims = tuple(int(d) for d in shape.split(","))
     except ValueError:
@@ -91,7 +94,11 @@ def main(argv) -> dict:
         print(f"{name:<16} {best['ms']:>8.2f} {best['cores_busy']:>11.2f}")
     for op in ("relu", "add"):
         print(f"{op}: fp16 takes {result['ops'][f'{op} fp16']['ms'] / result['ops'][f'{op} fp32']['ms']:.1f}x fp32's time")
-    save_result("fp16_ops", result)
+    if out is None:
+        save_result("fp16_ops", result)
+    else:
+        result["machine"] = machine()
+        out.write_text(json.dumps(result, indent=2))
     return result
 
 

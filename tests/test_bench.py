@@ -5,6 +5,7 @@ import pytest
 
 from bench.report import write_report
 from bench.run import ROOT, finished
+from tests.conftest import run_cli
 
 COMMITTED = ROOT / "bench" / "results" / "cpu-2026-11-21"
 
@@ -102,3 +103,19 @@ def test_decode_bench_names_a_bad_override_in_one_line(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: overrides ['amp.levell=O0']") and "levell" in err and "\n" not in err
+
+
+def test_fp16_ops_times_each_op_in_both_precisions(tmp_path):
+    """bench.fp16_ops, the evidence behind 'fp16 costs time on a CPU': every op in fp32 and fp16, with the cores
+    it keeps busy, on a small tensor here."""
+    out = tmp_path / "fp16_ops.json"
+    result = run_cli("-m bench.fp16_ops", "--shape", "2,4,8,8", "--repeats", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-1000:]
+    assert "relu: fp16 takes" in result.stdout and "add: fp16 takes" in result.stdout
+    record = json.loads(out.read_text())
+    assert record["shape"] == [2, 4, 8, 8] and set(record["ops"]) == {
+        "cast fp32->fp16", "cast fp16->fp32", "relu fp32", "relu fp16", "add fp32", "add fp16"}
+    assert all(op["ms"] > 0 and op["cores_busy"] > 0 for op in record["ops"].values())
+    bad = run_cli("-m bench.fp16_ops", "--shape", "2,x")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "error: --shape '2,x': give positive sizes separated by commas, e.g. 128,64,28,28"]
