@@ -178,9 +178,7 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
         card = recipe_card(name)
         seeds = card["target"]["seeds"]
         live = unfinished(runs, name, seeds, card["target"]["metric"])
-        for run_id, rec in live.items():
-            results.setdefault("unfinished", {})[run_id] = rec
-        gone = [dict(rec, live=False) for run_id, rec in results.get("unfinished", {}).items()
+        gone = [dict(rec, live=False) for run_id, rec in results.get("unfinished", {}).items()  # machine gone
                 if run_id.rsplit("-s", 1)[0] == name and run_id not in live and run_id not in results["runs"]]
         rows.append({**card, "data": find_data(card, given), "seeds": seeds, "runs": [],
                      "unfinished": list(live.values()) + gone,
@@ -224,9 +222,10 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
         recorded = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
         shown = {row["recipe"] for row in rows}
         kept = {run_id: rec for run_id, rec in recorded.get("unfinished", {}).items()
-                if run_id.rsplit("-s", 1)[0] not in shown}
-        kept.update({rec["run"]: {k: v for k, v in rec.items() if k != "live"} for row in rows for rec in row["unfinished"]})
-        recorded["unfinished"] = {run_id: rec for run_id, rec in kept.items() if run_id not in recorded["runs"]}
+                if run_id.rsplit("-s", 1)[0] not in shown}  # recipes this call did not look at
+        for rec in (rec for row in rows for rec in row["unfinished"] if rec["run"] not in recorded["runs"]):
+            kept[rec["run"]] = {k: v for k, v in rec.items() if k != "live"}
+        recorded["unfinished"] = kept
         results_file.write_text(json.dumps(recorded, indent=2))
     table = publish(rows, out, None if plan_only else readme)
     return {"rows": rows, "table": table}
