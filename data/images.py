@@ -17,7 +17,7 @@ from zoo.registry import DATASETS
 
 CIFAR_RECORD = 1 + 32 * 32 * 3
 CIFAR_FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
-IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".JPEG"}
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}  # any case: IMG_0001.JPG
 
 
 def _require_path(cfg, what: str) -> Path:
@@ -66,10 +66,14 @@ def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     return _finish(ds, cfg, split, ops + [_normalize(cfg), V.HWC2CHW()])
 
 
+def is_image(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_EXTENSIONS
+
+
 def image_classes(folder: Path) -> list:
     """The sub-folders of `folder` that hold images, sorted."""
     return sorted(d.name for d in folder.iterdir()
-                  if d.is_dir() and any(p.suffix in IMAGE_EXTENSIONS for p in d.iterdir())) if folder.is_dir() else []
+                  if d.is_dir() and any(map(is_image, d.iterdir()))) if folder.is_dir() else []
 
 
 def folder_classes(path) -> list:
@@ -88,9 +92,9 @@ def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     if not folder.is_dir():
         raise ConfigError(f"dataset.path={str(root)!r} has no {folder.name}/ folder; expected train/ and val/ "
                           f"with one sub-folder of images per class")
-    if not any(p.suffix in IMAGE_EXTENSIONS for p in folder.glob("*/*")):
+    if not any(map(is_image, folder.glob("*/*"))):
         raise ConfigError(f"{folder} has no images in class sub-folders (looked for "
-                          f"{', '.join(sorted({e.lower() for e in IMAGE_EXTENSIONS}))})")
+                          f"{', '.join(sorted(IMAGE_EXTENSIONS))}, in any case)")
     classes = folder_classes(root)
     extra = sorted(set(image_classes(folder)) - set(classes))
     if extra:

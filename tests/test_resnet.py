@@ -107,6 +107,17 @@ def test_image_folder_reader(tmp_path):
     assert sorted(np.concatenate(val).tolist()) == [0, 0, 0, 1, 1, 1]
 
 
+def test_image_folder_of_camera_files_in_upper_case_is_read(tmp_path):
+    """IMG_0001.JPG (a camera's name for a photo) is an image like 1.jpeg."""
+    write_image_folder(tmp_path)
+    for f in list(tmp_path.glob("*/*/*.JPEG")):
+        f.rename(f.with_name(f"IMG_{f.stem}.JPG"))
+    cfg = OmegaConf.merge(compose(["recipe=resnet34_o2", f"dataset.path={tmp_path}"]).dataset,
+                          {"batch_size": 4, "eval_batch_size": 6, "image_size": 32, "num_workers": 1})
+    val = [lab.asnumpy() for _, lab in create_dataset(cfg, "test").create_tuple_iterator()]
+    assert sorted(np.concatenate(val).tolist()) == [0, 0, 0, 1, 1, 1]
+
+
 def test_image_folder_without_images_is_refused(tmp_path):
     (tmp_path / "train" / "n01").mkdir(parents=True)
     (tmp_path / "val").mkdir()
