@@ -66,6 +66,11 @@ def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     return _finish(ds, cfg, split, ops + [_normalize(cfg), V.HWC2CHW()])
 
 
+# what ImageFolderDataset reads (it matches suffixes exactly): images only, so a .DS_Store or notes.txt that a
+# copy brought along is passed over, as torchvision's ImageFolder does, instead of failing to decode mid-epoch
+READ_EXTENSIONS = sorted({v for e in IMAGE_EXTENSIONS for v in (e, e.upper(), "." + e[1:].capitalize())})
+
+
 def is_image(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_EXTENSIONS
 
@@ -102,8 +107,8 @@ def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
                           f"{' ...' if len(extra) > 5 else ''}; val/ must use train/'s class names, or its labels "
                           f"would not line up with what the network learned")
     index = {name: i for i, name in enumerate(classes)}
-    n = msds.ImageFolderDataset(str(folder), class_indexing=index).get_dataset_size()
-    ds = msds.ImageFolderDataset(str(folder), decode=True, class_indexing=index,
+    n = msds.ImageFolderDataset(str(folder), class_indexing=index, extensions=READ_EXTENSIONS).get_dataset_size()
+    ds = msds.ImageFolderDataset(str(folder), decode=True, class_indexing=index, extensions=READ_EXTENSIONS,
                                  **sampling(n, split, shard, seed, start_epoch, skip_batches * cfg.batch_size))
     size = cfg.image_size
     if split == "train":

@@ -107,11 +107,14 @@ def test_image_folder_reader(tmp_path):
     assert sorted(np.concatenate(val).tolist()) == [0, 0, 0, 1, 1, 1]
 
 
-def test_image_folder_of_camera_files_in_upper_case_is_read(tmp_path):
-    """IMG_0001.JPG (a camera's name for a photo) is an image like 1.jpeg."""
+def test_image_folder_reads_camera_files_and_passes_over_what_is_not_an_image(tmp_path):
+    """IMG_0001.JPG (a camera's name for a photo) is an image like 1.jpeg; a .DS_Store or notes.txt beside the
+    images is passed over (it failed to decode mid-epoch), as torchvision's ImageFolder does."""
     write_image_folder(tmp_path)
     for f in list(tmp_path.glob("*/*/*.JPEG")):
         f.rename(f.with_name(f"IMG_{f.stem}.JPG"))
+        (f.parent / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1" + bytes(60))  # what a copy from a Mac brings
+        (f.parent / "notes.txt").write_text("not an image")
     cfg = OmegaConf.merge(compose(["recipe=resnet34_o2", f"dataset.path={tmp_path}"]).dataset,
                           {"batch_size": 4, "eval_batch_size": 6, "image_size": 32, "num_workers": 1})
     val = [lab.asnumpy() for _, lab in create_dataset(cfg, "test").create_tuple_iterator()]
