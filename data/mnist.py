@@ -51,8 +51,10 @@ def load_embedded_mnist(split: str, test_fraction: float):
 
 
 def idx_file(path: Path, name: str) -> Path:
-    """`name` or `name.gz` in the folder, with one line naming both when neither is there."""
-    for candidate in (path / name, path / f"{name}.gz"):
+    """`name` or `name.gz` in the folder, or the same with a dot before `idx` (train-images.idx3-ubyte, as
+    Kaggle's copies name them), with one line naming the standard names when none is there."""
+    dotted = name.replace("-idx", ".idx")
+    for candidate in (path / name, path / f"{name}.gz", path / dotted, path / f"{dotted}.gz"):
         if candidate.is_file():
             return candidate
     raise ConfigError(f"dataset.path={str(path)!r} has no {name} (or {name}.gz); an idx data set is the four files "

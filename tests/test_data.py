@@ -69,6 +69,20 @@ def test_gz_and_plain_files_give_the_same_pixels(tmp_path):
     assert batches[1][1].tolist() == labels.tolist()
 
 
+def test_kaggle_file_names_are_read_too(tmp_path):
+    """Kaggle's MNIST and Fashion-MNIST copies name the files train-images.idx3-ubyte (a dot before idx)."""
+    rng = np.random.RandomState(2)
+    images, labels = rng.randint(0, 256, (20, 28, 28)), rng.randint(0, 10, 20)
+    for prefix in ("train", "t10k"):
+        write_idx(tmp_path, prefix, images, labels)
+        for kind in ("images-idx3", "labels-idx1"):
+            dashed = tmp_path / f"{prefix}-{kind}-ubyte"
+            dashed.rename(tmp_path / f"{prefix}-{kind.replace('-idx', '.idx')}-ubyte")
+    batch = next(create_dataset(dataset_cfg(path=str(tmp_path), eval_batch_size=20), "test")
+                 .create_tuple_iterator(output_numpy=True))
+    assert batch[1].tolist() == labels.tolist()
+
+
 def test_a_truncated_gz_file_is_one_line(tmp_path):
     write_idx(tmp_path, "train", np.zeros((8, 28, 28)), np.zeros(8), gz=True)
     data = (tmp_path / "train-images-idx3-ubyte.gz").read_bytes()
