@@ -76,7 +76,7 @@ def _read_lines(path: Path) -> List[str]:
         if candidate.is_file():
             opener = gzip.open if candidate.suffix == ".gz" else open
             try:
-                with opener(candidate, "rt", encoding="utf-8") as f:
+                with opener(candidate, "rt", encoding="utf-8-sig") as f:  # -sig: a BOM (Notepad) is not text
                     return [line.rstrip("\n") for line in f]
             except UnicodeDecodeError as e:
                 line = candidate.read_bytes()[:e.start].count(b"\n") + 1 if candidate.suffix != ".gz" else "?"

@@ -138,3 +138,11 @@ def test_augmented_batches_are_the_same_after_a_mid_epoch_resume(idx_folder):
     plain_test = [x.asnumpy() for x, _ in create_dataset(dataset_cfg(path=str(idx_folder), batch_size=16),
                                                          "test").create_tuple_iterator()]
     np.testing.assert_array_equal(np.concatenate(test), np.concatenate(plain_test))
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path):
+    """Windows Notepad starts a UTF-8 file with a BOM; it is not a character of the first sentence."""
+    from data.translation import _read_lines
+
+    (tmp_path / "train.en").write_bytes("\ufeffTwo dogs play.\r\nA man runs.\r\n".encode("utf-8"))
+    assert _read_lines(tmp_path / "train.en") == ["Two dogs play.", "A man runs."]
