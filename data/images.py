@@ -30,8 +30,13 @@ def check_cifar_folder(path: Path, split: str) -> None:
     for name in CIFAR_FILES[split]:
         f = path / name
         if not f.is_file():
+            hint = ""
+            if (path / "cifar-10-batches-bin" / name).is_file():  # the archive's root given, not its folder
+                hint = f": they are one folder down, give dataset.path={path / 'cifar-10-batches-bin'}"
+            elif (path / "data_batch_1").is_file() or (path / "cifar-10-batches-py").is_dir():
+                hint = ": these are CIFAR-10's python (pickle) files; get the binary version, cifar-10-binary.tar.gz"
             raise ConfigError(f"dataset.path={str(path)!r} has no {name}; CIFAR-10 needs the binary version "
-                              f"(cifar-10-batches-bin: data_batch_1..5.bin, test_batch.bin)")
+                              f"(cifar-10-batches-bin: data_batch_1..5.bin, test_batch.bin){hint}")
         size = f.stat().st_size
         if size % CIFAR_RECORD or size < 10000 * CIFAR_RECORD:
             raise ConfigError(f"{f} is not a complete CIFAR-10 batch: {size} bytes, expected 10000 records of "

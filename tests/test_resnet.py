@@ -86,6 +86,18 @@ def test_cifar10_reader_rejects_a_truncated_batch(tmp_path):
         create_dataset(cifar_cfg(tmp_path), "test")
 
 
+def test_cifar10_reader_says_where_the_binary_files_are(tmp_path):
+    """Two usual slips: the archive's root given instead of its folder, and the python version of the data."""
+    (tmp_path / "cifar-10-batches-bin").mkdir()
+    write_cifar(tmp_path / "cifar-10-batches-bin", n=10)
+    with pytest.raises(ConfigError, match=r"they are one folder down, give dataset.path=.*cifar-10-batches-bin$"):
+        create_dataset(cifar_cfg(tmp_path), "train")
+    (tmp_path / "py").mkdir()
+    (tmp_path / "py" / "data_batch_1").write_bytes(b"\x80\x04")
+    with pytest.raises(ConfigError, match="CIFAR-10's python \\(pickle\\) files; get the binary version"):
+        create_dataset(cifar_cfg(tmp_path / "py"), "train")
+
+
 def write_image_folder(root, per_class=3):
     from PIL import Image
     rng = np.random.RandomState(0)
