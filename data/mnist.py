@@ -54,11 +54,14 @@ def idx_file(path: Path, name: str) -> Path:
     """`name` or `name.gz` in the folder, or the same with a dot before `idx` (train-images.idx3-ubyte, as
     Kaggle's copies name them), with one line naming the standard names when none is there."""
     dotted = name.replace("-idx", ".idx")
-    for candidate in (path / name, path / f"{name}.gz", path / dotted, path / f"{dotted}.gz"):
+    names = (name, f"{name}.gz", dotted, f"{dotted}.gz")
+    for candidate in (path / n for n in names):
         if candidate.is_file():
             return candidate
+    below = next((f.parent for depth in ("*/", "*/*/") for n in names for f in sorted(path.glob(depth + n))), None)
+    where = f": it is in {below}, give dataset.path={below}" if below else ""  # torchvision's FashionMNIST/raw
     raise ConfigError(f"dataset.path={str(path)!r} has no {name} (or {name}.gz); an idx data set is the four files "
-                      f"{', '.join(n for pair in IDX_FILES.values() for n in pair)}, gzip-compressed or not")
+                      f"{', '.join(n for pair in IDX_FILES.values() for n in pair)}, gzip-compressed or not{where}")
 
 
 def read_idx(path: Path, kind: str) -> np.ndarray:

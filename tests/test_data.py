@@ -146,3 +146,12 @@ def test_a_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path):
 
     (tmp_path / "train.en").write_bytes("\ufeffTwo dogs play.\r\nA man runs.\r\n".encode("utf-8"))
     assert _read_lines(tmp_path / "train.en") == ["Two dogs play.", "A man runs."]
+
+
+def test_idx_files_a_folder_or_two_down_are_named(tmp_path):
+    """torchvision keeps them in FashionMNIST/raw/: the error says which folder to give."""
+    raw = tmp_path / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    write_idx(raw, "train", np.zeros((4, 28, 28)), np.zeros(4))
+    with pytest.raises(ConfigError, match=f"has no train-images-idx3-ubyte .*: it is in {raw}, give dataset.path={raw}$"):
+        create_dataset(dataset_cfg(path=str(tmp_path)), "train")
