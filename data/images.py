@@ -103,8 +103,11 @@ def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
         raise ConfigError(f"dataset.path={str(root)!r} has no {folder.name}/ folder; expected train/ and val/ "
                           f"with one sub-folder of images per class")
     if not any(map(is_image, folder.glob("*/*"))):
+        flat = sum(1 for f in folder.iterdir() if is_image(f))
         raise ConfigError(f"{folder} has no images in class sub-folders (looked for "
-                          f"{', '.join(sorted(IMAGE_EXTENSIONS))}, in any case)")
+                          f"{', '.join(sorted(IMAGE_EXTENSIONS))}, in any case)" + (
+                              f"; it holds {flat:,} images directly: sort them into one sub-folder per class "
+                              f"(ImageNet's val/ ships flat: its devkit's labels say each image's class)" if flat else ""))
     classes = folder_classes(root)
     extra = sorted(set(image_classes(folder)) - set(classes))
     if extra:

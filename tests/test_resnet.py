@@ -139,6 +139,11 @@ def test_image_folder_without_images_is_refused(tmp_path):
     cfg = compose(["recipe=resnet34_o2", f"dataset.path={tmp_path}"]).dataset
     with pytest.raises(ConfigError, match="has no images in class sub-folders"):
         create_dataset(cfg, "train")
+    from PIL import Image
+    for i in range(3):  # ImageNet's val/ as it ships: the images, no class folders
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "train" / f"ILSVRC2012_val_{i}.JPEG")
+    with pytest.raises(ConfigError, match="it holds 3 images directly: sort them into one sub-folder per class"):
+        create_dataset(cfg, "train")
 
 
 def test_image_folder_val_labels_follow_train_classes(tmp_path):
