@@ -112,7 +112,16 @@ def read_pairs(cfg, split: str) -> List[Tuple[str, str]]:
         train = [pair for i, pair in enumerate(pairs) if i % 8]
         return test if split == "test" else train
     root = Path(cfg.path).expanduser()
-    prefix = p["train_prefix"] if split == "train" else p["test_prefix"]
+    key = "train_prefix" if split == "train" else "test_prefix"
+    prefix = p[key]
+    for lang in (p["src_lang"], p["tgt_lang"]):
+        if not any((root / f"{prefix}.{lang}{gz}").is_file() for gz in ("", ".gz")):
+            here = sorted({f.name.split(f".{lang}")[0] for f in root.glob(f"*.{lang}*")
+                           if f.name.endswith((f".{lang}", f".{lang}.gz"))})
+            raise ConfigError(f"{root / prefix}.{lang} (or .gz) does not exist; a translation data set is "
+                              f"{{prefix}}.{{lang}} files, one sentence per line" + (
+                                  f"; the {lang} files here are {', '.join(here)}: set dataset.params.{key} to one "
+                                  f"of them" if here else ""))
     src = _read_lines(root / f"{prefix}.{p['src_lang']}")
     tgt = _read_lines(root / f"{prefix}.{p['tgt_lang']}")
     if len(src) != len(tgt):

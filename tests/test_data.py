@@ -155,3 +155,16 @@ def test_idx_files_a_folder_or_two_down_are_named(tmp_path):
     write_idx(raw, "train", np.zeros((4, 28, 28)), np.zeros(4))
     with pytest.raises(ConfigError, match=f"has no train-images-idx3-ubyte .*: it is in {raw}, give dataset.path={raw}$"):
         create_dataset(dataset_cfg(path=str(tmp_path)), "train")
+
+
+def test_a_missing_translation_split_names_the_files_that_are_there(tmp_path):
+    """test.en where the recipe reads test_2016_flickr.en: the error lists the prefixes present and the key."""
+    from data.translation import read_pairs
+
+    for name in ("train.en", "train.de", "test.en", "test.de"):
+        (tmp_path / name).write_text("one\n")
+    cfg = OmegaConf.merge(compose(["recipe=transformer_tiny_multi30k_o0"]).dataset, {"path": str(tmp_path)})
+    with pytest.raises(ConfigError, match=r"test_2016_flickr.en \(or .gz\) does not exist; .*the en files here are "
+                                          r"test, train: set dataset.params.test_prefix to one of them$"):
+        read_pairs(cfg, "test")
+    assert read_pairs(OmegaConf.merge(cfg, {"params": {"test_prefix": "test"}}), "test") == [("one", "one")]
