@@ -92,10 +92,10 @@ class Top5(Top5CategoricalAccuracy):
     MindSpore's own fails to broadcast its 5 guesses against fewer columns (a 2-class image folder)."""
 
     def update(self, *inputs):
-        logits = self._convert_data(inputs[0])
-        if logits.ndim == 2 and logits.shape[1] <= self.k:
-            self._correct_num += logits.shape[0]
-            self._samples_num += logits.shape[0]
+        shape = tuple(inputs[0].shape)  # a Tensor's or an array's, without copying a vocabulary's logits
+        if len(shape) == 2 and shape[1] <= self.k:
+            self._correct_num += shape[0]
+            self._samples_num += shape[0]
             return
         super().update(*inputs)
 
