@@ -4,7 +4,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import mindspore as ms
 from omegaconf import OmegaConf
@@ -73,10 +73,10 @@ def describe(mach: dict) -> str:
             f"Python {mach['python']}")
 
 
-def save_result(name: str, result: dict) -> Path:
-    """bench/results/<name>.json, with the machine it was measured on."""
+def save_result(name: str, result: dict, out: Optional[Path] = None) -> Path:
+    """bench/results/<name>.json (or `out`), with the machine it was measured on."""
     result.setdefault("machine", machine())
-    out = RESULTS / f"{name}.json"
+    out = out or RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     return out

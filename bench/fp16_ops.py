@@ -14,7 +14,6 @@ from zoo.entry import prepare, run
 if __name__ == "__main__":
     prepare()
 
-import json  # noqa: E402
 import resource  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -26,7 +25,7 @@ import mindspore.nn as nn  # noqa: E402
 import mindspore.ops as ops  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench.common import machine, save_result  # noqa: E402
+from bench.common import save_result  # noqa: E402
 from zoo.cli import pop_option  # noqa: E402
 from zoo.errors import fail  # noqa: E402
 
@@ -94,11 +93,7 @@ def main(argv) -> dict:
         print(f"{name:<16} {best['ms']:>8.2f} {best['cores_busy']:>11.2f}")
     for op in ("relu", "add"):
         print(f"{op}: fp16 takes {result['ops'][f'{op} fp16']['ms'] / result['ops'][f'{op} fp32']['ms']:.1f}x fp32's time")
-    if out is None:
-        save_result("fp16_ops", result)
-    else:
-        result["machine"] = machine()
-        out.write_text(json.dumps(result, indent=2))
+    save_result("fp16_ops", result, out)
     return result
 
 
