@@ -71,7 +71,9 @@ class Tokenizer:
         return self.detok.detokenize(text.split()) if self.detok else text
 
 
-def _read_lines(path: Path) -> List[str]:
+def _read_lines(path: Path, key: str) -> List[str]:
+    """The lines of `path` (or `path`.gz); when neither is there, one line naming the files of its language that
+    are, and the prefix key (`dataset.params.KEY`) that picks one."""
     for candidate in (path, path.with_name(path.name + ".gz")):
         if candidate.is_file():
             opener = gzip.open if candidate.suffix == ".gz" else open
@@ -85,8 +87,11 @@ def _read_lines(path: Path) -> List[str]:
             except (OSError, EOFError) as e:
                 raise ConfigError(f"{candidate} cannot be read as {'gzip' if candidate.suffix == '.gz' else 'text'}: "
                                   f"{e}") from None
-    raise ConfigError(f"{path} (or {path.name}.gz) does not exist; a translation data set is "
-                      f"{{prefix}}.{{lang}} files, one sentence per line")
+    lang = path.suffix
+    here = sorted({f.name.split(lang)[0] for f in path.parent.glob(f"*{lang}*") if f.name.endswith((lang, lang + ".gz"))})
+    raise ConfigError(f"{path} (or .gz) does not exist; a translation data set is {{prefix}}.{{lang}} files, one "
+                      f"sentence per line" + (f"; the {lang[1:]} files here are {', '.join(here)}: set "
+                                              f"dataset.params.{key} to one of them" if here else ""))
 
 
 def django_pairs() -> List[Tuple[str, str]]:
@@ -114,16 +119,8 @@ def read_pairs(cfg, split: str) -> List[Tuple[str, str]]:
     root = Path(cfg.path).expanduser()
     key = "train_prefix" if split == "train" else "test_prefix"
     prefix = p[key]
-    for lang in (p["src_lang"], p["tgt_lang"]):
-        if not any((root / f"{prefix}.{lang}{gz}").is_file() for gz in ("", ".gz")):
-            here = sorted({f.name.split(f".{lang}")[0] for f in root.glob(f"*.{lang}*")
-                           if f.name.endswith((f".{lang}", f".{lang}.gz"))})
-            raise ConfigError(f"{root / prefix}.{lang} (or .gz) does not exist; a translation data set is "
-                              f"{{prefix}}.{{lang}} files, one sentence per line" + (
-                                  f"; the {lang} files here are {', '.join(here)}: set dataset.params.{key} to one "
-                                  f"of them" if here else ""))
-    src = _read_lines(root / f"{prefix}.{p['src_lang']}")
-    tgt = _read_lines(root / f"{prefix}.{p['tgt_lang']}")
+    src = _read_lines(root / f"{prefix}.{p['src_lang']}", key)
+    tgt = _read_lines(root / f"{prefix}.{p['tgt_lang']}", key)
     if len(src) != len(tgt):
         raise ConfigError(f"{root / prefix}.{p['src_lang']} has {len(src)} lines but .{p['tgt_lang']} has "
                           f"{len(tgt)}; parallel files must align line by line")

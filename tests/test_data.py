@@ -145,7 +145,7 @@ def test_a_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path):
     from data.translation import _read_lines
 
     (tmp_path / "train.en").write_bytes("\ufeffTwo dogs play.\r\nA man runs.\r\n".encode("utf-8"))
-    assert _read_lines(tmp_path / "train.en") == ["Two dogs play.", "A man runs."]
+    assert _read_lines(tmp_path / "train.en", "train_prefix") == ["Two dogs play.", "A man runs."]
 
 
 def test_idx_files_a_folder_or_two_down_are_named(tmp_path):
