@@ -3,6 +3,7 @@
 Neither ships in any package: `dataset.path` is required. Recipes built on them carry a `smoke` block
 that runs on the embedded MNIST subset when the path is unset (zoo/config.apply_smoke).
 """
+import os
 from pathlib import Path
 
 import mindspore.dataset as msds
@@ -17,7 +18,9 @@ from zoo.registry import DATASETS
 
 CIFAR_RECORD = 1 + 32 * 32 * 3
 CIFAR_FILES = {"train": [f"data_batch_{i}.bin" for i in range(1, 6)], "test": ["test_batch.bin"]}
-IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}  # any case: IMG_0001.JPG
+DECODED = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".ppm", ".pgm"}  # what MindSpore's decoder reads
+UNDECODED = {".webp", ".gif", ".heic", ".heif", ".avif", ".jp2", ".ico"}  # images it cannot: refused up front
+IMAGE_EXTENSIONS = DECODED | UNDECODED  # any case: IMG_0001.JPG
 
 
 def _require_path(cfg, what: str) -> Path:
@@ -73,7 +76,7 @@ def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
 
 # what ImageFolderDataset reads (it matches suffixes exactly): images only, so a .DS_Store or notes.txt that a
 # copy brought along is passed over, as torchvision's ImageFolder does, instead of failing to decode mid-epoch
-READ_EXTENSIONS = sorted({v for e in IMAGE_EXTENSIONS for v in (e, e.upper(), "." + e[1:].capitalize())})
+READ_EXTENSIONS = sorted({v for e in DECODED for v in (e, e.upper(), "." + e[1:].capitalize())})
 
 
 def is_image(path: Path) -> bool:
@@ -84,6 +87,19 @@ def image_classes(folder: Path) -> list:
     """The sub-folders of `folder` that hold images, sorted."""
     return sorted(d.name for d in folder.iterdir()
                   if d.is_dir() and any(map(is_image, d.iterdir()))) if folder.is_dir() else []
+
+
+def check_decodable(folder: Path) -> None:
+    """Images MindSpore's decoder cannot read (a phone's .heic, a web page's .webp) are one line before training,
+    not a "broken image" at whatever step the sampler first reaches one."""
+    unread = sorted(Path(f.path) for d in os.scandir(folder) if d.is_dir() for f in os.scandir(d)
+                    if os.path.splitext(f.name)[1].lower() in UNDECODED)  # os.scandir: ImageNet's 1.28M in seconds
+    if unread:
+        kinds = sorted({f.suffix.lower() for f in unread})
+        more = f" and {len(unread) - 1:,} more {'/'.join(kinds)} image(s) in {folder}" if len(unread) > 1 else ""
+        raise ConfigError(f"{unread[0]}{more} cannot be read: MindSpore's image decoder reads "
+                          f"{', '.join(sorted(DECODED))}; convert them (for example mogrify -format png "
+                          f"*/*{kinds[0]} in {folder}) or move them out")
 
 
 def folder_classes(path) -> list:
@@ -105,9 +121,10 @@ def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     if not any(map(is_image, folder.glob("*/*"))):
         flat = sum(1 for f in folder.iterdir() if is_image(f))
         raise ConfigError(f"{folder} has no images in class sub-folders (looked for "
-                          f"{', '.join(sorted(IMAGE_EXTENSIONS))}, in any case)" + (
+                          f"{', '.join(sorted(DECODED))}, in any case)" + (
                               f"; it holds {flat:,} images directly: sort them into one sub-folder per class "
                               f"(ImageNet's val/ ships flat: its devkit's labels say each image's class)" if flat else ""))
+    check_decodable(folder)
     classes = folder_classes(root)
     extra = sorted(set(image_classes(folder)) - set(classes))
     if extra:

@@ -133,6 +133,24 @@ def test_image_folder_reads_camera_files_and_passes_over_what_is_not_an_image(tm
     assert sorted(np.concatenate(val).tolist()) == [0, 0, 0, 1, 1, 1]
 
 
+def test_image_folder_refuses_images_mindspore_cannot_decode_before_training(tmp_path):
+    """A .webp beside the JPEGs failed mid-epoch as "the image is broken"; it is one line before any step, naming
+    it, how many more there are and what the decoder reads. PPM and PGM (torchvision reads them) are images."""
+    from PIL import Image
+    write_image_folder(tmp_path)
+    cfg = OmegaConf.merge(compose(["recipe=resnet34_o2", f"dataset.path={tmp_path}"]).dataset,
+                          {"batch_size": 4, "eval_batch_size": 8, "image_size": 32, "num_workers": 1})
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "val" / "n01" / "gray.pgm")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "val" / "n02" / "color.ppm")
+    val = [lab.asnumpy() for _, lab in create_dataset(cfg, "test").create_tuple_iterator()]
+    assert sorted(np.concatenate(val).tolist()) == [0, 0, 0, 0, 1, 1, 1, 1]
+    for name in ("a.webp", "b.WEBP"):
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "train" / "n02" / name, format="WEBP")
+    with pytest.raises(ConfigError, match=r"train/n02/a.webp and 1 more .webp image\(s\) in .*train cannot be read: "
+                                          r"MindSpore's image decoder reads .bmp, .jpeg, .jpg, .pgm, .png"):
+        create_dataset(cfg, "train")
+
+
 def test_image_folder_without_images_is_refused(tmp_path):
     (tmp_path / "train" / "n01").mkdir(parents=True)
     (tmp_path / "val").mkdir()
