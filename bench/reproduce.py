@@ -305,31 +305,39 @@ def one_machine(runs: List[dict]) -> Optional[str]:
 
 
 def render(rows: List[dict]) -> str:
-    """The markdown table: one row per recipe, with parity against the O0 sibling where there is one. A run
-    recorded with `overrides` trained before its recipe changed: the row names them, and compares with O0 only
-    when O0 trained with the same."""
+    """Markdown: a table of the recipes whose data is here (with parity against the O0 sibling where there is
+    one), a table of those whose data is not (with the command that would run each), and the published
+    settings and sources the rows cite by number. A run recorded with `overrides` trained before its recipe
+    changed: the row names them, and compares with O0 only when O0 trained with the same."""
     means = {r["recipe"]: statistics.mean(x["value"] for x in r["runs"]) for r in rows if r["runs"]}
     speed = {r["recipe"]: statistics.mean(x["throughput"] or 0 for x in r["runs"]) for r in rows if r["runs"]}
     machines = {r["recipe"]: one_machine(r["runs"]) for r in rows if r["runs"]}
     settings = {r["recipe"]: r["runs"][0].get("overrides", []) for r in rows if r["runs"]}
-    lines = ["| recipe | published | source | data here | reproduced here | seeds | training time | device, notes |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        t = r["target"]
-        published = f"{t['published']} {t['metric']}" if t.get("published") is not None else "none published"
-        head = f"| `{r['recipe']}` | {published}: {t.get('published_setting') or '-'} | {t.get('source') or '-'} "
-        where = shown_path(r["data"])
+    sources: List[str] = []  # one per published setting and source, cited by number
+
+    def published(t: dict) -> str:
+        if t.get("published") is None:
+            return "none published"
+        cited = f"{t['published']} {t['metric']}: {t.get('published_setting') or '-'}; {t.get('source') or '-'}"
+        if cited not in sources:
+            sources.append(cited)
+        return f"{t['published']} {t['metric']} [{sources.index(cited) + 1}]"
+
+    here = ["| recipe | published | reproduced here | seeds | training time | device, notes |",
+            "|---|---|---|---|---|---|"]
+    absent = ["| recipe | published | data | run it with |", "|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: r["data"] is None):  # sources numbered in the order they are shown
+        head = f"| `{r['recipe']}` | {published(r['target'])} "
         if r["data"] is None:
             cmd = f"python -m bench.reproduce --data {r['group']}=PATH --only {r['recipe']}"
-            lines.append(head + f"| not found ({r['group']}) | not run: no {r['group']} data on this machine; "
-                         f"`{cmd}` | - | - | - |")
+            absent.append(head + f"| not found ({r['group']}) | `{cmd}` |")
             continue
         runs = r["runs"]
         if not runs:
             state = progress(r) if r.get("unfinished") else "not finished yet (`make reproduce` continues it)"
             if not r.get("started", True) and not r.get("unfinished"):
                 state = "not run yet (`make reproduce` runs it)"
-            lines.append(head + f"| {where} | {state} | - | - | - |")
+            here.append(head + f"| {state} | - | - | - |")
             continue
         values = [x["value"] for x in runs]
         ours = f"**{statistics.mean(values):.2f}**" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
@@ -357,8 +365,16 @@ def render(rows: List[dict]) -> str:
                 else "throughput not compared: O0 trained on another machine"))
         hours = sum(x["wall_time_s"] for x in runs) / len(runs) / 60
         rate = f", {speed[r['recipe']]:,.0f} {runs[0].get('throughput_unit') or 'samples'}/s" if speed[r["recipe"]] else ""
-        lines.append(head + f"| {where} | {ours} | {len(runs)} | {hours:.0f} min a run{rate} | {'; '.join(notes)} |")
-    return "\n".join(lines) + "\n"
+        here.append(head + f"| {ours} | {len(runs)} | {hours:.0f} min a run{rate} | {'; '.join(notes)} |")
+    found = sorted({(r["group"], shown_path(r["data"])) for r in rows if r["data"] is not None})
+    parts = ["\n".join(here) + "\n"]
+    if found:
+        parts.append("Data here: " + "; ".join(f"{group} in `{path}`" for group, path in found) + ".\n")
+    if len(absent) > 2:
+        parts.append("Not run here, for want of their data:\n\n" + "\n".join(absent) + "\n")
+    if sources:
+        parts.append("Published settings and sources:\n\n" + "\n".join(f"{i}. {s}" for i, s in enumerate(sources, 1)) + "\n")
+    return "\n".join(parts)
 
 
 def write_readme(table: str, readme: Path) -> bool:
