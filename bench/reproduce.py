@@ -16,7 +16,8 @@ beam search, test split). Not found: the row says so and gives the command that 
 Writes OUT/reproduce.json (one record per run, with its test-split curve) and OUT/REPRODUCE.md (the table;
 --out, default bench/results/reproduce) with OUT/curves_<family>.png (each model and data set: the test metric
 of every run against its step, every precision level at equal steps), and the same table into README.md between its `reproduce` markers, after every
-finished run: the README's "Published numbers" table comes from here and nowhere else. --plan prints what
+finished run: the README's "Published numbers" table comes from here and nowhere else. With --out elsewhere the
+README is left alone (a scratch reproduction, say from a worktree, keeps its checkout clean). --plan prints what
 would run and runs nothing; --table writes the table from the runs so far and runs nothing;
 --only RECIPE (repeatable) runs only those recipes (the table keeps every row); --seeds N runs only the first N
 seeds of each (one seed of everything first, say; the table keeps every recorded run).
@@ -42,6 +43,7 @@ from zoo.runtime import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
+DEFAULT_OUT = ROOT / "bench" / "results" / "reproduce"
 # Where this project's machines keep data that no package installs (benchmarks and tests only).
 KNOWN_DATA = {"multi30k": ROOT.parent / "shared" / "data" / "multi30k",
               "multi30k_published": ROOT.parent / "shared" / "data" / "multi30k"}
@@ -405,7 +407,7 @@ def parse(argv: List[str]):
     only, argv = pop_all(argv, "--only")
     seeds, argv = pop_option(argv, "--seeds", None, str)
     runs, argv = pop_option(argv, "--runs", ROOT / "runs" / "reproduce", Path)
-    out, argv = pop_option(argv, "--out", ROOT / "bench" / "results" / "reproduce", Path)
+    out, argv = pop_option(argv, "--out", DEFAULT_OUT, Path)
     if argv:
         fail(f"unknown argument {argv[0]!r}; valid: --data GROUP=PATH, --only RECIPE, --seeds N, --runs DIR, "
              f"--out DIR, --plan, --table")
@@ -415,9 +417,10 @@ def parse(argv: List[str]):
     for name in only:
         if name not in all_recipes:
             fail(f"--only {name!r} is not a recipe; " + choices_hint(name, all_recipes))
+    readme = ROOT / "README.md" if out.resolve() == DEFAULT_OUT.resolve() else None  # its table is OUT's
     return (all_recipes, given, runs.resolve(), out, plan, [] if table_only else (only or None),
-            None if seeds is None else int(seeds))
+            None if seeds is None else int(seeds), readme)
 
 if __name__ == "__main__":
-    recipes, given, runs, out, plan, only, max_seeds = parse(sys.argv[1:])
-    print(reproduce(recipes, given, runs, out, plan, only=only, max_seeds=max_seeds)["table"])
+    recipes, given, runs, out, plan, only, max_seeds, readme = parse(sys.argv[1:])
+    print(reproduce(recipes, given, runs, out, plan, readme=readme, only=only, max_seeds=max_seeds)["table"])

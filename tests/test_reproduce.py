@@ -131,6 +131,14 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
     assert len(err) == 1 and message in err[0]
 
 
+def test_the_readme_table_is_written_only_from_the_repositorys_own_results(tmp_path):
+    """--out elsewhere (a scratch reproduction in a worktree) must not rewrite README.md: a modified checkout
+    would mark every run trained from it as modified."""
+    assert rp.parse([])[-1] == rp.ROOT / "README.md"
+    assert rp.parse(["--out", str(rp.DEFAULT_OUT)])[-1] == rp.ROOT / "README.md"
+    assert rp.parse(["--out", str(tmp_path / "out")])[-1] is None
+
+
 def test_only_runs_the_named_recipes_and_shows_where_others_stand(tmp_path, fake_runner, monkeypatch):
     data = tmp_path / "fashion"
     data.mkdir()
