@@ -8,12 +8,13 @@ RECIPE ?= lenet_o2
 
 .PHONY: demo test test-all bench bench-quick reproduce verify install clean
 
-$(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt
+$(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt models/cpu_conv.cc
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements-data.txt
+	$(PY) -c "import models.cpu_conv as c; c.build_report()"
 	@touch $@
 
 # the venv's Python finds this checkout from any folder (python -m amp.report, a plugin beside your recipes)

@@ -12,6 +12,7 @@ from zoo.entry import prepare, run
 
 prepare()  # before MindSpore is imported
 
+import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import mindspore as ms  # noqa: E402
@@ -42,6 +43,7 @@ def export(cfg) -> Path:
 
 
 def main(argv) -> None:
+    os.environ["AMP_ZOO_CPU_CONV"] = "0"  # an exported graph holds MindSpore's own Conv2D, not a call into our .so
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("infer.format=")), "MINDIR")
     cfg, _ = checkpoint_config(argv, f".{fmt.lower()}")
     out = export(cfg)

@@ -10,13 +10,13 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
+from models.cpu_conv import conv2d
 from zoo.errors import ConfigError
 from zoo.registry import MODELS
 
 
 def conv(in_ch, out_ch, k, stride=1):
-    return nn.Conv2d(in_ch, out_ch, k, stride=stride, pad_mode="pad" if k > 1 else "valid", padding=k // 2,
-                     has_bias=False, weight_init=HeNormal(mode="fan_out", nonlinearity="relu"))
+    return conv2d(in_ch, out_ch, k, stride, k // 2, weight_init=HeNormal(mode="fan_out", nonlinearity="relu"))
 
 
 def bn(ch, zero=False):

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import mindspore as ms
 import mindspore.nn as nn
@@ -218,7 +219,13 @@ def test_resnet34_o2_smoke_run_from_a_fresh_checkout(tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["smoke"].startswith("SMOKE RUN") and metrics["steps"] == 40
     assert "SMOKE RUN" in (tmp_path / "train.log").read_text()
-    assert metrics["final"]["top1"] > 0.2  # chance is 0.1: the smoke run shows the pipeline learns
+    # the pipeline learns: the training loss falls from ln(10) + noise. After 40 steps BatchNorm's running
+    # statistics are young, so the eval top-1 swings with the seed (0.19-0.53 over seeds 1-3); above chance
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert metrics["final"]["top1"] > 0.1
     report = json.loads((tmp_path / "precision_report.json").read_text())
     bn = [r for r in report["cells"] if r["class"] == "BatchNorm2d"]
     assert len(bn) == 36 and {r["compute_dtype"] for r in bn} == {"float32"}

@@ -1,0 +1,272 @@
+// Convolution forward and backward for MindSpore's CPU backend, as AOT custom ops (models/cpu_conv.py).
+//
+// MindSpore 2.10's own CPU Conv2D kernels hand oneDNN plain NCHW memory, so oneDNN can only run its im2col +
+// sgemm path (x64:gemm:jit). Given `any` layouts, the same oneDNN library picks its direct blocked kernels
+// (jit:avx2, jit:avx512_core), 2-2.5x faster on ResNet's layers; PyTorch runs those. These ops do what PyTorch
+// does: reorder NCHW to the kernel's layout, run it, reorder back. They link to MindSpore's bundled libdnnl
+// (threadpool runtime), so oneDNN runs on a small pool of our own threads.
+//
+// Each exported function is one op: ConvFwd_sS_pP (x, w -> y) and ConvBwd_sS_pP (x, w, dy -> dx, dw), for
+// stride S and symmetric padding P. fp32 only; the Python side casts. Primitives are cached by shape.
+#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl_threadpool.hpp>
+#include <oneapi/dnnl/dnnl_threadpool_iface.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+// A fixed pool for oneDNN's threadpool runtime: the calling thread works too; workers sleep between calls.
+class Pool : public dnnl::threadpool_interop::threadpool_iface {
+ public:
+  explicit Pool(int n) : n_(n < 1 ? 1 : n) {
+    for (int t = 1; t < n_; ++t) workers_.emplace_back([this, t] { Work(t); });
+  }
+  ~Pool() override {
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto &w : workers_) w.join();
+  }
+  int get_num_threads() const override { return n_; }
+  bool get_in_parallel() const override { return in_parallel_; }
+  uint64_t get_flags() const override { return 0; }  // synchronous: parallel_for returns when all is done
+  void wait() override {}  // newer headers than MindSpore's oneDNN 3.10 add it after the four it calls
+  void parallel_for(int n, const std::function<void(int, int)> &fn) override {
+    if (n <= 1 || n_ == 1 || in_parallel_) {
+      for (int i = 0; i < n; ++i) fn(i, n);
+      return;
+    }
+    std::lock_guard<std::mutex> one(busy_);  // one parallel region at a time
+    {
+      std::lock_guard<std::mutex> lk(m_);
+      job_ = &fn;
+      job_n_ = n;
+      pending_ = static_cast<int>(workers_.size());
+      ++generation_;
+    }
+    wake_.notify_all();
+    Run(0);
+    std::unique_lock<std::mutex> lk(m_);
+    done_.wait(lk, [this] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void Run(int t) {  // static split: oneDNN hands out one balanced chunk per thread, so thread t takes its own
+    in_parallel_ = true;
+    for (int i = t; i < job_n_; i += n_) (*job_)(i, job_n_);
+    in_parallel_ = false;
+  }
+  void Work(int t) {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lk(m_);
+        wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      Run(t);
+      std::lock_guard<std::mutex> lk(m_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+  int n_;
+  std::vector<std::thread> workers_;
+  std::mutex m_, busy_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int, int)> *job_ = nullptr;
+  int job_n_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  static thread_local bool in_parallel_;
+};
+thread_local bool Pool::in_parallel_ = false;
+
+int Threads() {
+  const char *env = std::getenv("AMP_ZOO_CONV_THREADS");
+  int n = env ? std::atoi(env) : static_cast<int>(std::thread::hardware_concurrency());
+  return n > 0 ? n : 1;
+}
+
+struct Runtime {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  Pool pool{Threads()};
+  dnnl::stream stream = dnnl::threadpool_interop::make_stream(engine, &pool);
+};
+
+Runtime &RT() {
+  static Runtime rt;
+  return rt;
+}
+
+// A tensor given in the user's plain layout, and the kernel's layout (the same buffer when they agree).
+struct Arg {
+  memory user, inner;
+  dnnl::reorder to_inner, to_user;
+  bool reorder = false;
+  void Init(const memory::desc &plain, const memory::desc &want) {
+    auto &e = RT().engine;
+    user = memory(plain, e, DNNL_MEMORY_NONE);
+    reorder = plain != want;
+    inner = reorder ? memory(want, e) : user;
+    if (reorder) {
+      to_inner = dnnl::reorder(user, inner);
+      to_user = dnnl::reorder(inner, user);
+    }
+  }
+  void In(void *p) {  // user data into the kernel's layout
+    user.set_data_handle(p);
+    if (reorder) to_inner.execute(RT().stream, user, inner);
+  }
+  void Bind(void *p) {  // an output: the kernel writes here, or into `inner` and Out() reorders
+    user.set_data_handle(p);
+  }
+  void Out() {
+    if (reorder) to_user.execute(RT().stream, inner, user);
+  }
+};
+
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                       int64_t>;
+
+struct Conv {
+  std::mutex m;
+  dnnl::convolution_forward fwd;
+  dnnl::convolution_backward_data bwd_data;
+  dnnl::convolution_backward_weights bwd_weights;
+  Arg x, w, y;             // forward
+  Arg dy_d, w_d, dx;       // backward data
+  Arg x_w, dy_w, dw;       // backward weights
+
+  Conv(const int64_t *xs, const int64_t *ws, const int64_t *ys, int64_t s, int64_t p) {
+    auto &e = RT().engine;
+    memory::dims xd(xs, xs + 4), wd(ws, ws + 4), yd(ys, ys + 4), st{s, s}, pad{p, p};
+    memory::desc x_plain(xd, dt::f32, tag::nchw), w_plain(wd, dt::f32, tag::oihw), y_plain(yd, dt::f32, tag::nchw);
+    memory::desc x_any(xd, dt::f32, tag::any), w_any(wd, dt::f32, tag::any), y_any(yd, dt::f32, tag::any);
+    auto alg = dnnl::algorithm::convolution_direct;
+    dnnl::convolution_forward::primitive_desc f(e, dnnl::prop_kind::forward_training, alg, x_any, w_any, y_any, st,
+                                                pad, pad);
+    dnnl::convolution_backward_data::primitive_desc bd(e, alg, x_any, w_any, y_any, st, pad, pad, f);
+    dnnl::convolution_backward_weights::primitive_desc bw(e, alg, x_any, w_any, y_any, st, pad, pad, f);
+    fwd = dnnl::convolution_forward(f);
+    bwd_data = dnnl::convolution_backward_data(bd);
+    bwd_weights = dnnl::convolution_backward_weights(bw);
+    x.Init(x_plain, f.src_desc());
+    w.Init(w_plain, f.weights_desc());
+    y.Init(y_plain, f.dst_desc());
+    dy_d.Init(y_plain, bd.diff_dst_desc());
+    w_d.Init(w_plain, bd.weights_desc());
+    dx.Init(x_plain, bd.diff_src_desc());
+    x_w.Init(x_plain, bw.src_desc());
+    dy_w.Init(y_plain, bw.diff_dst_desc());
+    dw.Init(w_plain, bw.diff_weights_desc());
+  }
+
+  void Forward(void *xp, void *wp, void *yp) {
+    std::lock_guard<std::mutex> lk(m);
+    auto &st = RT().stream;
+    x.In(xp);
+    w.In(wp);
+    y.Bind(yp);
+    fwd.execute(st, {{DNNL_ARG_SRC, x.inner}, {DNNL_ARG_WEIGHTS, w.inner}, {DNNL_ARG_DST, y.inner}});
+    y.Out();
+    st.wait();
+  }
+
+  void Backward(void *xp, void *wp, void *dyp, void *dxp, void *dwp) {
+    std::lock_guard<std::mutex> lk(m);
+    auto &st = RT().stream;
+    dy_d.In(dyp);
+    w_d.In(wp);
+    dx.Bind(dxp);
+    bwd_data.execute(st, {{DNNL_ARG_DIFF_DST, dy_d.inner}, {DNNL_ARG_WEIGHTS, w_d.inner},
+                          {DNNL_ARG_DIFF_SRC, dx.inner}});
+    dx.Out();
+    x_w.In(xp);
+    dw.Bind(dwp);
+    // backward weights reads dy in its own layout; when that is backward data's, its reorder is reused
+    bool shared = dy_w.reorder && dy_d.reorder && dy_w.inner.get_desc() == dy_d.inner.get_desc();
+    if (!shared) dy_w.In(dyp);
+    bwd_weights.execute(st, {{DNNL_ARG_SRC, x_w.inner}, {DNNL_ARG_DIFF_DST, shared ? dy_d.inner : dy_w.inner},
+                             {DNNL_ARG_DIFF_WEIGHTS, dw.inner}});
+    dw.Out();
+    st.wait();
+  }
+};
+
+Conv *Lookup(const int64_t *xs, const int64_t *ws, const int64_t *ys, int64_t s, int64_t p) {
+  static std::mutex m;
+  static std::map<Key, std::unique_ptr<Conv>> cache;
+  Key k{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], ys[2], ys[3], s, p};
+  std::lock_guard<std::mutex> lk(m);
+  auto &c = cache[k];
+  if (!c) c.reset(new Conv(xs, ws, ys, s, p));
+  return c.get();
+}
+
+bool Fp32(int n, const char **dtypes) {
+  for (int i = 0; i < n; ++i)
+    if (std::strcmp(dtypes[i], "float32") != 0) return false;
+  return true;
+}
+
+int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t s, int64_t p) {
+  if (nparam != 3 || !Fp32(3, dtypes) || ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
+  try {
+    Lookup(shapes[0], shapes[1], shapes[2], s, p)->Forward(params[0], params[1], params[2]);
+  } catch (const dnnl::error &) {
+    return 2;
+  }
+  return 0;
+}
+
+int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t s, int64_t p) {
+  if (nparam != 5 || !Fp32(5, dtypes) || ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
+  try {
+    Lookup(shapes[0], shapes[1], shapes[2], s, p)->Backward(params[0], params[1], params[2], params[3], params[4]);
+  } catch (const dnnl::error &) {
+    return 2;
+  }
+  return 0;
+}
+
+}  // namespace
+
+#define CONV_OPS(S, P)                                                                                          \
+  extern "C" int ConvFwd_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
+                                      void *, void *) {                                                       \
+    return Forward(n, params, ndims, shapes, dtypes, S, P);                                                   \
+  }                                                                                                           \
+  extern "C" int ConvBwd_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
+                                      void *, void *) {                                                       \
+    return Backward(n, params, ndims, shapes, dtypes, S, P);                                                  \
+  }
+
+CONV_OPS(1, 0)
+CONV_OPS(1, 1)
+CONV_OPS(1, 2)
+CONV_OPS(1, 3)
+CONV_OPS(2, 0)
+CONV_OPS(2, 1)
+CONV_OPS(2, 2)
+CONV_OPS(2, 3)

@@ -1,0 +1,154 @@
+"""Convolutions for MindSpore's CPU backend that run oneDNN's direct kernels (models/cpu_conv.cc).
+
+MindSpore 2.10 hands oneDNN plain NCHW tensors for Conv2D and its two gradients, which leaves oneDNN only its
+im2col + sgemm path; PyTorch lets oneDNN pick a blocked layout and runs its direct kernels, about twice as fast
+on ResNet's layers (bench.speed --profile). `CpuConv2d` is `nn.Conv2d` (the same parameter, the same checkpoint)
+whose forward and backward are AOT custom ops doing what PyTorch does, built once from cpu_conv.cc against
+MindSpore's own oneDNN with the oneDNN headers from PyPI (onednn-devel) and g++.
+
+Used only on the CPU, for groups=1, no dilation and no bias (ResNet's convolutions). Anything else, another
+device, AMP_ZOO_CPU_CONV=0, or a machine where the library cannot be built (no g++, no headers) gets MindSpore's
+own Conv2D: the same numbers, slower. `make install` builds it (build_report) and says where, or why not.
+"""
+import hashlib
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import mindspore as ms
+import mindspore.nn as nn
+import mindspore.ops as ops
+
+log = logging.getLogger("amp_zoo")
+SOURCE = Path(__file__).with_name("cpu_conv.cc")
+BUILD_DIR = Path(__file__).resolve().parent / "_build"
+STRIDES, PADDINGS = (1, 2), (0, 1, 2, 3)  # the variants cpu_conv.cc exports
+WHY_NOT = []  # why the library is not used, once known
+
+
+def headers() -> Optional[Path]:
+    """oneDNN's include folder from the onednn-devel wheel (requirements.txt), in this environment."""
+    for root in {sys.prefix, sysconfig.get_paths()["data"]}:
+        path = Path(root) / "include"
+        if (path / "oneapi" / "dnnl" / "dnnl.hpp").is_file():
+            return path
+    return None
+
+
+def mindspore_lib() -> Path:
+    return Path(ms.__file__).resolve().parent / "lib"
+
+
+def build(out: Path) -> Path:
+    """Compile cpu_conv.cc into `out` (atomically: parallel builds do not clash); raises RuntimeError."""
+    include = headers()
+    if include is None:
+        raise RuntimeError("the oneDNN headers are not installed (pip install --no-deps onednn-devel==2026.1.0)")
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++) on PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        # MindSpore's libdnnl runs on the threadpool runtime; the wheel's headers are configured for SYCL
+        config = (include / "oneapi" / "dnnl" / "dnnl_config.h").read_text()
+        for key in ("DNNL_CPU_THREADING_RUNTIME", "DNNL_CPU_RUNTIME"):
+            config = re.sub(rf"#define {key} \S+", f"#define {key} DNNL_RUNTIME_THREADPOOL", config)
+        config = re.sub(r"#define DNNL_GPU_RUNTIME \S+", "#define DNNL_GPU_RUNTIME DNNL_RUNTIME_NONE", config)
+        (Path(tmp) / "oneapi" / "dnnl").mkdir(parents=True)
+        (Path(tmp) / "oneapi" / "dnnl" / "dnnl_config.h").write_text(config)
+        lib = mindspore_lib()
+        partial = Path(tmp) / out.name
+        cmd = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{tmp}", f"-I{include}", str(SOURCE),
+               "-o", str(partial), f"-L{lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{lib}", "-pthread"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"g++ failed: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ''}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial, out)
+    return out
+
+
+@lru_cache(maxsize=1)
+def library() -> Optional[Path]:
+    """The built library (building it the first time), or None with the reason in WHY_NOT."""
+    if os.environ.get("AMP_ZOO_CPU_CONV", "1") == "0":
+        WHY_NOT.append("AMP_ZOO_CPU_CONV=0")
+        return None
+    tag = hashlib.sha256(SOURCE.read_bytes() + ms.__version__.encode()).hexdigest()[:12]
+    out = BUILD_DIR / f"cpu_conv-{tag}.so"
+    if out.is_file():
+        return out
+    try:
+        return build(out)
+    except (RuntimeError, OSError) as e:
+        WHY_NOT.append(str(e))
+        log.warning("MindSpore's own Conv2D is used on the CPU (slower): %s", e)
+        return None
+
+
+def usable(stride: int, padding: int) -> bool:
+    """Whether CpuConv2d runs this convolution here: on the CPU, a variant the library exports, built."""
+    if ms.get_context("device_target") != "CPU" or stride not in STRIDES or padding not in PADDINGS:
+        return False
+    return library() is not None
+
+
+def _out_size(size: int, k: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - k) // stride + 1
+
+
+@lru_cache(maxsize=None)
+def conv_op(stride: int, padding: int):
+    """The forward custom op (x, w -> y) for one stride and padding, with its backward (x, w, dy -> dx, dw)."""
+    lib = library()
+    backward = ops.Custom(f"{lib}:ConvBwd_s{stride}_p{padding}", out_shape=lambda x, w, dy: (x, w),
+                          out_dtype=lambda x, w, dy: (x, w), func_type="aot")
+
+    def bprop(x, w, out, dout):
+        dx, dw = backward(x, w, dout)
+        return dx, dw
+
+    def shape(x, w):
+        return [x[0], w[0], _out_size(x[2], w[2], stride, padding), _out_size(x[3], w[3], stride, padding)]
+
+    return ops.Custom(f"{lib}:ConvFwd_s{stride}_p{padding}", out_shape=shape, out_dtype=lambda x, w: x,
+                      func_type="aot", bprop=bprop)
+
+
+class CpuConv2d(nn.Conv2d):
+    """nn.Conv2d (pad_mode "pad" or "valid", no bias) whose forward and backward run oneDNN's direct kernels.
+    It computes in fp32 like MindSpore's CPU Conv2D, so under fp16 its input and output are rounded to fp16
+    as Ascend's would be."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride,
+                         pad_mode="pad" if padding else "valid", padding=padding, has_bias=False,
+                         weight_init=weight_init)
+        self.conv = conv_op(stride, padding)
+
+    def construct(self, x):
+        if x.dtype == ms.float32 and self.weight.dtype == ms.float32:
+            return self.conv(x, self.weight)
+        return self.conv(x.astype(ms.float32), self.weight.astype(ms.float32)).astype(x.dtype)
+
+
+def conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None) -> nn.Conv2d:
+    """A bias-free square convolution: CpuConv2d where it runs (see `usable`), else nn.Conv2d."""
+    if usable(stride, padding):
+        return CpuConv2d(in_channels, out_channels, kernel_size, stride, padding, weight_init)
+    return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, pad_mode="pad" if padding else "valid",
+                     padding=padding, has_bias=False, weight_init=weight_init)
+
+
+def build_report() -> int:
+    """make install: build the library now, and say where or why not (not fatal: nn.Conv2d is used instead)."""
+    path = library()
+    print(f"CPU convolutions: {path}" if path else f"note: CPU convolutions not built ({'; '.join(WHY_NOT)}); "
+          f"ResNet uses MindSpore's own Conv2D, which is slower on the CPU")
+    return 0

@@ -1,0 +1,118 @@
+"""CpuConv2d (models/cpu_conv.py): oneDNN's direct convolution kernels as MindSpore custom ops on the CPU.
+Its forward and both gradients equal MindSpore's own nn.Conv2d within fp32 rounding, for every stride, kernel
+and padding ResNet uses; under fp16 it rounds as nn.Conv2d does; ResNet builds it and a checkpoint moves
+between the two; and where it cannot run, ResNet gets nn.Conv2d."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+import mindspore.nn as nn
+import mindspore.ops as ops
+
+from models import cpu_conv, create_model
+from models.cpu_conv import CpuConv2d
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.skipif(cpu_conv.library() is None,
+                                reason=f"the CPU convolution library is not built ({'; '.join(cpu_conv.WHY_NOT)}); "
+                                       f"make install builds it (needs g++)")
+
+
+class Loss(nn.Cell):
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+
+    def construct(self, x, target):
+        return ((self.conv(x) - target) ** 2).sum()
+
+
+class Grads(nn.Cell):
+    """The convolution's output, and the loss's gradients for its input and its weight."""
+
+    def __init__(self, conv):
+        super().__init__()
+        self.loss = Loss(conv)
+        self.weights = ms.ParameterTuple(conv.trainable_params())
+        self.grad = ops.GradOperation(get_all=True, get_by_list=True)
+
+    def construct(self, x, target):
+        return self.loss.conv(x), self.grad(self.loss, self.weights)(x, target)
+
+
+def rel(a, b) -> float:
+    a, b = a.asnumpy().astype(np.float64), b.asnumpy().astype(np.float64)
+    return float(np.abs(a - b).max() / np.abs(a).max())
+
+
+@pytest.mark.parametrize("batch,cin,cout,size,k,stride", [
+    (4, 16, 16, 8, 3, 1),    # a basic block's 3x3
+    (4, 16, 32, 9, 3, 2),    # the strided 3x3 that opens a stage (odd size: the padding's edge)
+    (2, 16, 32, 8, 1, 2),    # the 1x1 strided shortcut
+    (2, 3, 8, 15, 7, 2),     # the ImageNet stem
+    (4, 1, 8, 7, 3, 1),      # the 1-channel CIFAR stem of the Fashion-MNIST recipes
+])
+def test_forward_and_gradients_equal_mindsporess_conv2d(graph_mode, batch, cin, cout, size, k, stride):
+    rng = np.random.RandomState(0)
+    w = ms.Tensor(rng.randn(cout, cin, k, k).astype(np.float32) * 0.2)
+    ours = CpuConv2d(cin, cout, k, stride, k // 2, weight_init=w)
+    ref = nn.Conv2d(cin, cout, k, stride=stride, pad_mode="pad" if k > 1 else "valid", padding=k // 2,
+                    has_bias=False, weight_init=w)
+    x = ms.Tensor(rng.randn(batch, cin, size, size).astype(np.float32))
+    target = ms.Tensor(rng.randn(*ref(x).shape).astype(np.float32))
+    (y0, (dx0, dw0)), (y1, (dx1, dw1)) = Grads(ref)(x, target), Grads(ours)(x, target)
+    assert y1.shape == y0.shape
+    assert rel(y0, y1) < 1e-5 and rel(dx0[0], dx1[0]) < 1e-5 and rel(dw0[0], dw1[0]) < 1e-5
+
+
+def test_under_fp16_it_rounds_as_mindspores_conv2d(graph_mode):
+    rng = np.random.RandomState(1)
+    w = ms.Tensor(rng.randn(8, 4, 3, 3).astype(np.float32) * 0.2)
+    ours, ref = CpuConv2d(4, 8, 3, 1, 1, weight_init=w), nn.Conv2d(4, 8, 3, pad_mode="pad", padding=1,
+                                                                    has_bias=False, weight_init=w)
+    ours.to_float(ms.float16)
+    ref.to_float(ms.float16)
+    x = ms.Tensor(rng.randn(2, 4, 6, 6).astype(np.float32))
+    y0, y1 = ref(x), ours(x)
+    assert y0.dtype == y1.dtype == ms.float16
+    np.testing.assert_allclose(y1.asnumpy().astype(np.float32), y0.asnumpy().astype(np.float32), rtol=2e-3,
+                               atol=2e-3)
+
+
+def test_resnet_uses_it_and_checkpoints_move_between_the_two(graph_mode, monkeypatch):
+    fast = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8)
+    convs = [c for _, c in fast.cells_and_names() if isinstance(c, nn.Conv2d)]
+    assert convs and all(isinstance(c, CpuConv2d) for c in convs)
+    monkeypatch.setattr(cpu_conv, "usable", lambda stride, padding: False)
+    plain = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8)
+    assert not any(isinstance(c, CpuConv2d) for _, c in plain.cells_and_names())
+    assert [p.name for p in fast.get_parameters()] == [p.name for p in plain.get_parameters()]
+    ms.load_param_into_net(plain, {p.name: p for p in fast.get_parameters()})
+    fast.set_train(False)
+    plain.set_train(False)
+    x = ms.Tensor(np.random.RandomState(2).randn(2, 1, 12, 12).astype(np.float32))
+    assert rel(plain(x), fast(x)) < 1e-5
+
+
+def test_off_by_environment(monkeypatch):
+    monkeypatch.setenv("AMP_ZOO_CPU_CONV", "0")
+    cpu_conv.library.cache_clear()
+    try:
+        assert cpu_conv.library() is None and not cpu_conv.usable(1, 1)
+        assert type(cpu_conv.conv2d(4, 4, 3, 1, 1)) is nn.Conv2d
+    finally:
+        monkeypatch.delenv("AMP_ZOO_CPU_CONV")
+        cpu_conv.library.cache_clear()
+        cpu_conv.WHY_NOT.clear()
+    assert cpu_conv.library() is not None
+
+
+def test_export_writes_mindspores_own_conv2d(tmp_path):
+    """An exported MINDIR must run where our library is not: export.py builds nn.Conv2d."""
+    ckpt = tmp_path / "resnet34.ckpt"
+    ms.save_checkpoint(create_model("resnet34", num_classes=10), str(ckpt))
+    out = tmp_path / "model.mindir"
+    exported = run_cli("export.py", "recipe=resnet34_o0", f"checkpoint={ckpt}", f"output={out}")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    data = out.read_bytes()
+    assert b"Conv2D" in data and b"cpu_conv" not in data and b"Custom" not in data
