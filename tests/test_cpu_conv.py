@@ -116,3 +116,9 @@ def test_export_writes_mindspores_own_conv2d(tmp_path):
     assert exported.returncode == 0, exported.stderr[-2000:]
     data = out.read_bytes()
     assert b"Conv2D" in data and b"cpu_conv" not in data and b"Custom" not in data
+
+
+def test_builds_from_source(tmp_path):
+    """What make install does on a fresh machine: compile cpu_conv.cc against MindSpore's libdnnl."""
+    out = cpu_conv.build(tmp_path / "cpu_conv.so")
+    assert out.is_file() and out.stat().st_size > 10_000
