@@ -12,7 +12,6 @@ from zoo.entry import prepare, run
 
 prepare()  # before MindSpore is imported
 
-import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import mindspore as ms  # noqa: E402
@@ -20,11 +19,13 @@ import mindspore as ms  # noqa: E402
 from data import create_dataset  # noqa: E402
 from engine.checkpoint import inference_network  # noqa: E402
 from engine.weights import checkpoint_config  # noqa: E402
+from models.cpu_conv import mindspore_conv  # noqa: E402
 from zoo.errors import ConfigError  # noqa: E402
 
 
 def export(cfg) -> Path:
-    net, cfg, notes, _ = inference_network(cfg, "export.py")
+    with mindspore_conv():  # the exported graph holds MindSpore's Conv2D, not a call into this machine's .so
+        net, cfg, notes, _ = inference_network(cfg, "export.py")
     for note in notes:
         print(note, file=sys.stderr)
     batch = next(create_dataset(cfg.dataset, "test").create_tuple_iterator())
@@ -43,7 +44,6 @@ def export(cfg) -> Path:
 
 
 def main(argv) -> None:
-    os.environ["AMP_ZOO_CPU_CONV"] = "0"  # an exported graph holds MindSpore's own Conv2D, not a call into our .so
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("infer.format=")), "MINDIR")
     cfg, _ = checkpoint_config(argv, f".{fmt.lower()}")
     out = export(cfg)

@@ -7,7 +7,7 @@
 // (threadpool runtime), so oneDNN runs on a small pool of our own threads.
 //
 // Each exported function is one op: ConvFwd_sS_pP (x, w -> y) and ConvBwd_sS_pP (x, w, dy -> dx, dw), for
-// stride S and symmetric padding P. fp32 only; the Python side casts. Primitives are cached by shape.
+// stride S and symmetric padding P. fp32 or fp16 tensors, fp32 compute. Primitives are cached by shape and dtype.
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
 #include <oneapi/dnnl/dnnl_threadpool_iface.hpp>
@@ -147,7 +147,7 @@ struct Arg {
 };
 
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t>;
+                       int64_t, int, int>;
 
 struct Conv {
   std::mutex m;
@@ -158,10 +158,12 @@ struct Conv {
   Arg dy_d, w_d, dx;       // backward data
   Arg x_w, dy_w, dw;       // backward weights
 
-  Conv(const int64_t *xs, const int64_t *ws, const int64_t *ys, int64_t s, int64_t p) {
+  Conv(const int64_t *xs, const int64_t *ws, const int64_t *ys, int64_t s, int64_t p, dt xt, dt wt) {
     auto &e = RT().engine;
     memory::dims xd(xs, xs + 4), wd(ws, ws + 4), yd(ys, ys + 4), st{s, s}, pad{p, p};
-    memory::desc x_plain(xd, dt::f32, tag::nchw), w_plain(wd, dt::f32, tag::oihw), y_plain(yd, dt::f32, tag::nchw);
+    // fp16 tensors (AMP) are converted by the reorders into and out of the fp32 kernel, as MindSpore's CPU
+    // Conv2D casts around its fp32 kernel: y has x's dtype, dx x's, dw w's
+    memory::desc x_plain(xd, xt, tag::nchw), w_plain(wd, wt, tag::oihw), y_plain(yd, xt, tag::nchw);
     memory::desc x_any(xd, dt::f32, tag::any), w_any(wd, dt::f32, tag::any), y_any(yd, dt::f32, tag::any);
     auto alg = dnnl::algorithm::convolution_direct;
     dnnl::convolution_forward::primitive_desc f(e, dnnl::prop_kind::forward_training, alg, x_any, w_any, y_any, st,
@@ -214,36 +216,45 @@ struct Conv {
   }
 };
 
-Conv *Lookup(const int64_t *xs, const int64_t *ws, const int64_t *ys, int64_t s, int64_t p) {
+Conv *Lookup(const int64_t *xs, const int64_t *ws, const int64_t *ys, int64_t s, int64_t p, dt xt, dt wt) {
   static std::mutex m;
   static std::map<Key, std::unique_ptr<Conv>> cache;
-  Key k{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], ys[2], ys[3], s, p};
+  Key k{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], ys[2], ys[3], s, p, static_cast<int>(xt),
+        static_cast<int>(wt)};
   std::lock_guard<std::mutex> lk(m);
   auto &c = cache[k];
-  if (!c) c.reset(new Conv(xs, ws, ys, s, p));
+  if (!c) c.reset(new Conv(xs, ws, ys, s, p, xt, wt));
   return c.get();
 }
 
-bool Fp32(int n, const char **dtypes) {
-  for (int i = 0; i < n; ++i)
-    if (std::strcmp(dtypes[i], "float32") != 0) return false;
-  return true;
+// float32 or float16 (dt::undef: anything else)
+dt Dtype(const char *name) {
+  return !std::strcmp(name, "float32") ? dt::f32 : !std::strcmp(name, "float16") ? dt::f16 : dt::undef;
 }
 
+// Return codes (MindSpore reports them): 1 a rank or dtype these ops do not take, 2 oneDNN refused the shapes
 int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t s, int64_t p) {
-  if (nparam != 3 || !Fp32(3, dtypes) || ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
+  dt xt = Dtype(dtypes[0]), wt = Dtype(dtypes[1]);
+  if (nparam != 3 || xt == dt::undef || wt == dt::undef || Dtype(dtypes[2]) != xt) return 1;
+  if (ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
   try {
-    Lookup(shapes[0], shapes[1], shapes[2], s, p)->Forward(params[0], params[1], params[2]);
+    Lookup(shapes[0], shapes[1], shapes[2], s, p, xt, wt)->Forward(params[0], params[1], params[2]);
   } catch (const dnnl::error &) {
     return 2;
   }
   return 0;
 }
 
+// inputs x, w, dy; outputs dx, dw
 int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t s, int64_t p) {
-  if (nparam != 5 || !Fp32(5, dtypes) || ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
+  dt xt = Dtype(dtypes[0]), wt = Dtype(dtypes[1]);
+  if (nparam != 5 || xt == dt::undef || wt == dt::undef || Dtype(dtypes[2]) != xt || Dtype(dtypes[3]) != xt ||
+      Dtype(dtypes[4]) != wt)
+    return 1;
+  if (ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
   try {
-    Lookup(shapes[0], shapes[1], shapes[2], s, p)->Backward(params[0], params[1], params[2], params[3], params[4]);
+    Lookup(shapes[0], shapes[1], shapes[2], s, p, xt, wt)
+        ->Backward(params[0], params[1], params[2], params[3], params[4]);
   } catch (const dnnl::error &) {
     return 2;
   }

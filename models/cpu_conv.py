@@ -7,7 +7,7 @@ whose forward and backward are AOT custom ops doing what PyTorch does, built onc
 MindSpore's own oneDNN with the oneDNN headers from PyPI (onednn-devel) and g++.
 
 Used only on the CPU, for groups=1, no dilation and no bias (ResNet's convolutions). Anything else, another
-device, AMP_ZOO_CPU_CONV=0, or a machine where the library cannot be built (no g++, no headers) gets MindSpore's
+device, AMP_ZOO_CPU_CONV=0, `with mindspore_conv():`, or a machine where the library cannot be built (no g++, no headers) gets MindSpore's
 own Conv2D: the same numbers, slower. `make install` builds it (build_report) and says where, or why not.
 """
 import hashlib
@@ -19,6 +19,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
@@ -32,6 +33,7 @@ SOURCE = Path(__file__).with_name("cpu_conv.cc")
 BUILD_DIR = Path(__file__).resolve().parent / "_build"
 STRIDES, PADDINGS = (1, 2), (0, 1, 2, 3)  # the variants cpu_conv.cc exports
 WHY_NOT = []  # why the library is not used, once known
+_OFF = [0]  # > 0 inside mindspore_conv()
 
 
 def headers() -> Optional[Path]:
@@ -95,9 +97,19 @@ def library() -> Optional[Path]:
 
 def usable(stride: int, padding: int) -> bool:
     """Whether CpuConv2d runs this convolution here: on the CPU, a variant the library exports, built."""
-    if ms.get_context("device_target") != "CPU" or stride not in STRIDES or padding not in PADDINGS:
+    if _OFF[0] or ms.get_context("device_target") != "CPU" or stride not in STRIDES or padding not in PADDINGS:
         return False
     return library() is not None
+
+
+@contextmanager
+def mindspore_conv():
+    """Networks built inside this block get MindSpore's own nn.Conv2d (export.py; bench.speed's baseline)."""
+    _OFF[0] += 1
+    try:
+        yield
+    finally:
+        _OFF[0] -= 1
 
 
 def _out_size(size: int, k: int, stride: int, padding: int) -> int:
@@ -124,8 +136,8 @@ def conv_op(stride: int, padding: int):
 
 class CpuConv2d(nn.Conv2d):
     """nn.Conv2d (pad_mode "pad" or "valid", no bias) whose forward and backward run oneDNN's direct kernels.
-    It computes in fp32 like MindSpore's CPU Conv2D, so under fp16 its input and output are rounded to fp16
-    as Ascend's would be."""
+    It computes in fp32 like MindSpore's CPU Conv2D: fp16 inputs are widened and its output rounded to fp16 in
+    the layout reorders, as MindSpore casts around its own kernel."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None):
         super().__init__(in_channels, out_channels, kernel_size, stride=stride,
@@ -134,9 +146,7 @@ class CpuConv2d(nn.Conv2d):
         self.conv = conv_op(stride, padding)
 
     def construct(self, x):
-        if x.dtype == ms.float32 and self.weight.dtype == ms.float32:
-            return self.conv(x, self.weight)
-        return self.conv(x.astype(ms.float32), self.weight.astype(ms.float32)).astype(x.dtype)
+        return self.conv(x, self.weight)
 
 
 def conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None) -> nn.Conv2d:
