@@ -11,9 +11,12 @@ size and channels (or --size), labels random. A ratio is the median of per-round
 machine cancels; take numbers only on a quiet machine. --profile adds where each step spends its time: our ops
 (MindSpore's profiler) beside PyTorch's (torch.profiler), by op type.
 
+A ResNet on the CPU runs CpuConv2d (models/cpu_conv.py, oneDNN's direct kernels); the same O0 step built with
+MindSpore's own Conv2D takes turns too, so the gain is measured in the same run.
+
 Two PyTorch peers take turns with ours. "PyTorch fp32" runs in our process, so MindSpore's oneDNN cap
 (ONEDNN_MAX_CPU_ISA=AVX2, see zoo.entry) holds it too: the same kernels' ISA on both sides. "PyTorch fp32, own
-process" runs in a process of its own at its full ISA (AVX-512 here), waiting on a pipe while the others run:
+process" runs in a process of its own at its full ISA (AVX-512 where the CPU has it), waiting on a pipe while the others run:
 the step a PyTorch user gets on this machine.
 
 PyTorch (and torchvision) are bench-only dependencies: pip install torch==2.14.1 torchvision==0.29.1.
@@ -31,7 +34,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable, Dict, List  # noqa: E402
+from typing import Callable, Dict, List, Tuple  # noqa: E402
 
 import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
@@ -39,6 +42,7 @@ from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_hand
 
 from amp.profile import op_times  # noqa: E402
 from bench.common import alternate, bench_config, describe, pop_option, ratio, save_result, train_step  # noqa: E402
+from models.cpu_conv import CpuConv2d, mindspore_conv  # noqa: E402
 from zoo.runtime import machine  # noqa: E402
 
 
@@ -49,12 +53,14 @@ def shape_of(cfg, batch: int, size: int):
             size or cfg.dataset.image_size)
 
 
-def our_step(cfg, shape) -> Callable[[], float]:
+def our_step(cfg, shape) -> Tuple[Callable[[], float], bool]:
+    """The step, and whether its network runs CpuConv2d (models/cpu_conv.py)."""
     cell = train_step(cfg, 100, 1000)
     rng = np.random.RandomState(0)
     x = ms.Tensor(rng.randn(*shape).astype(np.float32))
     y = ms.Tensor(rng.randint(0, cfg.model.num_classes, shape[0]).astype(np.int32))
-    return lambda: float(cell(x, y)[0].asnumpy())
+    fast = any(isinstance(c, CpuConv2d) for _, c in cell.cells_and_names())
+    return (lambda: float(cell(x, y)[0].asnumpy())), fast
 
 
 def torch_model(cfg, channels: int):
@@ -171,10 +177,17 @@ def main(argv: List[str]) -> dict:
     shape = shape_of(cfg, batch, size)
     levels = levels or sorted({"O0", str(cfg.amp.level)})
     variants: Dict[str, Callable] = {}
+    fast = False
     for level in levels:
         extra = [] if level == str(cfg.amp.level) else [f"amp.level={level}", "amp.loss_scale.type=none",
                                                          "amp.keep_fp32=null"]
-        variants[f"ours {level}"] = our_step(bench_config([*argv, *extra], smoke=False), shape)
+        variants[f"ours {level}"], fast = our_step(bench_config([*argv, *extra], smoke=False), shape)
+    if fast:  # the same O0 step with MindSpore's own Conv2D: what CpuConv2d gains, side by side
+        with mindspore_conv():
+            o0 = [] if levels[0] == str(cfg.amp.level) else [f"amp.level={levels[0]}", "amp.loss_scale.type=none",
+                                                             "amp.keep_fp32=null"]
+            variants[f"ours {levels[0]}, MindSpore Conv2D"] = our_step(bench_config([*argv, *o0], smoke=False),
+                                                                       shape)[0]
     try:
         import torch
         torch.set_num_threads(2)  # MindSpore's CPU kernels use both cores here
