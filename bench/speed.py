@@ -16,8 +16,8 @@ MindSpore's own Conv2D takes turns too, so the gain is measured in the same run.
 
 Two PyTorch peers take turns with ours. "PyTorch fp32" runs in our process, so MindSpore's oneDNN cap
 (ONEDNN_MAX_CPU_ISA=AVX2, see zoo.entry) holds it too: the same kernels' ISA on both sides. "PyTorch fp32, own
-process" runs in a process of its own at its full ISA (AVX-512 where the CPU has it), waiting on a pipe while the others run:
-the step a PyTorch user gets on this machine.
+process" runs in a process of its own at its full ISA (AVX-512 where the CPU has it), waiting on a pipe while
+the others run: the step a PyTorch user gets on this machine.
 
 PyTorch (and torchvision) are bench-only dependencies: pip install torch==2.14.1 torchvision==0.29.1.
 """
@@ -177,17 +177,17 @@ def main(argv: List[str]) -> dict:
     shape = shape_of(cfg, batch, size)
     levels = levels or sorted({"O0", str(cfg.amp.level)})
     variants: Dict[str, Callable] = {}
-    fast = False
-    for level in levels:
+    def at(level: str):  # the recipe's config at another precision level: plain, with no loss scale
         extra = [] if level == str(cfg.amp.level) else [f"amp.level={level}", "amp.loss_scale.type=none",
                                                          "amp.keep_fp32=null"]
-        variants[f"ours {level}"], fast = our_step(bench_config([*argv, *extra], smoke=False), shape)
-    if fast:  # the same O0 step with MindSpore's own Conv2D: what CpuConv2d gains, side by side
+        return bench_config([*argv, *extra], smoke=False)
+
+    fast = False
+    for level in levels:
+        variants[f"ours {level}"], fast = our_step(at(level), shape)
+    if fast:  # the same step with MindSpore's own Conv2D: what CpuConv2d gains, side by side
         with mindspore_conv():
-            o0 = [] if levels[0] == str(cfg.amp.level) else [f"amp.level={levels[0]}", "amp.loss_scale.type=none",
-                                                             "amp.keep_fp32=null"]
-            variants[f"ours {levels[0]}, MindSpore Conv2D"] = our_step(bench_config([*argv, *o0], smoke=False),
-                                                                       shape)[0]
+            variants[f"ours {levels[0]}, MindSpore Conv2D"] = our_step(at(levels[0]), shape)[0]
     try:
         import torch
         torch.set_num_threads(2)  # MindSpore's CPU kernels use both cores here

@@ -52,7 +52,7 @@ def rel(a, b) -> float:
     (2, 3, 8, 15, 7, 2),     # the ImageNet stem
     (4, 1, 8, 7, 3, 1),      # the 1-channel CIFAR stem of the Fashion-MNIST recipes
 ])
-def test_forward_and_gradients_equal_mindsporess_conv2d(graph_mode, batch, cin, cout, size, k, stride):
+def test_forward_and_gradients_equal_mindspores_conv2d(graph_mode, batch, cin, cout, size, k, stride):
     rng = np.random.RandomState(0)
     w = ms.Tensor(rng.randn(cout, cin, k, k).astype(np.float32) * 0.2)
     ours = CpuConv2d(cin, cout, k, stride, k // 2, weight_init=w)
