@@ -15,7 +15,7 @@ from engine.optim import lr_schedule, scaled_lr
 from engine.step import build_train_step
 from zoo.cli import pop_option  # noqa: F401  (the benchmarks' options)
 from zoo.errors import ConfigError, fail
-from zoo.runtime import machine  # noqa: F401  (every result records it)
+from zoo.runtime import machine, machine_kind
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,8 +68,8 @@ def ratio(times: List[float], base: List[float]) -> float:
 
 
 def describe(mach: dict) -> str:
-    """One line for a report: 'AMD EPYC, 2 cores, 23 GiB; MindSpore 2.10.0, Python 3.11.7'."""
-    return (f"{mach['cpu']}, {mach['cores']} cores, {mach['memory_gb']} GiB; MindSpore {mach['mindspore']}, "
+    """One line for a report: 'AMD EPYC (AVX2), 2 cores, 23 GiB; MindSpore 2.10.0, Python 3.11.7'."""
+    return (f"{machine_kind(mach)}, {mach['cores']} cores, {mach['memory_gb']} GiB; MindSpore {mach['mindspore']}, "
             f"Python {mach['python']}")
 
 

@@ -39,7 +39,7 @@ from engine.checkpoint import CHECKPOINT_NAME, checkpoints
 from zoo.cli import pop_all, pop_flag, pop_option
 from zoo.compose import compose
 from zoo.errors import choices_hint, fail
-from zoo.runtime import machine
+from zoo.runtime import machine, machine_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
@@ -103,7 +103,7 @@ def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
               "overflow_steps": metrics["amp"]["overflow_steps"], "skipped_steps": metrics["amp"]["skipped_steps"],
               "throughput": metrics.get("samples_per_s"), "throughput_unit": metrics.get("throughput_unit"),
               "wall_time_s": training_wall_time(run_dir) or metrics["wall_time_s"],
-              "machine": metrics.get("machine", {}).get("cpu")}
+              "machine": machine_kind(metrics.get("machine", {}))}
     if metric.startswith("bleu"):  # the published protocol: averaged checkpoints, beam, test split
         result = scorer(run_dir)
         test = result["averaged_test_2016_flickr"]
@@ -255,7 +255,7 @@ def unfinished(runs: Path, name: str, seeds: List[int], metric: str) -> Dict[str
         if not saved or (run_dir / "metrics.json").is_file():
             continue
         epoch, step = map(int, CHECKPOINT_NAME.fullmatch(saved[-1].name).groups())
-        cpu = cpu or machine()["cpu"]
+        cpu = cpu or machine_kind(machine())
         record = {"run": f"{name}-s{seed}", "seed": seed, "epoch": epoch, "step": step,
                   "curve": eval_curve(run_dir, metric), "machine": cpu,
                   "updated": datetime.fromtimestamp(saved[-1].stat().st_mtime).strftime("%Y-%m-%d %H:%M")}

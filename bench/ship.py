@@ -33,7 +33,7 @@ from models import build_model  # noqa: E402
 from zoo.cli import pop_flag  # noqa: E402
 from zoo.compose import compose  # noqa: E402
 from zoo.errors import ConfigError, fail  # noqa: E402
-from zoo.runtime import set_context  # noqa: E402
+from zoo.runtime import machine_kind, set_context  # noqa: E402
 
 SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
         "logger", "runtime.device_id", "dataset.path")  # groups, or keys: where a run ran and how it was watched
@@ -96,7 +96,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
         "parameters": int(sum(p.size for p in net.trainable_params())), "dtype": "float16" if fp16 else "float32",
         "recipe": cfg.recipe_name, "overrides": overrides(cfg), "from": source,
         "commit": metrics.get("commit"), "mindspore": metrics["machine"]["mindspore"],
-        "machine": metrics["machine"]["cpu"], "trained": trained(run_dir, metrics, final_params),
+        "machine": machine_kind(metrics["machine"]), "trained": trained(run_dir, metrics, final_params),
         "metric": None, "published": {k: OmegaConf.to_container(cfg.target).get(k)
                                       for k in ("metric", "published", "published_setting", "source")},
         "command": f"python eval.py weights={name}" + (f" dataset.path=/data/{group}" if needs_path else ""),

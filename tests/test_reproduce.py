@@ -167,6 +167,21 @@ def test_seeds_runs_only_the_first_seeds_and_keeps_every_recorded_run(tmp_path, 
     assert rp.reproduce(**args, max_seeds=1)["table"] == table, "the table keeps the runs past the first seeds"
 
 
+def test_a_machine_kind_names_its_vector_isa():
+    """Two of this project's AMD EPYCs named themselves alike; the one without AVX-512 ran a ResNet step 2x
+    slower, so a run's machine names the vector ISA, and the two do not compare."""
+    from zoo.runtime import machine, machine_kind, vector_isa
+    assert vector_isa("fpu sse2 avx avx2 fma".split()) == "AVX2"
+    assert vector_isa("avx avx2 avx512f avx512bw".split()) == "AVX-512"
+    assert vector_isa("avx2 avx512f amx_tile amx_bf16".split()) == "AVX-512, AMX"
+    assert vector_isa(["sse2"]) == ""
+    epyc = {"cpu": "AMD EPYC", "cores": 2}
+    assert machine_kind(dict(epyc, isa="AVX2")) != machine_kind(dict(epyc, isa="AVX-512"))
+    assert machine_kind(epyc) == "AMD EPYC", "a record from before the ISA was kept"
+    here = machine()
+    assert here["cpu"] in machine_kind(here)
+
+
 def test_throughput_is_compared_only_between_runs_on_one_kind_of_machine():
     """The project's machines changed kind between sessions: an O2/O0 throughput ratio across two CPUs says
     nothing about AMP, so the row names each run's CPU and compares only on one."""
