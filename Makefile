@@ -8,7 +8,7 @@ RECIPE ?= lenet_o2
 
 .PHONY: demo test test-all bench bench-quick reproduce verify install clean
 
-$(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt models/cpu_conv.cc
+$(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt models/cpu_conv.cc models/cpu_pool.cc
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -6,9 +6,12 @@ ONEDNN_VERBOSE=1: 3.9 s of convolution kernels against PyTorch's 2.6 s). `CpuCon
 parameter, the same checkpoint) whose forward and backward are AOT custom ops doing what PyTorch does, built once
 from cpu_conv.cc against MindSpore's own oneDNN with the oneDNN headers from PyPI (onednn-devel) and g++.
 
+The same library holds cpu_pool.cc: the 2x2 max-pooling of LeNet (`CpuMaxPool2x2`), forward and backward in one
+pass each, where MindSpore's MaxPoolGrad and a written-out gradient were slow.
+
 Used only on the CPU, for groups=1, no dilation and no bias (ResNet's convolutions). Anything else, another
 device, AMP_ZOO_CPU_CONV=0, `with mindspore_conv():`, or a machine where the library cannot be built (no g++,
-no headers) gets MindSpore's own Conv2D: the same numbers, slower. `make install` builds it (build_report) and
+no headers) gets MindSpore's own Conv2D (and LeNet its MaxPool2x2): the same numbers, slower. `make install` builds it (build_report) and
 says where, or why not.
 """
 import hashlib
@@ -30,7 +33,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 
 log = logging.getLogger("amp_zoo")
-SOURCE = Path(__file__).with_name("cpu_conv.cc")
+SOURCES = [Path(__file__).with_name("cpu_conv.cc"), Path(__file__).with_name("cpu_pool.cc")]
 BUILD_DIR = Path(__file__).resolve().parent / "_build"
 STRIDES, PADDINGS = (1, 2), (0, 1, 2, 3)  # the variants cpu_conv.cc exports
 WHY_NOT = []  # why the library is not used, once known
@@ -51,7 +54,7 @@ def mindspore_lib() -> Path:
 
 
 def build(out: Path) -> Path:
-    """Compile cpu_conv.cc into `out` (atomically: parallel builds do not clash); raises RuntimeError."""
+    """Compile cpu_conv.cc and cpu_pool.cc into `out` (atomically: parallel builds do not clash); raises RuntimeError."""
     include = headers()
     if include is None:
         raise RuntimeError("the oneDNN headers are not installed (pip install --no-deps onednn-devel==2026.1.0)")
@@ -68,7 +71,7 @@ def build(out: Path) -> Path:
         (Path(tmp) / "oneapi" / "dnnl" / "dnnl_config.h").write_text(config)
         lib = mindspore_lib()
         partial = Path(tmp) / out.name
-        cmd = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{tmp}", f"-I{include}", str(SOURCE),
+        cmd = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{tmp}", f"-I{include}", *map(str, SOURCES),
                "-o", str(partial), f"-L{lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{lib}", "-pthread"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
@@ -84,7 +87,7 @@ def library() -> Optional[Path]:
     if os.environ.get("AMP_ZOO_CPU_CONV", "1") == "0":
         WHY_NOT.append("AMP_ZOO_CPU_CONV=0")
         return None
-    tag = hashlib.sha256(SOURCE.read_bytes() + ms.__version__.encode()).hexdigest()[:12]
+    tag = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES) + ms.__version__.encode()).hexdigest()[:12]
     out = BUILD_DIR / f"cpu_conv-{tag}.so"
     if out.is_file():
         return out
@@ -160,6 +163,36 @@ def conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, weight_i
         return CpuConv2d(in_channels, out_channels, kernel_size, stride, padding, weight_init)
     return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, pad_mode="pad" if padding else "valid",
                      padding=padding, has_bias=False, weight_init=weight_init)
+
+
+@lru_cache(maxsize=1)
+def max_pool_op():
+    """2x2/2 max-pooling (x -> y) with its backward (x, dy -> dx) from cpu_pool.cc."""
+    lib = library()
+    backward = ops.Custom(f"{lib}:MaxPool2x2Bwd", out_shape=lambda x, dy: x, out_dtype=lambda x, dy: x,
+                          func_type="aot")
+
+    def bprop(x, out, dout):
+        return (backward(x, dout),)
+
+    return ops.Custom(f"{lib}:MaxPool2x2Fwd", out_shape=lambda x: [x[0], x[1], x[2] // 2, x[3] // 2],
+                      out_dtype=lambda x: x, func_type="aot", bprop=bprop)
+
+
+class CpuMaxPool2x2(nn.MaxPool2d):
+    """nn.MaxPool2d(2, 2) (for keep-lists and reports) running cpu_pool.cc's loops, in fp32 or fp16."""
+
+    def __init__(self):
+        super().__init__(kernel_size=2, stride=2)
+        self.pool = max_pool_op()
+
+    def construct(self, x):
+        return self.pool(x)
+
+
+def pooling_usable() -> bool:
+    """Whether CpuMaxPool2x2 runs here: on the CPU, outside mindspore_conv(), the library built."""
+    return not _OFF[0] and ms.get_context("device_target") == "CPU" and library() is not None
 
 
 def build_report() -> None:

@@ -3,6 +3,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.common.initializer import Normal
 
+from models.cpu_conv import CpuMaxPool2x2, pooling_usable
 from zoo.errors import ConfigError
 from zoo.registry import MODELS
 
@@ -11,7 +12,9 @@ class MaxPool2x2(nn.MaxPool2d):
     """2x2 max-pooling with stride 2 (still an nn.MaxPool2d for keep-lists), its backward written out: the
     gradient goes to the first maximum of each window, as MindSpore's kernel and PyTorch's do. MindSpore's CPU
     MaxPoolGrad kernel took 4.4 of a LeNet step's 10 ms of op time (PyTorch's pooling backward: 0.12 ms;
-    bench.speed --profile); this backward is a few reshapes, an argmax and a one-hot."""
+    bench.speed --profile); this backward is a few reshapes, an argmax and a one-hot (2.2 ms). On the CPU,
+    CpuMaxPool2x2 (models/cpu_pool.cc) does both directions in one pass; this one serves other devices and
+    exports."""
 
     def __init__(self):
         super().__init__(kernel_size=2, stride=2)
@@ -34,7 +37,7 @@ class LeNet5(nn.Cell):
         self.fc2 = nn.Dense(120, 84, weight_init=Normal(0.02))
         self.fc3 = nn.Dense(84, num_classes, weight_init=Normal(0.02))
         self.relu = nn.ReLU()
-        self.pool = MaxPool2x2()
+        self.pool = CpuMaxPool2x2() if pooling_usable() else MaxPool2x2()
         self.flatten = nn.Flatten()
 
     def construct(self, x):

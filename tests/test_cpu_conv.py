@@ -111,12 +111,14 @@ def test_off_by_environment(monkeypatch):
     assert cpu_conv.library() is not None
 
 
-def test_export_writes_mindspores_own_conv2d(tmp_path):
-    """An exported MINDIR must run where our library is not: export.py builds nn.Conv2d."""
-    ckpt = tmp_path / "resnet34.ckpt"
-    ms.save_checkpoint(create_model("resnet34", num_classes=10), str(ckpt))
+@pytest.mark.parametrize("recipe,model", [("resnet34_o0", "resnet34"), ("lenet_o0", "lenet5")])
+def test_export_writes_mindspores_own_conv2d(tmp_path, recipe, model):
+    """An exported MINDIR must run where our library is not: export.py builds nn.Conv2d and LeNet's
+    written-out MaxPool2x2."""
+    ckpt = tmp_path / f"{model}.ckpt"
+    ms.save_checkpoint(create_model(model, num_classes=10), str(ckpt))
     out = tmp_path / "model.mindir"
-    exported = run_cli("export.py", "recipe=resnet34_o0", f"checkpoint={ckpt}", f"output={out}")
+    exported = run_cli("export.py", f"recipe={recipe}", f"checkpoint={ckpt}", f"output={out}")
     assert exported.returncode == 0, exported.stderr[-2000:]
     data = out.read_bytes()
     assert b"Conv2D" in data and b"cpu_conv" not in data and b"Custom" not in data
