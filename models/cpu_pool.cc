@@ -3,7 +3,8 @@
 //
 // MindSpore 2.10's CPU MaxPoolGrad took 4.4 of a LeNet step's 10 ms of op time, and the gradient written out in
 // MindSpore ops (a reshape, a transpose, an argmax, a one-hot) still 2.2 ms; PyTorch's pooling backward takes
-// 0.2 ms. These loops take what PyTorch does: one pass over the input each way.
+// 0.2 ms. These loops make one pass over the input each way, as PyTorch's kernels do (0.4 ms each way for a
+// LeNet batch's first pooling, 64x6x28x28, on one core).
 //
 // MaxPool2x2Fwd (x -> y) and MaxPool2x2Bwd (x, dy -> dx): NCHW, float32 or float16, even or odd H and W (the
 // last odd row or column is dropped, as MindSpore's "valid" pooling does). The gradient goes to the first
@@ -74,7 +75,7 @@ int Equal(float a, float b, float c, float d) {
 #endif
 
 // y[n, c, i, j] = x at the window's first maximum; with dy, dx gets dy there and 0 at the window's other three.
-// Branch-free: a branch per comparison mispredicts on real activations (these loops ran 10x slower).
+// Branch-free: with a branch per comparison, which mispredicts on real activations, they ran 2.6x slower.
 template <typename U>
 void Pool(const U *x, U *y, const U *dy, U *dx, int64_t planes, int64_t h, int64_t w) {
   const int64_t oh = h / 2, ow = w / 2;
