@@ -42,7 +42,7 @@ from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_hand
 
 from amp.profile import op_times  # noqa: E402
 from bench.common import alternate, bench_config, describe, pop_option, ratio, save_result, train_step  # noqa: E402
-from models.cpu_conv import CpuConv2d, mindspore_conv  # noqa: E402
+from models.cpu_conv import WHY_NOT, CpuConv2d, library, mindspore_conv  # noqa: E402
 from zoo.runtime import machine  # noqa: E402
 
 
@@ -210,10 +210,13 @@ def main(argv: List[str]) -> dict:
             rows[name]["speed_vs_pytorch"] = ratio(times["PyTorch fp32"], times[name])
             rows[name]["speed_vs_pytorch_own_process"] = ratio(times["PyTorch fp32, own process"], times[name])
     mach = machine()
+    # a number measured without our CPU kernels (no g++ or headers in this environment) must say so
+    kernels = f"built: {library().name}" if library() else f"not used: {'; '.join(WHY_NOT)}"
     result = {"recipe": cfg.recipe_name, "model": cfg.model.name, "stem": cfg.model.params.get("stem"),
               "shape": list(shape), "rounds": rounds, "steps_per_round": steps, "peer": peer, "onednn": ISA_NOTE,
-              "machine": mach, "rows": rows}
-    print(f"{cfg.recipe_name} ({cfg.model.name}, input {'x'.join(map(str, shape))}) on {describe(mach)}; {peer}")
+              "cpu_kernels": kernels, "machine": mach, "rows": rows}
+    print(f"{cfg.recipe_name} ({cfg.model.name}, input {'x'.join(map(str, shape))}) on {describe(mach)}; {peer}; "
+          f"CPU kernels (models/cpu_conv.py) {kernels}")
     for name, row in rows.items():
         print(f"  {name}: {row}")
     if want_profile:
