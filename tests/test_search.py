@@ -136,7 +136,7 @@ def test_a_search_directory_with_other_settings_is_refused(tmp_path):
 
 
 def test_bisection_and_keep_list_compression():
-    from amp.ranking import Unit, bisect, keep_list
+    from amp.ranking import Unit, bisect, keep_list, rank
     from models import create_model
 
     calls = []
@@ -151,3 +151,5 @@ def test_bisection_and_keep_list_compression():
     units = [Unit(p, type(c).__name__, 0, 1, [], 0.0) for p, c in net.cells_and_names() if p]
     assert keep_list(["fc1", "fc2", "fc3"], units, net) == ["Dense"]
     assert keep_list(["conv1", "fc3"], units, net) == ["conv1", "fc3"]
+    # max-pooling only selects values, whichever kernel runs it (CpuMaxPool2x2 on the CPU): never a candidate
+    assert "pool" in [u.path for u in units] and "pool" not in [u.path for u in rank(units)]
