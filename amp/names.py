@@ -29,6 +29,11 @@ PRIMITIVE_TO_CELL = {
     "BatchNorm": "BatchNorm2d", "BiasAdd": "Dense", "MaxPool": "MaxPool2d", "AvgPool": "AvgPool2d",
     "BatchMatMul": "BatchMatMul (models/transformer.py)", "Gather": "Embedding",
 }
+# Subclasses that precision reports name, where a network builds them on some devices only -> the mindspore.nn
+# class to name instead (it matches the subclass too, on every device), and what the subclass is
+DEVICE_CELLS = {"CpuConv2d": ("Conv2d", "the CPU build of Conv2d (models/cpu_conv.py)"),
+                "CpuMaxPool2x2": ("MaxPool2d", "the CPU build of MaxPool2d (models/cpu_conv.py)"),
+                "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (models/lenet.py)")}
 PRIMITIVES = {name for name, cls in vars(ops).items() if isinstance(cls, type) and issubclass(cls, Primitive)}
 
 
@@ -44,6 +49,9 @@ def resolve(names: List[str], key: str) -> Tuple[Type[nn.Cell], ...]:
             classes.extend(NN_CELLS[n] for n in GROUPS[name])
         elif cell_class(name) is not None:
             classes.append(cell_class(name))
+        elif name in DEVICE_CELLS:
+            base, what = DEVICE_CELLS[name]
+            raise ConfigError(f"{key}: {name!r} is {what}; name {base}, which matches it and {base} on every device")
         elif name in PRIMITIVES or name in PRIMITIVE_TO_CELL:
             cell = PRIMITIVE_TO_CELL.get(name, "the Cell that calls it")
             raise ConfigError(f"{key}: {name!r} is a Primitive; MindSpore's precision lists take Cell classes, "

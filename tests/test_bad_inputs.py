@@ -15,6 +15,8 @@ CASES = [
     (["runtime.device=GPU"], "runtime.device=GPU is not available in this MindSpore build"),
     (["amp.keep_fp32=[LayerNrom]"], "amp.keep_fp32: 'LayerNrom' is not a known Cell; did you mean LayerNorm"),
     (["amp.keep_fp32=[Conv2D]"], "'Conv2D' is a Primitive; MindSpore's precision lists take Cell classes, use Conv2d"),
+    (["recipe=resnet34_o2", "amp.keep_fp32=[CpuConv2d]"],  # copied from a CPU precision report
+     "amp.keep_fp32: 'CpuConv2d' is the CPU build of Conv2d (models/cpu_conv.py); name Conv2d, which matches it"),
     (["amp.force_fp16=[Softmx]"], "amp.force_fp16: 'Softmx' is not a known Cell; did you mean Softmax"),
     (["amp.keep_fp32=[Dense]", "amp.force_fp16=[Dense]"], "Dense is in both amp.keep_fp32 and amp.force_fp16"),
     (["amp.dtype=bfloat16"], "amp.dtype=bfloat16 is not supported on CPU"),
