@@ -30,6 +30,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import numpy as np
 
+from amp.names import portable
 from amp.policy import apply_policy, compute_dtype
 from amp.precision import units
 from data import create_dataset
@@ -140,7 +141,7 @@ def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
             if row["constants"]:
                 row["flags"].append("constant")
             if set(row["flags"]) & {"overflow", "error", "constant"}:
-                suggest.append(row["class"])
+                suggest.append(portable(row["class"]))  # CpuConv2d -> Conv2d: the list must hold on Ascend
         rows.append(row)
     ms.set_context(mode=ms.GRAPH_MODE)
     keep = sorted(set(policy.keep_fp32) | set(suggest))

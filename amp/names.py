@@ -34,6 +34,13 @@ PRIMITIVE_TO_CELL = {
 DEVICE_CELLS = {"CpuConv2d": ("Conv2d", "the CPU build of Conv2d (models/cpu_conv.py)"),
                 "CpuMaxPool2x2": ("MaxPool2d", "the CPU build of MaxPool2d (models/cpu_conv.py)"),
                 "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (models/lenet.py)")}
+
+
+def portable(class_name: str) -> str:
+    """The name a keep-list should use for a Cell of this class: CpuConv2d -> Conv2d, anything else itself."""
+    return DEVICE_CELLS.get(class_name, (class_name,))[0]
+
+
 PRIMITIVES = {name for name, cls in vars(ops).items() if isinstance(cls, type) and issubclass(cls, Primitive)}
 
 

@@ -4,7 +4,7 @@ candidates and judges them."""
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from amp.names import DEVICE_CELLS, resolve, split_keep
+from amp.names import portable, resolve, split_keep
 from amp.policy import check_paths
 from amp.precision import units as unit_cells
 from zoo.errors import ConfigError
@@ -63,8 +63,7 @@ def keep_list(kept: List[str], units: List[Unit], net) -> List[str]:
     a sub-module path where every unit below it is, the unit's own path otherwise. A class a network builds on
     some devices only (CpuConv2d) goes by the class that matches it on every device (Conv2d)."""
     cells, left, out = dict(unit_cells(net)), [u.path for u in units if u.path in kept], []
-    names = (type(cells[p]).__name__ for p in left)
-    for cls in dict.fromkeys(DEVICE_CELLS.get(name, (name,))[0] for name in names):
+    for cls in dict.fromkeys(portable(type(cells[p]).__name__) for p in left):
         try:
             resolved = resolve([cls], "keep")
         except ConfigError:
