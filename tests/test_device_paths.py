@@ -276,3 +276,18 @@ def test_only_rank_0_removes_checkpoints_from_a_shared_folder(tmp_path):
     ms.save_checkpoint([{"name": k, "data": v} for k, v in net_params.items()], str(path))
     assert last_good_checkpoint(tmp_path, remove=False) == (None, None) and path.exists()
     assert last_good_checkpoint(tmp_path, remove=True) == (None, None) and not path.exists()
+
+
+@pytest.mark.parametrize("device", ["Ascend", "GPU"])
+def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
+    """The CPU kernels (models/cpu_conv.py) are custom ops built for the CPU: on Ascend and GPU, ResNet must get
+    nn.Conv2d and LeNet its written-out MaxPool2x2, whatever the library does here."""
+    import models.cpu_conv as cpu_conv
+    from models import create_model
+    from models.cpu_conv import CpuConv2d, CpuMaxPool2x2
+    real = ms.get_context
+    monkeypatch.setattr(cpu_conv.ms, "get_context", lambda key: device if key == "device_target" else real(key))
+    resnet = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8)
+    lenet = create_model("lenet5", num_classes=10)
+    assert not any(isinstance(c, (CpuConv2d, CpuMaxPool2x2)) for net in (resnet, lenet) for _, c in net.cells_and_names())
+    assert type(lenet.pool).__name__ == "MaxPool2x2"
