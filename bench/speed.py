@@ -211,7 +211,8 @@ def main(argv: List[str]) -> dict:
             rows[name]["speed_vs_pytorch_own_process"] = ratio(times["PyTorch fp32, own process"], times[name])
     mach = machine()
     # a number measured without our CPU kernels (no g++ or headers in this environment) must say so
-    kernels = f"built: {library().name}" if library() else f"not used: {'; '.join(WHY_NOT)}"
+    lib = library()
+    kernels = f"built: {lib.name}" if lib else f"not used: {'; '.join(WHY_NOT)}"
     result = {"recipe": cfg.recipe_name, "model": cfg.model.name, "stem": cfg.model.params.get("stem"),
               "shape": list(shape), "rounds": rounds, "steps_per_round": steps, "peer": peer, "onednn": ISA_NOTE,
               "cpu_kernels": kernels, "machine": mach, "rows": rows}

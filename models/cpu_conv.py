@@ -11,8 +11,8 @@ pass each, where MindSpore's MaxPoolGrad and a written-out gradient were slow.
 
 Used only on the CPU, for groups=1, no dilation and no bias (ResNet's convolutions). Anything else, another
 device, AMP_ZOO_CPU_CONV=0, `with mindspore_conv():`, or a machine where the library cannot be built (no g++,
-no headers) gets MindSpore's own Conv2D (and LeNet its MaxPool2x2): the same numbers, slower. `make install` builds it (build_report) and
-says where, or why not.
+no headers) gets MindSpore's own Conv2D (and LeNet its MaxPool2x2): the same numbers, slower. `make install`
+builds it (build_report) and says where, or why not.
 """
 import hashlib
 import logging
@@ -54,7 +54,8 @@ def mindspore_lib() -> Path:
 
 
 def build(out: Path) -> Path:
-    """Compile cpu_conv.cc and cpu_pool.cc into `out` (atomically: parallel builds do not clash); raises RuntimeError."""
+    """Compile cpu_conv.cc and cpu_pool.cc into `out` (atomically: parallel builds do not clash); raises
+    RuntimeError."""
     include = headers()
     if include is None:
         raise RuntimeError("the oneDNN headers are not installed (pip install --no-deps onednn-devel==2026.1.0)")
@@ -99,11 +100,15 @@ def library() -> Optional[Path]:
         return None
 
 
+def runs_here() -> bool:
+    """Whether the library's kernels (CpuConv2d, CpuMaxPool2x2) run here: on the CPU, outside mindspore_conv(),
+    the library built."""
+    return not _OFF[0] and ms.get_context("device_target") == "CPU" and library() is not None
+
+
 def usable(stride: int, padding: int) -> bool:
-    """Whether CpuConv2d runs this convolution here: on the CPU, a variant the library exports, built."""
-    if _OFF[0] or ms.get_context("device_target") != "CPU" or stride not in STRIDES or padding not in PADDINGS:
-        return False
-    return library() is not None
+    """Whether CpuConv2d runs this convolution here: a variant the library exports, and runs_here()."""
+    return stride in STRIDES and padding in PADDINGS and runs_here()
 
 
 @contextmanager
@@ -188,11 +193,6 @@ class CpuMaxPool2x2(nn.MaxPool2d):
 
     def construct(self, x):
         return self.pool(x)
-
-
-def pooling_usable() -> bool:
-    """Whether CpuMaxPool2x2 runs here: on the CPU, outside mindspore_conv(), the library built."""
-    return not _OFF[0] and ms.get_context("device_target") == "CPU" and library() is not None
 
 
 def build_report() -> None:

@@ -103,7 +103,8 @@ void Pool(const U *x, U *y, const U *dy, U *dx, int64_t planes, int64_t h, int64
   }
 }
 
-// Return codes (MindSpore reports them): 1 a rank, dtype or shape these ops do not take
+// Return codes (MindSpore reports them): 1 a rank or dtype these ops do not take (shapes come from the
+// op's shape function, cpu_conv.py: dy and dx are x's, halved and whole)
 int Run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool backward) {
   if (nparam != (backward ? 3 : 2) || ndims[0] != 4) return 1;
   for (int i = 1; i < nparam; ++i)

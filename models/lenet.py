@@ -3,7 +3,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.common.initializer import Normal
 
-from models.cpu_conv import CpuMaxPool2x2, pooling_usable
+from models.cpu_conv import CpuMaxPool2x2, runs_here
 from zoo.errors import ConfigError
 from zoo.registry import MODELS
 
@@ -37,7 +37,7 @@ class LeNet5(nn.Cell):
         self.fc2 = nn.Dense(120, 84, weight_init=Normal(0.02))
         self.fc3 = nn.Dense(84, num_classes, weight_init=Normal(0.02))
         self.relu = nn.ReLU()
-        self.pool = CpuMaxPool2x2() if pooling_usable() else MaxPool2x2()
+        self.pool = CpuMaxPool2x2() if runs_here() else MaxPool2x2()
         self.flatten = nn.Flatten()
 
     def construct(self, x):

@@ -22,7 +22,7 @@ class Probe(nn.Cell):
 
 
 POOLS = [MaxPool2x2, pytest.param(CpuMaxPool2x2, marks=pytest.mark.skipif(
-    not cpu_conv.pooling_usable(), reason="the CPU kernel library is not built; make install builds it (needs g++)"))]
+    not cpu_conv.runs_here(), reason="the CPU kernel library is not built; make install builds it (needs g++)"))]
 
 
 def grad(pool, x, g):
@@ -45,7 +45,7 @@ def test_maxpool_backward_matches_mindspores(graph_mode, pool, dtype, ties):
     assert isinstance(ours, nn.MaxPool2d)  # keep_fp32 / force_fp16 lists naming MaxPool2d still reach it
 
 
-@pytest.mark.skipif(not cpu_conv.pooling_usable(), reason="the CPU kernel library is not built")
+@pytest.mark.skipif(not cpu_conv.runs_here(), reason="the CPU kernel library is not built")
 def test_cpu_maxpool_odd_sizes_and_nan(graph_mode):
     """An odd last row and column are dropped, as MindSpore's "valid" pooling does. A NaN stays the window's
     maximum and takes its gradient, as in PyTorch (MindSpore's CPU kernel drops it), so the loss turns NaN
@@ -68,5 +68,5 @@ def test_lenet_pools_on_the_cpu_kernels_where_they_run(graph_mode):
     with cpu_conv.mindspore_conv():
         plain = create_model("lenet5", num_classes=10)
     assert type(plain.pool) is MaxPool2x2
-    if cpu_conv.pooling_usable():
+    if cpu_conv.runs_here():
         assert type(create_model("lenet5", num_classes=10).pool) is CpuMaxPool2x2
