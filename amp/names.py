@@ -33,6 +33,7 @@ PRIMITIVE_TO_CELL = {
 # class to name instead (it matches the subclass too, on every device), and what the subclass is
 DEVICE_CELLS = {"CpuConv2d": ("Conv2d", "the CPU build of Conv2d (models/cpu_conv.py)"),
                 "CpuMaxPool2x2": ("MaxPool2d", "the CPU build of MaxPool2d (models/cpu_conv.py)"),
+                "CpuMaxPool3x3": ("MaxPool2d", "the CPU build of MaxPool2d (models/cpu_conv.py)"),
                 "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (models/lenet.py)")}
 
 

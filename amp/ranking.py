@@ -9,8 +9,8 @@ from amp.policy import check_paths
 from amp.precision import units as unit_cells
 from zoo.errors import ConfigError
 
-EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool2x2", "CpuMaxPool2x2", "MaxPool3d", "Flatten", "Dropout",
-         "Identity")
+EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool2x2", "CpuMaxPool2x2", "CpuMaxPool3x3", "MaxPool3d",
+         "Flatten", "Dropout", "Identity")
 TIERS = ("overflow", "constant", "error", "underflow")  # the audit's flags, most serious first
 
 

@@ -6,8 +6,9 @@ ONEDNN_VERBOSE=1: 3.9 s of convolution kernels against PyTorch's 2.6 s). `CpuCon
 parameter, the same checkpoint) whose forward and backward are AOT custom ops doing what PyTorch does, built once
 from cpu_conv.cc against MindSpore's own oneDNN with the oneDNN headers from PyPI (onednn-devel) and g++.
 
-The same library holds cpu_pool.cc: the 2x2 max-pooling of LeNet (`CpuMaxPool2x2`), forward and backward in one
-pass each, where MindSpore's MaxPoolGrad and a written-out gradient were slow.
+The same library holds cpu_pool.cc: the 2x2 max-pooling of LeNet (`CpuMaxPool2x2`) and the 3x3/2 of ResNet's
+ImageNet stem (`CpuMaxPool3x3`), forward and backward in one pass each, where MindSpore's MaxPoolGrad,
+MaxPool3DWithArgmax and a written-out gradient were slow.
 
 Used only on the CPU, for groups=1, no dilation and no bias (ResNet's convolutions). Anything else, another
 device, AMP_ZOO_CPU_CONV=0, `with mindspore_conv():`, or a machine where the library cannot be built (no g++,
@@ -72,7 +73,7 @@ def build(out: Path) -> Path:
         (Path(tmp) / "oneapi" / "dnnl" / "dnnl_config.h").write_text(config)
         lib = mindspore_lib()
         partial = Path(tmp) / out.name
-        cmd = [compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{tmp}", f"-I{include}", *map(str, SOURCES),
+        cmd = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{tmp}", f"-I{include}", *map(str, SOURCES),
                "-o", str(partial), f"-L{lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{lib}", "-pthread"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
@@ -101,7 +102,7 @@ def library() -> Optional[Path]:
 
 
 def runs_here() -> bool:
-    """Whether the library's kernels (CpuConv2d, CpuMaxPool2x2) run here: on the CPU, outside mindspore_conv(),
+    """Whether the library's kernels (CpuConv2d, CpuMaxPool2x2/3x3) run here: on the CPU, outside mindspore_conv(),
     the library built."""
     return not _OFF[0] and ms.get_context("device_target") == "CPU" and library() is not None
 
@@ -170,17 +171,29 @@ def conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, weight_i
                      padding=padding, has_bias=False, weight_init=weight_init)
 
 
-@lru_cache(maxsize=1)
-def max_pool_op():
-    """2x2/2 max-pooling (x -> y) with its backward (x, dy -> dx) from cpu_pool.cc."""
+def _pooled(size: int, k: int) -> int:
+    return size // 2 if k == 2 else (size - 1) // 2 + 1  # 2x2/2 "valid"; 3x3/2 with padding 1
+
+
+@lru_cache(maxsize=None)
+def max_pool_op(k: int = 2):
+    """k x k max-pooling with stride 2 (x -> y; k=3 pads by 1) with its backward from cpu_pool.cc: x, dy -> dx
+    (2x2), or x, y, dy -> dx (3x3: y locates each window's maximum)."""
     lib = library()
-    backward = ops.Custom(f"{lib}:MaxPool2x2Bwd", out_shape=lambda x, dy: x, out_dtype=lambda x, dy: x,
-                          func_type="aot")
+    if k == 2:
+        backward = ops.Custom(f"{lib}:MaxPool2x2Bwd", out_shape=lambda x, dy: x, out_dtype=lambda x, dy: x,
+                              func_type="aot")
 
-    def bprop(x, out, dout):
-        return (backward(x, dout),)
+        def bprop(x, out, dout):
+            return (backward(x, dout),)
+    else:
+        backward = ops.Custom(f"{lib}:MaxPool3x3Bwd", out_shape=lambda x, y, dy: x, out_dtype=lambda x, y, dy: x,
+                              func_type="aot")
 
-    return ops.Custom(f"{lib}:MaxPool2x2Fwd", out_shape=lambda x: [x[0], x[1], x[2] // 2, x[3] // 2],
+        def bprop(x, out, dout):
+            return (backward(x, out, dout),)
+
+    return ops.Custom(f"{lib}:MaxPool{k}x{k}Fwd", out_shape=lambda x: [x[0], x[1], _pooled(x[2], k), _pooled(x[3], k)],
                       out_dtype=lambda x: x, func_type="aot", bprop=bprop)
 
 
@@ -189,10 +202,28 @@ class CpuMaxPool2x2(nn.MaxPool2d):
 
     def __init__(self):
         super().__init__(kernel_size=2, stride=2)
-        self.pool = max_pool_op()
+        self.pool = max_pool_op(2)
 
     def construct(self, x):
         return self.pool(x)
+
+
+class CpuMaxPool3x3(nn.MaxPool2d):
+    """nn.MaxPool2d(3, 2, padding 1), the ImageNet stem's, running cpu_pool.cc's loops, in fp32 or fp16."""
+
+    def __init__(self):
+        super().__init__(kernel_size=3, stride=2, pad_mode="pad", padding=1)
+        self.pool = max_pool_op(3)
+
+    def construct(self, x):
+        return self.pool(x)
+
+
+def stem_max_pool() -> nn.MaxPool2d:
+    """The ImageNet stem's 3x3/2 max-pool (padding 1): CpuMaxPool3x3 where the library runs, else nn.MaxPool2d."""
+    if runs_here():
+        return CpuMaxPool3x3()
+    return nn.MaxPool2d(3, 2, pad_mode="pad", padding=1)
 
 
 def build_report() -> None:

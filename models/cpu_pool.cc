@@ -1,5 +1,6 @@
-// 2x2 max-pooling with stride 2, forward and backward, for MindSpore's CPU backend, as AOT custom ops
-// (models/cpu_conv.py builds it into one library with cpu_conv.cc).
+// Max-pooling for MindSpore's CPU backend, forward and backward, as AOT custom ops (models/cpu_conv.py builds
+// it into one library with cpu_conv.cc): LeNet's 2x2 with stride 2, and the ImageNet stem's 3x3 with stride 2
+// and padding 1 (ResNet).
 //
 // MindSpore 2.10's CPU MaxPoolGrad took 4.4 of a LeNet step's 10 ms of op time, and the gradient written out in
 // MindSpore ops (a reshape, a transpose, an argmax, a one-hot) still 2.2 ms; PyTorch's pooling backward takes
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -103,31 +105,156 @@ void Pool(const U *x, U *y, const U *dy, U *dx, int64_t planes, int64_t h, int64
   }
 }
 
+// float to the element's bits: float32 as is, float16 rounded to nearest even (the sums of gradients above)
+uint16_t ToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) return sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0);  // inf, NaN
+  if (x >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504: inf
+  if (x < 0x38800000u) {  // a float16 subnormal or zero: scale by 2^24 and round
+    float a;
+    std::memcpy(&a, &x, 4);
+    const float scaled = a * 16777216.0f;  // exact
+    uint32_t m = static_cast<uint32_t>(scaled);
+    const float rest = scaled - static_cast<float>(m);
+    if (rest > 0.5f || (rest == 0.5f && (m & 1))) ++m;
+    return sign | m;
+  }
+  const uint32_t r = x + 0xfffu + ((x >> 13) & 1u);  // round to nearest even at bit 13
+  return sign | static_cast<uint16_t>((r - 0x38000000u) >> 13);
+}
+template <typename U>
+U Bits(float f);
+template <>
+uint32_t Bits<uint32_t>(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+template <>
+uint16_t Bits<uint16_t>(float f) { return ToHalf(f); }
+// 3x3 max-pooling, stride 2, padding 1 (the ResNet ImageNet stem's; torchvision's nn.MaxPool2d(3, 2, 1)).
+// MindSpore 2.10 runs it as MaxPool3DWithArgmax: 70 ms of a ResNet-34 224x224 batch-8 step, where PyTorch
+// takes 32 ms for both directions. The padding never wins (it is -inf, as in both frameworks); the gradient
+// goes to each window's first maximum in row-major order, and a NaN counts as the maximum.
+//
+// The larger of m and v, or v when it is a NaN (so a NaN stays the maximum); no branch, so it vectorizes
+inline float Max(float m, float v) { return (v > m) | (v != v) ? v : m; }
+
+// Forward: each window's maximum, as a column-wise maximum of its (up to) three rows in `row` (w floats), then
+// the maximum of three neighbours in that row. Maxima are exact, so the order gives the same value.
+template <typename U>
+void Max3x3(const U *x, U *y, float *row, int64_t planes, int64_t h, int64_t w) {
+  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1;
+  for (int64_t p = 0; p < planes; ++p) {
+    const U *plane = x + p * h * w;
+    for (int64_t i = 0; i < oh; ++i) {
+      const int64_t r0 = std::max<int64_t>(2 * i - 1, 0), r1 = std::min<int64_t>(2 * i + 2, h);
+      const U *a = plane + r0 * w;
+      for (int64_t c = 0; c < w; ++c) row[c] = Value(a[c]);
+      for (int64_t r = r0 + 1; r < r1; ++r) {
+        const U *b = plane + r * w;
+        for (int64_t c = 0; c < w; ++c) row[c] = Max(row[c], Value(b[c]));
+      }
+      U *out = y + (p * oh + i) * ow;
+      out[0] = Bits<U>(w > 1 ? Max(row[0], row[1]) : row[0]);  // column -1 is padding
+      const int64_t inner = (w - 2) / 2;  // outputs 1..inner have all three columns inside the image
+      for (int64_t j = 1; j <= inner; ++j) out[j] = Bits<U>(Max(Max(row[2 * j - 1], row[2 * j]), row[2 * j + 1]));
+      if (inner + 1 < ow) out[ow - 1] = Bits<U>(Max(row[w - 2], row[w - 1]));  // even w: the last window's two
+    }
+  }
+}
+
+// The index in a window (row-major, n columns a row) of its first element equal to m; with m a NaN, its first
+// NaN. A bit per element and the lowest set bit: no branch to mispredict on real activations.
+template <typename U>
+inline unsigned First(const U *top, int64_t w, int64_t rows, int64_t n, float m) {
+  unsigned hit = 0, k = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n; ++c, ++k) hit |= unsigned(Value(top[r * w + c]) == m) << k;
+  if (!hit)  // m is a NaN (y is one of the window's elements)
+    for (int64_t r = 0, k = 0; r < rows; ++r)
+      for (int64_t c = 0; c < n; ++c, ++k) hit |= unsigned(Value(top[r * w + c]) != Value(top[r * w + c])) << k;
+  return __builtin_ctz(hit | 512u);
+}
+
+// Backward: dx = the sum of dy over the windows whose first maximum an element is (windows overlap by a row and
+// a column), accumulated in float32 in `acc` (h x w floats) and rounded once. The maximum's position is the
+// first element equal to y. Windows inside the image take an unrolled path.
+template <typename U>
+void Grad3x3(const U *x, const U *y, const U *dy, U *dx, float *acc, int64_t planes, int64_t h, int64_t w) {
+  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1;
+  for (int64_t p = 0; p < planes; ++p) {
+    const U *plane = x + p * h * w, *ys = y + p * oh * ow, *gs = dy + p * oh * ow;
+    std::fill(acc, acc + h * w, 0.0f);
+    for (int64_t i = 0; i < oh; ++i) {
+      const int64_t r0 = std::max<int64_t>(2 * i - 1, 0), rows = std::min<int64_t>(2 * i + 2, h) - r0;
+      for (int64_t j = 0; j < ow; ++j) {
+        const int64_t c0 = std::max<int64_t>(2 * j - 1, 0), n = std::min<int64_t>(2 * j + 2, w) - c0;
+        const float m = Value(ys[i * ow + j]);
+        const U *top = plane + r0 * w + c0;
+        if (rows == 3 && n == 3) {
+          const U *a = top, *b = a + w, *c = b + w;
+          unsigned at = __builtin_ctz((Value(a[0]) == m) | (Value(a[1]) == m) << 1 | (Value(a[2]) == m) << 2 |
+                                      (Value(b[0]) == m) << 3 | (Value(b[1]) == m) << 4 | (Value(b[2]) == m) << 5 |
+                                      (Value(c[0]) == m) << 6 | (Value(c[1]) == m) << 7 | (Value(c[2]) == m) << 8 |
+                                      512);
+          if (at == 9) at = First(top, w, rows, n, m);  // a NaN
+          if (at < 9) acc[r0 * w + c0 + at / 3 * w + at % 3] += Value(gs[i * ow + j]);
+        } else {
+          const unsigned at = First(top, w, rows, n, m);  // 9: no element is y (cannot happen: y is the maximum)
+          if (at < rows * n) acc[(r0 + at / n) * w + c0 + at % n] += Value(gs[i * ow + j]);
+        }
+      }
+    }
+    U *d = dx + p * h * w;
+    for (int64_t k = 0; k < h * w; ++k) d[k] = Bits<U>(acc[k]);
+  }
+}
+
 // Return codes (MindSpore reports them): 1 a rank or dtype these ops do not take (shapes come from the
-// op's shape function, cpu_conv.py: dy and dx are x's, halved and whole)
-int Run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool backward) {
-  if (nparam != (backward ? 3 : 2) || ndims[0] != 4) return 1;
+// op's shape function, cpu_conv.py). Forward x -> y; backward x, dy -> dx (2x2) or x, y, dy -> dx (3x3)
+int Run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool backward, bool k3) {
+  if (nparam != (backward ? (k3 ? 4 : 3) : 2) || ndims[0] != 4) return 1;
   for (int i = 1; i < nparam; ++i)
     if (std::strcmp(dtypes[i], dtypes[0])) return 1;
   const int64_t *s = shapes[0], planes = s[0] * s[1];
   const bool f32 = !std::strcmp(dtypes[0], "float32");
   if (!f32 && std::strcmp(dtypes[0], "float16")) return 1;
-  void *x = params[0], *out = params[nparam - 1], *dy = backward ? params[1] : nullptr;
-  if (f32)
-    Pool<uint32_t>(static_cast<uint32_t *>(x), backward ? nullptr : static_cast<uint32_t *>(out),
-                   static_cast<uint32_t *>(dy), backward ? static_cast<uint32_t *>(out) : nullptr, planes, s[2], s[3]);
-  else
-    Pool<uint16_t>(static_cast<uint16_t *>(x), backward ? nullptr : static_cast<uint16_t *>(out),
-                   static_cast<uint16_t *>(dy), backward ? static_cast<uint16_t *>(out) : nullptr, planes, s[2], s[3]);
+  void *x = params[0], *out = params[nparam - 1], *dy = backward ? params[nparam - 2] : nullptr;
+  std::vector<float> scratch(k3 ? s[3] * (backward ? s[2] : 1) : 0);  // a row (forward) or a plane (backward)
+  if (f32) {
+    auto *x_ = static_cast<uint32_t *>(x), *y_ = backward ? nullptr : static_cast<uint32_t *>(out);
+    auto *dy_ = static_cast<uint32_t *>(dy), *dx_ = backward ? static_cast<uint32_t *>(out) : nullptr;
+    if (!k3) Pool(x_, y_, dy_, dx_, planes, s[2], s[3]);
+    else if (backward) Grad3x3(x_, static_cast<uint32_t *>(params[1]), dy_, dx_, scratch.data(), planes, s[2], s[3]);
+    else Max3x3(x_, y_, scratch.data(), planes, s[2], s[3]);
+  } else {
+    auto *x_ = static_cast<uint16_t *>(x), *y_ = backward ? nullptr : static_cast<uint16_t *>(out);
+    auto *dy_ = static_cast<uint16_t *>(dy), *dx_ = backward ? static_cast<uint16_t *>(out) : nullptr;
+    if (!k3) Pool(x_, y_, dy_, dx_, planes, s[2], s[3]);
+    else if (backward) Grad3x3(x_, static_cast<uint16_t *>(params[1]), dy_, dx_, scratch.data(), planes, s[2], s[3]);
+    else Max3x3(x_, y_, scratch.data(), planes, s[2], s[3]);
+  }
   return 0;
 }
 
 }  // namespace
 
 extern "C" int MaxPool2x2Fwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Run(n, params, ndims, shapes, dtypes, false);
+  return Run(n, params, ndims, shapes, dtypes, false, false);
 }
 
 extern "C" int MaxPool2x2Bwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Run(n, params, ndims, shapes, dtypes, true);
+  return Run(n, params, ndims, shapes, dtypes, true, false);
+}
+
+extern "C" int MaxPool3x3Fwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  return Run(n, params, ndims, shapes, dtypes, false, true);
+}
+
+extern "C" int MaxPool3x3Bwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  return Run(n, params, ndims, shapes, dtypes, true, true);
 }

@@ -10,7 +10,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
-from models.cpu_conv import conv2d
+from models.cpu_conv import conv2d, stem_max_pool
 from zoo.errors import ConfigError
 from zoo.registry import MODELS
 
@@ -80,7 +80,7 @@ class ResNet(nn.Cell):
         check_resnet({"stem": stem, "width": width, "num_classes": num_classes, "in_channels": in_channels})
         if stem == "imagenet":
             self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2), bn(width), nn.ReLU(),
-                                           nn.MaxPool2d(3, 2, pad_mode="pad", padding=1)])  # torchvision's
+                                           stem_max_pool()])  # torchvision's: 3x3/2, padding 1
         else:
             self.stem = nn.SequentialCell([conv(in_channels, width, 3), bn(width), nn.ReLU()])
         chans, in_ch, stages = [width, width * 2, width * 4, width * 8], width, []

@@ -1,7 +1,8 @@
 """CpuConv2d (models/cpu_conv.py): oneDNN's direct convolution kernels as MindSpore custom ops on the CPU.
 Its forward and both gradients equal MindSpore's own nn.Conv2d within fp32 rounding, for every stride, kernel
 and padding ResNet uses; under fp16 it rounds as nn.Conv2d does; ResNet builds it and a checkpoint moves
-between the two; and where it cannot run, ResNet gets nn.Conv2d."""
+between the two; and where it cannot run, ResNet gets nn.Conv2d. The ImageNet stem's max-pool (CpuMaxPool3x3)
+equals nn.MaxPool2d's too."""
 import numpy as np
 import pytest
 
@@ -128,3 +129,66 @@ def test_builds_from_source(tmp_path):
     """What make install does on a fresh machine: compile cpu_conv.cc against MindSpore's libdnnl."""
     out = cpu_conv.build(tmp_path / "cpu_conv.so")
     assert out.is_file() and out.stat().st_size > 10_000
+
+
+class PoolProbe(nn.Cell):
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+
+    def construct(self, x, g):
+        return (self.pool(x) * g).sum()
+
+
+def pool_grad(pool, x, g):
+    return ms.jit(ms.grad(PoolProbe(pool), grad_position=0))(x, g).asnumpy()
+
+
+@pytest.mark.parametrize("size", [(9, 9), (8, 10), (112, 112), (1, 2)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("ties", [False, True])
+def test_stem_maxpool_equals_mindspores(graph_mode, size, dtype, ties):
+    """CpuMaxPool3x3 (the ImageNet stem's 3x3/2, padding 1) against nn.MaxPool2d: the same values; the gradient
+    goes to each window's first maximum, ties included (ReLU outputs). Windows overlap, so an element can take
+    the gradient of several: in fp32 the sums are equal; in fp16 ours is summed in fp32 and rounded once, where
+    MindSpore rounds after every addition (a few units in the last place apart)."""
+    rng = np.random.RandomState(0)
+    x = rng.randn(2, 3, *size).astype(np.float32)
+    if ties:
+        x = np.maximum(np.round(x), 0)
+    x = ms.Tensor(x.astype(dtype))
+    ours, theirs = cpu_conv.CpuMaxPool3x3(), nn.MaxPool2d(3, 2, pad_mode="pad", padding=1)
+    y = ours(x)
+    assert y.dtype == x.dtype
+    np.testing.assert_array_equal(y.asnumpy(), theirs(x).asnumpy())
+    g = ms.Tensor(rng.randn(*y.shape).astype(dtype))
+    mine, ref = pool_grad(ours, x, g), pool_grad(theirs, x, g)
+    if dtype == np.float32:
+        np.testing.assert_array_equal(mine, ref)
+    else:
+        exact = pool_grad(theirs, ms.Tensor(x.asnumpy().astype(np.float32)), ms.Tensor(g.asnumpy().astype(np.float32)))
+        np.testing.assert_array_equal(mine, exact.astype(np.float16))  # the fp32 sum, rounded once
+        # MindSpore's: a few units in the last place of the addends (|dy| < 8: units of at most 2^-8)
+        np.testing.assert_allclose(mine.astype(np.float32), ref.astype(np.float32), rtol=0, atol=2 ** -6)
+    assert isinstance(ours, nn.MaxPool2d)  # keep-lists naming MaxPool2d reach it
+
+
+def test_stem_maxpool_keeps_a_nan(graph_mode):
+    """A NaN stays its windows' maximum and takes their gradient, so the loss turns NaN and the loss scaler
+    counts the step as overflowed."""
+    rng = np.random.RandomState(1)
+    x = rng.randn(1, 1, 6, 6).astype(np.float32)
+    x[0, 0, 2, 3] = np.nan  # in the windows at output (1, 1) and (1, 2)
+    g = rng.randn(1, 1, 3, 3).astype(np.float32)
+    pool = cpu_conv.CpuMaxPool3x3()
+    y = pool(ms.Tensor(x)).asnumpy()[0, 0]
+    assert np.isnan(y[1, 1]) and np.isnan(y[1, 2]) and np.isfinite(np.delete(y.ravel(), [4, 5])).all()
+    dx = pool_grad(pool, ms.Tensor(x), ms.Tensor(g))[0, 0]
+    assert dx[2, 3] == np.float32(g[0, 0, 1, 1] + g[0, 0, 1, 2])
+
+
+def test_resnet_stem_pools_on_the_cpu_kernel():
+    """ResNet's ImageNet stem builds CpuMaxPool3x3 here, and nn.MaxPool2d for an export (mindspore_conv)."""
+    assert type(create_model("resnet18", num_classes=10, width=8).stem[3]) is cpu_conv.CpuMaxPool3x3
+    with cpu_conv.mindspore_conv():
+        assert type(create_model("resnet18", num_classes=10, width=8).stem[3]) is nn.MaxPool2d
