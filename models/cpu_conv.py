@@ -36,6 +36,7 @@ import mindspore.ops as ops
 log = logging.getLogger("amp_zoo")
 SOURCES = [Path(__file__).with_name("cpu_conv.cc"), Path(__file__).with_name("cpu_pool.cc")]
 BUILD_DIR = Path(__file__).resolve().parent / "_build"
+FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-w"]  # -O3: at -O2 g++ 12 leaves the pooling loops scalar
 STRIDES, PADDINGS = (1, 2), (0, 1, 2, 3)  # the variants cpu_conv.cc exports
 WHY_NOT = []  # why the library is not used, once known
 _OFF = [0]  # > 0 inside mindspore_conv()
@@ -73,7 +74,7 @@ def build(out: Path) -> Path:
         (Path(tmp) / "oneapi" / "dnnl" / "dnnl_config.h").write_text(config)
         lib = mindspore_lib()
         partial = Path(tmp) / out.name
-        cmd = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-w", f"-I{tmp}", f"-I{include}", *map(str, SOURCES),
+        cmd = [compiler, *FLAGS, f"-I{tmp}", f"-I{include}", *map(str, SOURCES),
                "-o", str(partial), f"-L{lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{lib}", "-pthread"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
@@ -89,7 +90,8 @@ def library() -> Optional[Path]:
     if os.environ.get("AMP_ZOO_CPU_CONV", "1") == "0":
         WHY_NOT.append("AMP_ZOO_CPU_CONV=0")
         return None
-    tag = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCES) + ms.__version__.encode()).hexdigest()[:12]
+    built_from = b"".join(f.read_bytes() for f in SOURCES) + " ".join([ms.__version__, *FLAGS]).encode()
+    tag = hashlib.sha256(built_from).hexdigest()[:12]
     out = BUILD_DIR / f"cpu_conv-{tag}.so"
     if out.is_file():
         return out
