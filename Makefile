@@ -28,7 +28,7 @@ demo: install
 		output=runs/demo-$(RECIPE)/eval.json
 	@echo "run files: runs/demo-$(RECIPE)/ (metrics.json, precision_report.md, tb/, checkpoints/, train.log)"
 
-# 3 workers on 2 cores: graph compiles and process start-ups are single-threaded, so they overlap (2: 16.8 min, 3: 15.4)
+# 3 workers on 2 cores: graph compiles and process start-ups are single-threaded, so they overlap (1: 22.5 min, 3: 13.8)
 TEST_WORKERS ?= 3
 test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
