@@ -12,8 +12,8 @@ MaxPool3DWithArgmax and a written-out gradient were slow.
 
 Used only on the CPU, for groups=1, no dilation and no bias (ResNet's convolutions). Anything else, another
 device, AMP_ZOO_CPU_CONV=0, `with mindspore_conv():`, or a machine where the library cannot be built (no g++,
-no headers) gets MindSpore's own Conv2D (and LeNet its MaxPool2x2): the same numbers, slower. `make install`
-builds it (build_report) and says where, or why not.
+no headers) gets MindSpore's own Conv2D (ResNet's stem nn.MaxPool2d, LeNet its MaxPool2x2): the same numbers,
+slower. `make install` builds it (build_report) and says where, or why not.
 """
 import hashlib
 import logging

@@ -105,7 +105,8 @@ void Pool(const U *x, U *y, const U *dy, U *dx, int64_t planes, int64_t h, int64
   }
 }
 
-// float to the element's bits: float32 as is, float16 rounded to nearest even (the sums of gradients above)
+// float to the element's bits: float32 as is, float16 rounded to nearest even (Max3x3's maxima, exact, and
+// Grad3x3's sums of gradients)
 uint16_t ToHalf(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
@@ -135,6 +136,7 @@ uint32_t Bits<uint32_t>(float f) {
 }
 template <>
 uint16_t Bits<uint16_t>(float f) { return ToHalf(f); }
+
 // 3x3 max-pooling, stride 2, padding 1 (the ResNet ImageNet stem's; torchvision's nn.MaxPool2d(3, 2, 1)).
 // MindSpore 2.10 runs it as MaxPool3DWithArgmax: 70 ms of a ResNet-34 224x224 batch-8 step, where PyTorch
 // takes 32 ms for both directions. The padding never wins (it is -inf, as in both frameworks); the gradient
@@ -214,6 +216,20 @@ void Grad3x3(const U *x, const U *y, const U *dy, U *dx, float *acc, int64_t pla
   }
 }
 
+// One op on buffers of element type U: params are x, y (forward); x, dy, dx (2x2 backward); x, y, dy, dx (3x3)
+template <typename U>
+void Dispatch(int nparam, void **params, bool backward, bool k3, int64_t planes, int64_t h, int64_t w,
+              float *scratch) {
+  U *x = static_cast<U *>(params[0]), *out = static_cast<U *>(params[nparam - 1]), *none = nullptr;
+  U *dy = backward ? static_cast<U *>(params[nparam - 2]) : nullptr;
+  if (!k3)
+    Pool(x, backward ? none : out, dy, backward ? out : none, planes, h, w);
+  else if (backward)
+    Grad3x3(x, static_cast<U *>(params[1]), dy, out, scratch, planes, h, w);
+  else
+    Max3x3(x, out, scratch, planes, h, w);
+}
+
 // Return codes (MindSpore reports them): 1 a rank or dtype these ops do not take (shapes come from the
 // op's shape function, cpu_conv.py). Forward x -> y; backward x, dy -> dx (2x2) or x, y, dy -> dx (3x3)
 int Run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool backward, bool k3) {
@@ -223,21 +239,11 @@ int Run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
   const int64_t *s = shapes[0], planes = s[0] * s[1];
   const bool f32 = !std::strcmp(dtypes[0], "float32");
   if (!f32 && std::strcmp(dtypes[0], "float16")) return 1;
-  void *x = params[0], *out = params[nparam - 1], *dy = backward ? params[nparam - 2] : nullptr;
   std::vector<float> scratch(k3 ? s[3] * (backward ? s[2] : 1) : 0);  // a row (forward) or a plane (backward)
-  if (f32) {
-    auto *x_ = static_cast<uint32_t *>(x), *y_ = backward ? nullptr : static_cast<uint32_t *>(out);
-    auto *dy_ = static_cast<uint32_t *>(dy), *dx_ = backward ? static_cast<uint32_t *>(out) : nullptr;
-    if (!k3) Pool(x_, y_, dy_, dx_, planes, s[2], s[3]);
-    else if (backward) Grad3x3(x_, static_cast<uint32_t *>(params[1]), dy_, dx_, scratch.data(), planes, s[2], s[3]);
-    else Max3x3(x_, y_, scratch.data(), planes, s[2], s[3]);
-  } else {
-    auto *x_ = static_cast<uint16_t *>(x), *y_ = backward ? nullptr : static_cast<uint16_t *>(out);
-    auto *dy_ = static_cast<uint16_t *>(dy), *dx_ = backward ? static_cast<uint16_t *>(out) : nullptr;
-    if (!k3) Pool(x_, y_, dy_, dx_, planes, s[2], s[3]);
-    else if (backward) Grad3x3(x_, static_cast<uint16_t *>(params[1]), dy_, dx_, scratch.data(), planes, s[2], s[3]);
-    else Max3x3(x_, y_, scratch.data(), planes, s[2], s[3]);
-  }
+  if (f32)
+    Dispatch<uint32_t>(nparam, params, backward, k3, planes, s[2], s[3], scratch.data());
+  else
+    Dispatch<uint16_t>(nparam, params, backward, k3, planes, s[2], s[3], scratch.data());
   return 0;
 }
 

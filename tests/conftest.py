@@ -43,6 +43,20 @@ def fork(root: Path, module: str, model_src: str, recipe: str, recipe_src: str):
     return env, f"hydra.searchpath=[file://{root / 'recipes'}]"
 
 
+class _PoolLoss(ms.nn.Cell):
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+
+    def construct(self, x, g):
+        return (self.pool(x) * g).sum()
+
+
+def pool_grad(pool, x, g):
+    """A pooling Cell's input gradient for the output gradient g, in a compiled graph (the max-pool tests)."""
+    return ms.jit(ms.grad(_PoolLoss(pool), grad_position=0))(x, g).asnumpy()
+
+
 @pytest.fixture
 def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)

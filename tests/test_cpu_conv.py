@@ -12,7 +12,7 @@ import mindspore.ops as ops
 
 from models import cpu_conv, create_model
 from models.cpu_conv import CpuConv2d
-from tests.conftest import run_cli
+from tests.conftest import pool_grad, run_cli
 
 pytestmark = pytest.mark.skipif(cpu_conv.library() is None,
                                 reason=f"the CPU convolution library is not built ({'; '.join(cpu_conv.WHY_NOT)}); "
@@ -129,19 +129,6 @@ def test_builds_from_source(tmp_path):
     """What make install does on a fresh machine: compile cpu_conv.cc against MindSpore's libdnnl."""
     out = cpu_conv.build(tmp_path / "cpu_conv.so")
     assert out.is_file() and out.stat().st_size > 10_000
-
-
-class PoolProbe(nn.Cell):
-    def __init__(self, pool):
-        super().__init__()
-        self.pool = pool
-
-    def construct(self, x, g):
-        return (self.pool(x) * g).sum()
-
-
-def pool_grad(pool, x, g):
-    return ms.jit(ms.grad(PoolProbe(pool), grad_position=0))(x, g).asnumpy()
 
 
 @pytest.mark.parametrize("size", [(9, 9), (8, 10), (112, 112), (1, 2)])

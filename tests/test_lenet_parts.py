@@ -10,23 +10,11 @@ import mindspore.nn as nn
 from models import cpu_conv
 from models.cpu_conv import CpuMaxPool2x2
 from models.lenet import MaxPool2x2
-
-
-class Probe(nn.Cell):
-    def __init__(self, pool):
-        super().__init__()
-        self.pool = pool
-
-    def construct(self, x, g):
-        return (self.pool(x) * g).sum()
+from tests.conftest import pool_grad
 
 
 POOLS = [MaxPool2x2, pytest.param(CpuMaxPool2x2, marks=pytest.mark.skipif(
     not cpu_conv.runs_here(), reason="the CPU kernel library is not built; make install builds it (needs g++)"))]
-
-
-def grad(pool, x, g):
-    return ms.jit(ms.grad(Probe(pool), grad_position=0))(x, g).asnumpy()
 
 
 @pytest.mark.parametrize("pool", POOLS)
@@ -41,7 +29,7 @@ def test_maxpool_backward_matches_mindspores(graph_mode, pool, dtype, ties):
     ours, theirs = pool(), nn.MaxPool2d(kernel_size=2, stride=2)
     np.testing.assert_array_equal(ours(x).asnumpy(), theirs(x).asnumpy())
     assert ours(x).dtype == x.dtype
-    np.testing.assert_array_equal(grad(ours, x, g), grad(theirs, x, g))
+    np.testing.assert_array_equal(pool_grad(ours, x, g), pool_grad(theirs, x, g))
     assert isinstance(ours, nn.MaxPool2d)  # keep_fp32 / force_fp16 lists naming MaxPool2d still reach it
 
 
@@ -55,9 +43,9 @@ def test_cpu_maxpool_odd_sizes_and_nan(graph_mode):
     g = ms.Tensor(rng.randn(2, 3, 3, 4).astype(np.float32))
     ours, theirs = CpuMaxPool2x2(), nn.MaxPool2d(kernel_size=2, stride=2)
     np.testing.assert_array_equal(ours(ms.Tensor(x)).asnumpy(), theirs(ms.Tensor(x)).asnumpy())
-    np.testing.assert_array_equal(grad(ours, ms.Tensor(x), g), grad(theirs, ms.Tensor(x), g))
+    np.testing.assert_array_equal(pool_grad(ours, ms.Tensor(x), g), pool_grad(theirs, ms.Tensor(x), g))
     x[0, 0, 1, 1] = np.nan  # in the first window, after its maximum would be
-    y, dx = ours(ms.Tensor(x)).asnumpy(), grad(ours, ms.Tensor(x), g)
+    y, dx = ours(ms.Tensor(x)).asnumpy(), pool_grad(ours, ms.Tensor(x), g)
     assert np.isnan(y[0, 0, 0, 0]) and np.isfinite(np.delete(y.ravel(), 0)).all()
     assert dx[0, 0, 1, 1] == g.asnumpy()[0, 0, 0, 0] and (dx[0, 0, :2, :2] != 0).sum() == 1
 
