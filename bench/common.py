@@ -1,10 +1,11 @@
 """What the single-process benchmarks share: their own command-line options, the recipe's train step, and
 where their JSON goes (bench/results/<name>.json; bench.run copies it next to its results.json)."""
 import json
+import random
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import mindspore as ms
 from omegaconf import OmegaConf
@@ -65,6 +66,18 @@ def alternate(variants: Dict[str, Callable], rounds: int, steps: int) -> Dict[st
 def ratio(times: List[float], base: List[float]) -> float:
     """Median of per-round ratios."""
     return round(statistics.median(a / b for a, b in zip(times, base)), 3)
+
+
+def bootstrap_ci(ratios: List[float], n: int = 2000, seed: int = 0) -> Tuple[float, float]:
+    """95% bootstrap interval of the median of `ratios` (one per round or block)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
+    return medians[int(0.025 * n)], medians[int(0.975 * n)]
+
+
+def ratio_ci(times: List[float], base: List[float]) -> List[float]:
+    """The 95% interval of ratio(times, base): how far the rounds let a ratio be read."""
+    return [round(v, 3) for v in bootstrap_ci([a / b for a, b in zip(times, base)])]
 
 
 def describe(mach: dict) -> str:

@@ -15,7 +15,6 @@ Pairing block by block matters on a shared 2-core machine: whole runs a minute a
 for the same code, and single epochs by 10%. Bare MindSpore accepts only a fixed loss scale without overflow
 skipping (or none) on CPU, so the recipe must use one of those.
 """
-import random
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ import mindspore.nn as nn  # noqa: E402
 from mindspore.amp import FixedLossScaleManager  # noqa: E402
 from mindspore.train import Callback, Model  # noqa: E402
 
-from bench.common import bench_config, pop_option, save_result  # noqa: E402
+from bench.common import bench_config, bootstrap_ci, pop_option, save_result  # noqa: E402
 from data import create_dataset  # noqa: E402
 from engine.optim import create_optimizer, lr_schedule, scaled_lr  # noqa: E402
 from models import build_model  # noqa: E402
@@ -101,12 +100,6 @@ def ratio_of_blocks(a_blocks, b_blocks):
     """Median over blocks of the ratio of median step times (the first block of each warms up), 95% interval."""
     ratios = [statistics.median(a) / statistics.median(b) for a, b in zip(a_blocks, b_blocks)][1:]
     return statistics.median(ratios), bootstrap_ci(ratios), ratios
-
-
-def bootstrap_ci(ratios, n=2000, seed=0):
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(n))
-    return medians[int(0.025 * n)], medians[int(0.975 * n)]
 
 
 def main(argv) -> dict:

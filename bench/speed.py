@@ -8,8 +8,10 @@ loss scale and optimizer) at O0 and at the recipe's level; the peer is the same 
 fp32 (torchvision's ResNet with the recipe's stem, or LeNet-5 as models/lenet.py builds it), SGD with momentum
 and the recipe's weight decay, on as many threads as MindSpore uses. Inputs are random images of the recipe's
 size and channels (or --size), labels random. A ratio is the median of per-round ratios, so drift on a shared
-machine cancels; take numbers only on a quiet machine. --profile adds where each step spends its time: our ops
-(MindSpore's profiler) beside PyTorch's (torch.profiler), by op type.
+machine cancels, with its 95% bootstrap interval over the rounds (`_95ci`): on a noisy machine, give it more
+--rounds until the interval says which side of 1.0 it is on. Take numbers only on a quiet machine. --profile
+adds where each step spends its time: our ops (MindSpore's profiler) beside PyTorch's (torch.profiler), by op
+type.
 
 A ResNet on the CPU runs CpuConv2d (models/cpu_conv.py, oneDNN's direct kernels); the same O0 step built with
 MindSpore's own Conv2D takes turns too, so the gain is measured in the same run.
@@ -41,7 +43,8 @@ import numpy as np  # noqa: E402
 from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler  # noqa: E402
 
 from amp.profile import op_times  # noqa: E402
-from bench.common import alternate, bench_config, describe, pop_option, ratio, save_result, train_step  # noqa: E402
+from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,  # noqa: E402
+                          train_step)
 from models.cpu_conv import WHY_NOT, CpuConv2d, library, mindspore_conv  # noqa: E402
 from zoo.runtime import machine  # noqa: E402
 
@@ -207,8 +210,10 @@ def main(argv: List[str]) -> dict:
             for name, ts in times.items()}
     if torch is not None:
         for name in rows:  # > 1: we are faster
-            rows[name]["speed_vs_pytorch"] = ratio(times["PyTorch fp32"], times[name])
-            rows[name]["speed_vs_pytorch_own_process"] = ratio(times["PyTorch fp32, own process"], times[name])
+            for key, peer_name in (("speed_vs_pytorch", "PyTorch fp32"),
+                                   ("speed_vs_pytorch_own_process", "PyTorch fp32, own process")):
+                rows[name][key] = ratio(times[peer_name], times[name])
+                rows[name][f"{key}_95ci"] = ratio_ci(times[peer_name], times[name])
     mach = machine()
     # a number measured without our CPU kernels (no g++ or headers in this environment) must say so
     lib = library()

@@ -119,3 +119,15 @@ def test_fp16_ops_times_each_op_in_both_precisions(tmp_path):
     bad = run_cli("-m bench.fp16_ops", "--shape", "2,x")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --shape '2,x': give positive sizes separated by commas, e.g. 128,64,28,28"]
+
+
+def test_a_speed_ratio_carries_the_interval_its_rounds_allow():
+    from bench.common import ratio, ratio_ci
+    peer = [100.0, 100.0, 100.0, 100.0, 100.0, 100.0]
+    steady = [90.0, 91.0, 89.0, 90.0, 90.5, 89.5]   # every round ~1.11x: the interval stays above 1.0
+    noisy = [80.0, 125.0, 95.0, 110.0, 85.0, 105.0]  # rounds on both sides of 1.0
+    lo, hi = ratio_ci(peer, steady)
+    assert 1.0 < lo <= ratio(peer, steady) <= hi <= max(p / s for p, s in zip(peer, steady))
+    lo, hi = ratio_ci(peer, noisy)
+    assert lo < 1.0 < hi
+    assert ratio_ci(peer, peer) == [1.0, 1.0]
