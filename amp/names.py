@@ -34,6 +34,7 @@ PRIMITIVE_TO_CELL = {
 DEVICE_CELLS = {"CpuConv2d": ("Conv2d", "the CPU build of Conv2d (models/cpu_conv.py)"),
                 "CpuMaxPool2x2": ("MaxPool2d", "the CPU build of MaxPool2d (models/cpu_conv.py)"),
                 "CpuMaxPool3x3": ("MaxPool2d", "the CPU build of MaxPool2d (models/cpu_conv.py)"),
+                "CpuBatchNorm2d": ("BatchNorm2d", "the CPU build of BatchNorm2d (models/cpu_conv.py)"),
                 "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (models/lenet.py)")}
 
 

@@ -40,7 +40,9 @@ def find_pairs(net: nn.Cell) -> Tuple[List[Tuple[nn.Conv2d, nn.BatchNorm2d]], st
         from mindspore.rewrite import NodeType, SymbolTree
         pairs = []
         for node in SymbolTree.create(net).nodes(all_nodes=True):
-            if node.get_node_type() != NodeType.CallCell or not isinstance(node.get_instance(), nn.BatchNorm2d):
+            # a Cell of the project (CpuBatchNorm2d) is a Tree node: rewrite parses its construct too
+            if (node.get_node_type() not in (NodeType.CallCell, NodeType.Tree)
+                    or not isinstance(node.get_instance(), nn.BatchNorm2d)):
                 continue
             inputs = node.get_inputs()
             if len(inputs) == 1 and isinstance(inputs[0].get_instance(), nn.Conv2d) and len(inputs[0].get_users()) == 1:

@@ -262,6 +262,10 @@ int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char
 
 }  // namespace
 
+// The pool, for the loops of cpu_norm.cc: fn(t, n) for t < n, on n threads at most
+void AmpZooParallel(int n, const std::function<void(int, int)> &fn) { RT().pool.parallel_for(n, fn); }
+int AmpZooThreads() { return RT().pool.get_num_threads(); }
+
 #define CONV_OPS(S, P)                                                                                          \
   extern "C" int ConvFwd_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
                                       void *, void *) {                                                       \

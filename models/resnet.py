@@ -10,7 +10,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
-from models.cpu_conv import conv2d, stem_max_pool
+from models.cpu_conv import batch_norm2d, conv2d, stem_max_pool
 from zoo.errors import ConfigError
 from zoo.registry import MODELS
 
@@ -20,7 +20,7 @@ def conv(in_ch, out_ch, k, stride=1):
 
 
 def bn(ch, zero=False):
-    return nn.BatchNorm2d(ch, momentum=0.9, eps=1e-5, gamma_init="zeros" if zero else "ones")
+    return batch_norm2d(ch, eps=1e-5, momentum=0.9, gamma_init="zeros" if zero else "ones")
 
 
 class BasicBlock(nn.Cell):

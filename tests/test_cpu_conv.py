@@ -2,7 +2,7 @@
 Its forward and both gradients equal MindSpore's own nn.Conv2d within fp32 rounding, for every stride, kernel
 and padding ResNet uses; under fp16 it rounds as nn.Conv2d does; ResNet builds it and a checkpoint moves
 between the two; and where it cannot run, ResNet gets nn.Conv2d. The ImageNet stem's max-pool (CpuMaxPool3x3)
-equals nn.MaxPool2d's too."""
+equals nn.MaxPool2d's too, and CpuBatchNorm2d nn.BatchNorm2d's: output, gradients and moving statistics."""
 import numpy as np
 import pytest
 
@@ -179,3 +179,65 @@ def test_resnet_stem_pools_on_the_cpu_kernel():
     assert type(create_model("resnet18", num_classes=10, width=8).stem[3]) is cpu_conv.CpuMaxPool3x3
     with cpu_conv.mindspore_conv():
         assert type(create_model("resnet18", num_classes=10, width=8).stem[3]) is nn.MaxPool2d
+
+
+class NormGrads(nn.Cell):
+    """A BatchNorm's output, and the gradients of sum(output * dy) for its input, gamma and beta."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+        self.grad = ops.GradOperation(get_all=True, get_by_list=True)
+        self.weights = ms.ParameterTuple([norm.gamma, norm.beta])
+
+    def loss(self, x, dy):
+        return (self.norm(x) * dy).sum()
+
+    def construct(self, x, dy):
+        return self.grad(self.loss, self.weights)(x, dy)
+
+
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+@pytest.mark.parametrize("shape", [(8, 16, 7, 9), (32, 4, 4, 4), (5, 3, 1, 1)])
+def test_batchnorm_equals_mindspores_in_training(request, mode, shape):
+    """Two training steps and an evaluation: the same output, gradients (input, gamma, beta) and moving
+    statistics (MindSpore's: momentum 0.9, unbiased variance) as nn.BatchNorm2d, within fp32 rounding. Shapes:
+    odd planes, a plane under one vector of 8, and 1x1 planes (ResNet's last stage at 32x32 has 4x4); compiled,
+    and op by op as amp.audit runs cells."""
+    request.getfixturevalue(f"{mode}_mode")
+    rng = np.random.RandomState(0)
+    x = ms.Tensor((rng.randn(*shape) * 3 + 2).astype(np.float32))  # an offset mean: the variance's cancellation
+    dy = ms.Tensor(rng.randn(*shape).astype(np.float32))
+    gamma, beta = rng.randn(shape[1]).astype(np.float32), rng.randn(shape[1]).astype(np.float32)
+    results = []
+    for norm in (cpu_conv.CpuBatchNorm2d(shape[1]), nn.BatchNorm2d(shape[1], momentum=0.9, eps=1e-5)):
+        norm.gamma.set_data(ms.Tensor(gamma))
+        norm.beta.set_data(ms.Tensor(beta))
+        norm.set_train(True)
+        grads = NormGrads(norm)
+        for _ in range(2):
+            (dx, _), (dgamma, dbeta) = grads(x, dy)
+        y = norm(x)
+        stats = [norm.moving_mean.value(), norm.moving_variance.value()]
+        norm.set_train(False)
+        results.append([y, dx, dgamma, dbeta, *stats, norm(x)])
+    ours, theirs = results
+    assert isinstance(ours[0], ms.Tensor) and ours[0].shape == shape
+    for name, a, b in zip(["y", "dx", "dgamma", "dbeta", "moving_mean", "moving_variance", "eval y"], theirs, ours):
+        assert rel(a, b) < 2e-6, name
+
+
+def test_batchnorm_runs_mindspores_own_op_in_fp16(graph_mode):
+    """O3 runs BatchNorm in fp16: CpuBatchNorm2d hands it to MindSpore's BatchNorm, so O3's numbers are
+    MindSpore's; a ResNet built here has CpuBatchNorm2d, and keep-lists naming BatchNorm reach it."""
+    x = ms.Tensor(np.random.RandomState(0).randn(4, 8, 5, 5).astype(np.float16))
+    ours, theirs = cpu_conv.CpuBatchNorm2d(8), nn.BatchNorm2d(8, momentum=0.9, eps=1e-5)
+    for norm in (ours, theirs):
+        norm.to_float(ms.float16)
+        norm.set_train(True)
+    np.testing.assert_array_equal(ours(x).asnumpy(), theirs(x).asnumpy())
+    net = create_model("resnet18", num_classes=10, width=8)
+    norms = [c for _, c in net.cells_and_names() if isinstance(c, nn.BatchNorm2d)]
+    assert len(norms) == 20 and all(type(c) is cpu_conv.CpuBatchNorm2d for c in norms)
+    with cpu_conv.mindspore_conv():
+        assert type(create_model("resnet18", num_classes=10, width=8).stem[1]) is nn.BatchNorm2d

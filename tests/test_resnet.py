@@ -227,7 +227,7 @@ def test_resnet34_o2_smoke_run_from_a_fresh_checkout(tmp_path):
     assert losses[-1] < losses[0] - 1.0, losses
     assert metrics["final"]["top1"] > 0.1
     report = json.loads((tmp_path / "precision_report.json").read_text())
-    bn = [r for r in report["cells"] if r["class"] == "BatchNorm2d"]
+    bn = [r for r in report["cells"] if r["class"].endswith("BatchNorm2d")]  # CpuBatchNorm2d on the CPU
     assert len(bn) == 36 and {r["compute_dtype"] for r in bn} == {"float32"}
 
 

@@ -1,0 +1,133 @@
+// Training-mode BatchNorm for MindSpore's CPU backend, forward and backward, as AOT custom ops (models/cpu_conv.py
+// builds it into one library with cpu_conv.cc and cpu_pool.cc).
+//
+// MindSpore 2.10's CPU BatchNorm and BatchNormGrad took 153 ms of a ResNet-34 CIFAR-stem step at batch 32, where
+// PyTorch's took 75 ms. These loops work a channel at a time, on the pool of cpu_conv.cc's threads: a channel's
+// slice (batch x H x W floats, at most 128 KB in ResNet-34 at that shape) is read once from memory and stays in
+// the core's cache for the passes after the first.
+//
+// BatchNormFwd (x, gamma, beta, moving_mean, moving_var, hyper -> y, mean, invstd, new_mean, new_var): NCHW
+// float32; hyper = (momentum, eps). y = gamma (x - mean) invstd + beta with the batch's mean and biased
+// variance, invstd = 1 / sqrt(var + eps). new_* = momentum moving + (1 - momentum) batch, with the unbiased
+// variance: what MindSpore's BatchNorm writes into its moving statistics.
+// BatchNormBwd (x, gamma, mean, invstd, dy -> dx, dgamma, dbeta, and three zero tensors: the gradients of the
+// forward's moving statistics and hyper, which a custom op's bprop must return).
+// Sums are taken in float over 8 lanes within a row of W x H and in double across rows.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // cpu_conv.cc: its thread pool
+int AmpZooThreads();
+
+namespace {
+
+// sum of p[0..n) (f(v) of each), in 8 float lanes the compiler vectorizes
+template <typename F>
+double Sum(const float *p, int64_t n, F f) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += f(p[i + k], i + k);
+  double s = 0;
+  for (; i < n; ++i) s += f(p[i], i);
+  for (int k = 0; k < 8; ++k) s += acc[k];
+  return s;
+}
+
+// Channels [c0, c1) of one op, on one thread
+void Forward(const float *x, const float *gamma, const float *beta, const float *mm, const float *mv, float momentum,
+             float eps, float *y, float *mean, float *invstd, float *nm, float *nv, int64_t batch, int64_t channels,
+             int64_t plane, int64_t c0, int64_t c1) {
+  const double count = static_cast<double>(batch * plane);
+  for (int64_t c = c0; c < c1; ++c) {
+    double s = 0;
+    for (int64_t n = 0; n < batch; ++n) s += Sum(x + (n * channels + c) * plane, plane, [](float v, int64_t) { return v; });
+    const float m = static_cast<float>(s / count);
+    double q = 0;
+    for (int64_t n = 0; n < batch; ++n)
+      q += Sum(x + (n * channels + c) * plane, plane, [m](float v, int64_t) { return (v - m) * (v - m); });
+    const double var = q / count;
+    const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+    const float scale = gamma[c] * inv, shift = beta[c] - m * scale;
+    for (int64_t n = 0; n < batch; ++n) {
+      const float *in = x + (n * channels + c) * plane;
+      float *out = y + (n * channels + c) * plane;
+      for (int64_t i = 0; i < plane; ++i) out[i] = in[i] * scale + shift;
+    }
+    mean[c] = m;
+    invstd[c] = inv;
+    const double unbiased = count > 1 ? q / (count - 1) : var;
+    nm[c] = momentum * mm[c] + (1 - momentum) * m;
+    nv[c] = momentum * mv[c] + (1 - momentum) * static_cast<float>(unbiased);
+  }
+}
+
+// dbeta = sum dy, dgamma = sum dy xhat, dx = gamma invstd (dy - dbeta / count - xhat dgamma / count)
+void Backward(const float *x, const float *gamma, const float *mean, const float *invstd, const float *dy, float *dx,
+              float *dgamma, float *dbeta, int64_t batch, int64_t channels, int64_t plane, int64_t c0, int64_t c1) {
+  const double count = static_cast<double>(batch * plane);
+  for (int64_t c = c0; c < c1; ++c) {
+    const float m = mean[c], inv = invstd[c];
+    double sdy = 0, sdyx = 0;
+    for (int64_t n = 0; n < batch; ++n) {
+      const int64_t at = (n * channels + c) * plane;
+      const float *g = dy + at, *in = x + at;
+      sdy += Sum(g, plane, [](float v, int64_t) { return v; });
+      sdyx += Sum(g, plane, [in, m](float v, int64_t i) { return v * (in[i] - m); });
+    }
+    const float db = static_cast<float>(sdy), dg = static_cast<float>(sdyx * inv);
+    const float k = gamma[c] * inv, mean_dy = static_cast<float>(sdy / count);
+    const float slope = static_cast<float>(sdyx / count) * inv * inv;  // times (x - mean): xhat dgamma / count
+    for (int64_t n = 0; n < batch; ++n) {
+      const int64_t at = (n * channels + c) * plane;
+      const float *g = dy + at, *in = x + at;
+      float *out = dx + at;
+      for (int64_t i = 0; i < plane; ++i) out[i] = k * (g[i] - mean_dy - (in[i] - m) * slope);
+    }
+    dgamma[c] = dg;
+    dbeta[c] = db;
+  }
+}
+
+// Split channels over the pool's threads
+void Channels(int64_t channels, const std::function<void(int64_t, int64_t)> &work) {
+  const int threads = AmpZooThreads();
+  AmpZooParallel(threads, [&](int t, int n) { work(channels * t / n, channels * (t + 1) / n); });
+}
+
+bool Float32(int nparam, const char **dtypes) {
+  for (int i = 0; i < nparam; ++i)
+    if (std::strcmp(dtypes[i], "float32")) return false;
+  return true;
+}
+
+}  // namespace
+
+// Return codes (MindSpore reports them): 1 a rank, count or dtype these ops do not take
+extern "C" int BatchNormFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                            void *) {
+  if (nparam != 11 || ndims[0] != 4 || !Float32(nparam, dtypes)) return 1;
+  const int64_t *s = shapes[0], batch = s[0], channels = s[1], plane = s[2] * s[3];
+  auto f = [&](int i) { return static_cast<float *>(params[i]); };
+  const float momentum = f(5)[0], eps = f(5)[1];
+  Channels(channels, [&](int64_t c0, int64_t c1) {
+    Forward(f(0), f(1), f(2), f(3), f(4), momentum, eps, f(6), f(7), f(8), f(9), f(10), batch, channels, plane, c0, c1);
+  });
+  return 0;
+}
+
+extern "C" int BatchNormBwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                            void *) {
+  if (nparam != 11 || ndims[0] != 4 || !Float32(nparam, dtypes)) return 1;
+  const int64_t *s = shapes[0], batch = s[0], channels = s[1], plane = s[2] * s[3];
+  auto f = [&](int i) { return static_cast<float *>(params[i]); };
+  Channels(channels, [&](int64_t c0, int64_t c1) {
+    Backward(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7), batch, channels, plane, c0, c1);
+  });
+  std::memset(f(8), 0, sizeof(float) * channels);  // d moving_mean
+  std::memset(f(9), 0, sizeof(float) * channels);  // d moving_var
+  std::memset(f(10), 0, sizeof(float) * 2);        // d hyper
+  return 0;
+}
