@@ -13,8 +13,9 @@ machine cancels, with its 95% bootstrap interval over the rounds (`_95ci`): on a
 adds where each step spends its time: our ops (MindSpore's profiler) beside PyTorch's (torch.profiler), by op
 type.
 
-A ResNet on the CPU runs CpuConv2d (models/cpu_conv.py, oneDNN's direct kernels); the same O0 step built with
-MindSpore's own Conv2D takes turns too, so the gain is measured in the same run.
+A ResNet on the CPU runs CpuConv2d and CpuBatchNorm2d (models/cpu_conv.py: oneDNN's direct kernels, our BatchNorm
+loops); the same O0 step built with MindSpore's own Conv2D and BatchNorm takes turns too ("MindSpore's kernels"),
+so the gain is measured in the same run.
 
 Two PyTorch peers take turns with ours. "PyTorch fp32" runs in our process, so MindSpore's oneDNN cap
 (ONEDNN_MAX_CPU_ISA=AVX2, see zoo.entry) holds it too: the same kernels' ISA on both sides. "PyTorch fp32, own
@@ -188,9 +189,9 @@ def main(argv: List[str]) -> dict:
     fast = False
     for level in levels:
         variants[f"ours {level}"], fast = our_step(at(level), shape)
-    if fast:  # the same step with MindSpore's own Conv2D: what CpuConv2d gains, side by side
+    if fast:  # the same step with MindSpore's own Conv2D and BatchNorm: what the library gains, side by side
         with mindspore_conv():
-            variants[f"ours {levels[0]}, MindSpore Conv2D"] = our_step(at(levels[0]), shape)[0]
+            variants[f"ours {levels[0]}, MindSpore's kernels"] = our_step(at(levels[0]), shape)[0]
     try:
         import torch
         torch.set_num_threads(2)  # MindSpore's CPU kernels use both cores here
