@@ -17,7 +17,7 @@ CASES = [
     (["amp.keep_fp32=[Conv2D]"], "'Conv2D' is a Primitive; MindSpore's precision lists take Cell classes, use Conv2d"),
     (["recipe=resnet34_o2", "amp.keep_fp32=[CpuConv2d]"],  # copied from a CPU precision report
      "amp.keep_fp32: 'CpuConv2d' is the CPU build of Conv2d (models/cpu_conv.py); name Conv2d, which matches it"),
-    (["recipe=resnet18_fashion_o2", "amp.keep_fp32=[CpuBatchNorm2d]"],
+    (["recipe=resnet34_o2", "amp.keep_fp32=[CpuBatchNorm2d]"],
      "amp.keep_fp32: 'CpuBatchNorm2d' is the CPU build of BatchNorm2d (models/cpu_conv.py); name BatchNorm2d"),
     (["amp.force_fp16=[Softmx]"], "amp.force_fp16: 'Softmx' is not a known Cell; did you mean Softmax"),
     (["amp.keep_fp32=[Dense]", "amp.force_fp16=[Dense]"], "Dense is in both amp.keep_fp32 and amp.force_fp16"),
