@@ -58,8 +58,8 @@ def mindspore_lib() -> Path:
 
 
 def build(out: Path) -> Path:
-    """Compile cpu_conv.cc, cpu_pool.cc and cpu_norm.cc into `out` (atomically: parallel builds do not clash); raises
-    RuntimeError."""
+    """Compile cpu_conv.cc, cpu_pool.cc and cpu_norm.cc into `out` (atomically: parallel builds do not clash);
+    raises RuntimeError."""
     include = headers()
     if include is None:
         raise RuntimeError("the oneDNN headers are not installed (pip install --no-deps onednn-devel==2026.1.0)")
@@ -106,8 +106,8 @@ def library() -> Optional[Path]:
 
 
 def runs_here() -> bool:
-    """Whether the library's kernels (CpuConv2d, CpuMaxPool2x2/3x3, CpuBatchNorm2d) run here: on the CPU, outside mindspore_conv(),
-    the library built."""
+    """Whether the library's kernels (CpuConv2d, CpuMaxPool2x2/3x3, CpuBatchNorm2d) run here: on the CPU, outside
+    mindspore_conv(), the library built."""
     return not _OFF[0] and ms.get_context("device_target") == "CPU" and library() is not None
 
 

@@ -43,7 +43,8 @@ void Forward(const float *x, const float *gamma, const float *beta, const float 
   const double count = static_cast<double>(batch * plane);
   for (int64_t c = c0; c < c1; ++c) {
     double s = 0;
-    for (int64_t n = 0; n < batch; ++n) s += Sum(x + (n * channels + c) * plane, plane, [](float v, int64_t) { return v; });
+    for (int64_t n = 0; n < batch; ++n)
+      s += Sum(x + (n * channels + c) * plane, plane, [](float v, int64_t) { return v; });
     const float m = static_cast<float>(s / count);
     double q = 0;
     for (int64_t n = 0; n < batch; ++n)
