@@ -322,6 +322,12 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
         base.append(f"trainer.epochs={s.budget_epochs}")
     if s.budget_steps:
         base.append(f"trainer.max_steps={s.budget_steps}")
+    warmup = cfg.schedule.warmup_epochs
+    if s.budget_epochs and not cfg.schedule.warmup_steps and warmup >= s.budget_epochs:
+        print(f"note: the budget (search.budget_epochs={s.budget_epochs}) ends inside the recipe's warm-up "
+              f"(schedule.warmup_epochs={warmup:g}): every run would be judged at its peak learning rate, where "
+              f"seeds differ by points; compress the schedule into the budget, e.g. "
+              f"schedule.warmup_epochs={s.budget_epochs * warmup / cfg.trainer.epochs:g}", file=sys.stderr)
     return base
 
 
