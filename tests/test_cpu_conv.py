@@ -201,9 +201,9 @@ class NormGrads(nn.Cell):
 @pytest.mark.parametrize("shape", [(8, 16, 7, 9), (32, 4, 4, 4), (5, 3, 1, 1)])
 def test_batchnorm_equals_mindspores_in_training(request, mode, shape):
     """Two training steps and an evaluation: the same output, gradients (input, gamma, beta) and moving
-    statistics (MindSpore's: momentum 0.9, unbiased variance) as nn.BatchNorm2d, within fp32 rounding. Shapes:
-    odd planes, a plane under one vector of 8, and 1x1 planes (ResNet's last stage at 32x32 has 4x4); compiled,
-    and op by op as amp.audit runs cells."""
+    statistics (MindSpore's: momentum 0.9, unbiased variance) as nn.BatchNorm2d, within fp32 rounding. Planes:
+    7x9 (a remainder past the kernel's 8-lane sums), 4x4 (ResNet's last stage at 32x32) and 1x1 (under one 8-lane
+    sum); compiled, and op by op as amp.audit runs cells."""
     request.getfixturevalue(f"{mode}_mode")
     rng = np.random.RandomState(0)
     x = ms.Tensor((rng.randn(*shape) * 3 + 2).astype(np.float32))  # an offset mean: the variance's cancellation

@@ -281,8 +281,8 @@ def test_only_rank_0_removes_checkpoints_from_a_shared_folder(tmp_path):
 @pytest.mark.parametrize("device", ["Ascend", "GPU"])
 def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
     """The CPU kernels (models/cpu_conv.py) are custom ops built for the CPU: on Ascend and GPU, ResNet must get
-    nn.Conv2d, nn.BatchNorm2d (and nn.MaxPool2d in the ImageNet stem) and LeNet its written-out MaxPool2x2, whatever the library
-    does here."""
+    nn.Conv2d, nn.BatchNorm2d (and nn.MaxPool2d in the ImageNet stem) and LeNet its written-out MaxPool2x2,
+    whatever the library does here."""
     import models.cpu_conv as cpu_conv
     from models import create_model
     from models.cpu_conv import CpuBatchNorm2d, CpuConv2d, CpuMaxPool2x2, CpuMaxPool3x3
