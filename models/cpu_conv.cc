@@ -6,8 +6,9 @@
 // does: reorder NCHW to the kernel's layout, run it, reorder back. They link to MindSpore's bundled libdnnl
 // (threadpool runtime), so oneDNN runs on a small pool of our own threads.
 //
-// Each exported function is one op: ConvFwd_sS_pP (x, w -> y) and ConvBwd_sS_pP (x, w, dy -> dx, dw), for
-// stride S and symmetric padding P. fp32 or fp16 tensors, fp32 compute. Primitives are cached by shape and dtype.
+// Each exported function is one op: ConvFwd_sS_pP (x, w -> y), ConvBwd_sS_pP (x, w, dy -> dx, dw) and
+// ConvBwdW_sS_pP (x, w, dy -> dw: a network's first layer, whose input takes no gradient), for stride S and
+// symmetric padding P. fp32 or fp16 tensors, fp32 compute. Primitives are cached by shape and dtype.
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
 #include <oneapi/dnnl/dnnl_threadpool_iface.hpp>
@@ -194,19 +195,22 @@ struct Conv {
     st.wait();
   }
 
+  // dxp null: the weights' gradient only (the network's first layer, whose input takes no gradient)
   void Backward(void *xp, void *wp, void *dyp, void *dxp, void *dwp) {
     std::lock_guard<std::mutex> lk(m);
     auto &st = RT().stream;
-    dy_d.In(dyp);
-    w_d.In(wp);
-    dx.Bind(dxp);
-    bwd_data.execute(st, {{DNNL_ARG_DIFF_DST, dy_d.inner}, {DNNL_ARG_WEIGHTS, w_d.inner},
-                          {DNNL_ARG_DIFF_SRC, dx.inner}});
-    dx.Out();
+    if (dxp) {
+      dy_d.In(dyp);
+      w_d.In(wp);
+      dx.Bind(dxp);
+      bwd_data.execute(st, {{DNNL_ARG_DIFF_DST, dy_d.inner}, {DNNL_ARG_WEIGHTS, w_d.inner},
+                            {DNNL_ARG_DIFF_SRC, dx.inner}});
+      dx.Out();
+    }
     x_w.In(xp);
     dw.Bind(dwp);
     // backward weights reads dy in its own layout; when that is backward data's, its reorder is reused
-    bool shared = dy_w.reorder && dy_d.reorder && dy_w.inner.get_desc() == dy_d.inner.get_desc();
+    bool shared = dxp && dy_w.reorder && dy_d.reorder && dy_w.inner.get_desc() == dy_d.inner.get_desc();
     if (!shared) dy_w.In(dyp);
     bwd_weights.execute(st, {{DNNL_ARG_SRC, x_w.inner}, {DNNL_ARG_DIFF_DST, shared ? dy_d.inner : dy_w.inner},
                              {DNNL_ARG_DIFF_WEIGHTS, dw.inner}});
@@ -244,16 +248,17 @@ int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   return 0;
 }
 
-// inputs x, w, dy; outputs dx, dw
+// inputs x, w, dy; outputs dx, dw (nparam 5), or dw alone (nparam 4)
 int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t s, int64_t p) {
   dt xt = Dtype(dtypes[0]), wt = Dtype(dtypes[1]);
-  if (nparam != 5 || xt == dt::undef || wt == dt::undef || Dtype(dtypes[2]) != xt || Dtype(dtypes[3]) != xt ||
-      Dtype(dtypes[4]) != wt)
+  const bool data = nparam == 5;
+  if ((nparam != 4 && !data) || xt == dt::undef || wt == dt::undef || Dtype(dtypes[2]) != xt ||
+      (data && Dtype(dtypes[3]) != xt) || Dtype(dtypes[nparam - 1]) != wt)
     return 1;
   if (ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
   try {
     Lookup(shapes[0], shapes[1], shapes[2], s, p, xt, wt)
-        ->Backward(params[0], params[1], params[2], params[3], params[4]);
+        ->Backward(params[0], params[1], params[2], data ? params[3] : nullptr, params[nparam - 1]);
   } catch (const dnnl::error &) {
     return 2;
   }
@@ -273,7 +278,11 @@ int AmpZooThreads() { return RT().pool.get_num_threads(); }
   }                                                                                                           \
   extern "C" int ConvBwd_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
                                       void *, void *) {                                                       \
-    return Backward(n, params, ndims, shapes, dtypes, S, P);                                                  \
+    return n == 5 ? Backward(n, params, ndims, shapes, dtypes, S, P) : 1;                                     \
+  }                                                                                                           \
+  extern "C" int ConvBwdW_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes,                    \
+                                       const char **dtypes, void *, void *) {                                 \
+    return n == 4 ? Backward(n, params, ndims, shapes, dtypes, S, P) : 1;                                     \
   }
 
 CONV_OPS(1, 0)

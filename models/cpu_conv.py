@@ -131,15 +131,25 @@ def _out_size(size: int, k: int, stride: int, padding: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def conv_op(stride: int, padding: int):
-    """The forward custom op (x, w -> y) for one stride and padding, with its backward (x, w, dy -> dx, dw)."""
+def conv_op(stride: int, padding: int, input_grad: bool = True):
+    """The forward custom op (x, w -> y) for one stride and padding, with its backward (x, w, dy -> dx, dw).
+    input_grad=False: a network's first layer. Its input is data and takes no gradient, so the backward computes
+    dw alone (dx is zeros that the graph drops). That is what MindSpore's own Conv2D does when its dx goes unused;
+    at the 224x224 stem it is a third of the layer's backward."""
     lib = library()
-    backward = ops.Custom(f"{lib}:ConvBwd_s{stride}_p{padding}", out_shape=lambda x, w, dy: (x, w),
-                          out_dtype=lambda x, w, dy: (x, w), func_type="aot")
+    if input_grad:
+        backward = ops.Custom(f"{lib}:ConvBwd_s{stride}_p{padding}", out_shape=lambda x, w, dy: (x, w),
+                              out_dtype=lambda x, w, dy: (x, w), func_type="aot")
 
-    def bprop(x, w, out, dout):
-        dx, dw = backward(x, w, dout)
-        return dx, dw
+        def bprop(x, w, out, dout):
+            dx, dw = backward(x, w, dout)
+            return dx, dw
+    else:
+        weights_only = ops.Custom(f"{lib}:ConvBwdW_s{stride}_p{padding}", out_shape=lambda x, w, dy: w,
+                                  out_dtype=lambda x, w, dy: w, func_type="aot")
+
+        def bprop(x, w, out, dout):
+            return ops.zeros_like(x), weights_only(x, w, dout)
 
     def shape(x, w):
         return [x[0], w[0], _out_size(x[2], w[2], stride, padding), _out_size(x[3], w[3], stride, padding)]
@@ -153,11 +163,12 @@ class CpuConv2d(nn.Conv2d):
     It computes in fp32 like MindSpore's CPU Conv2D, with casts around the kernel as MindSpore has around its
     own: under fp16 its input is widened and its output rounded to fp16."""
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None,
+                 input_grad=True):
         super().__init__(in_channels, out_channels, kernel_size, stride=stride,
                          pad_mode="pad" if padding else "valid", padding=padding, has_bias=False,
                          weight_init=weight_init)
-        self.conv = conv_op(stride, padding)
+        self.conv = conv_op(stride, padding, input_grad)
 
     def construct(self, x):
         if x.dtype == ms.float32 and self.weight.dtype == ms.float32:
@@ -167,10 +178,12 @@ class CpuConv2d(nn.Conv2d):
         return self.conv(x.astype(ms.float32), self.weight.astype(ms.float32)).astype(x.dtype)
 
 
-def conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None) -> nn.Conv2d:
-    """A bias-free square convolution: CpuConv2d where it runs (see `usable`), else nn.Conv2d."""
+def conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None,
+           input_grad=True) -> nn.Conv2d:
+    """A bias-free square convolution: CpuConv2d where it runs (see `usable`), else nn.Conv2d. input_grad=False
+    for a network's first layer (see conv_op); nn.Conv2d finds that out by itself."""
     if usable(stride, padding):
-        return CpuConv2d(in_channels, out_channels, kernel_size, stride, padding, weight_init)
+        return CpuConv2d(in_channels, out_channels, kernel_size, stride, padding, weight_init, input_grad)
     return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, pad_mode="pad" if padding else "valid",
                      padding=padding, has_bias=False, weight_init=weight_init)
 

@@ -15,8 +15,9 @@ from zoo.errors import ConfigError
 from zoo.registry import MODELS
 
 
-def conv(in_ch, out_ch, k, stride=1):
-    return conv2d(in_ch, out_ch, k, stride, k // 2, weight_init=HeNormal(mode="fan_out", nonlinearity="relu"))
+def conv(in_ch, out_ch, k, stride=1, input_grad=True):
+    return conv2d(in_ch, out_ch, k, stride, k // 2, weight_init=HeNormal(mode="fan_out", nonlinearity="relu"),
+                  input_grad=input_grad)
 
 
 def bn(ch, zero=False):
@@ -79,10 +80,10 @@ class ResNet(nn.Cell):
         super().__init__()
         check_resnet({"stem": stem, "width": width, "num_classes": num_classes, "in_channels": in_channels})
         if stem == "imagenet":
-            self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2), bn(width), nn.ReLU(),
+            self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2, input_grad=False), bn(width), nn.ReLU(),
                                            stem_max_pool()])  # torchvision's: 3x3/2, padding 1
         else:
-            self.stem = nn.SequentialCell([conv(in_channels, width, 3), bn(width), nn.ReLU()])
+            self.stem = nn.SequentialCell([conv(in_channels, width, 3, input_grad=False), bn(width), nn.ReLU()])
         chans, in_ch, stages = [width, width * 2, width * 4, width * 8], width, []
         for i, (ch, n) in enumerate(zip(chans, layers)):
             blocks = []

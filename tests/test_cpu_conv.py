@@ -66,6 +66,29 @@ def test_forward_and_gradients_equal_mindspores_conv2d(graph_mode, batch, cin, c
     assert rel(y0, y1) < 1e-5 and rel(dx0[0], dx1[0]) < 1e-5 and rel(dw0[0], dw1[0]) < 1e-5
 
 
+@pytest.mark.parametrize("cin,size,k,stride,padding", [
+    (3, 15, 7, 2, 3),   # the ImageNet stem
+    (1, 8, 3, 1, 1),    # the Fashion-MNIST CIFAR-style stem
+    (1, 12, 5, 1, 0),   # LeNet-5's first convolution
+])
+def test_a_first_layer_takes_the_weight_gradient_alone_and_equal(graph_mode, cin, size, k, stride, padding):
+    """input_grad=False (a network's first layer): the weight gradient is nn.Conv2d's; no input gradient is
+    computed, and a training step's gradients by weight, which is all train.py takes, are unchanged."""
+    rng = np.random.RandomState(3)
+    w = ms.Tensor(rng.randn(8, cin, k, k).astype(np.float32) * 0.2)
+    first = CpuConv2d(cin, 8, k, stride, padding, weight_init=w, input_grad=False)
+    ref = nn.Conv2d(cin, 8, k, stride=stride, pad_mode="pad" if padding else "valid", padding=padding,
+                    has_bias=False, weight_init=w)
+    x = ms.Tensor(rng.randn(4, cin, size, size).astype(np.float32))
+    target = ms.Tensor(rng.randn(*ref(x).shape).astype(np.float32))
+    by_weight = ops.GradOperation(get_by_list=True)
+    dw0 = by_weight(Loss(ref), ms.ParameterTuple(ref.trainable_params()))(x, target)[0]
+    dw1 = by_weight(Loss(first), ms.ParameterTuple(first.trainable_params()))(x, target)[0]
+    assert rel(first(x), ref(x)) < 1e-5 and rel(dw0, dw1) < 1e-5
+    dx = ops.GradOperation()(Loss(first))(x, target)
+    assert not dx.asnumpy().any()  # not computed: zeros, where the full backward's would not be
+
+
 @pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])  # train.py; amp.audit runs Cells in PyNative
 def test_under_fp16_it_rounds_as_mindspores_conv2d(mode):
     ms.set_context(mode=mode)
@@ -88,6 +111,8 @@ def test_resnet_uses_it_and_checkpoints_move_between_the_two(graph_mode):
     fast = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8)
     convs = [c for _, c in fast.cells_and_names() if isinstance(c, nn.Conv2d)]
     assert convs and all(isinstance(c, CpuConv2d) for c in convs)
+    assert convs[0].conv is cpu_conv.conv_op(1, 1, False)  # the stem: its input takes no gradient
+    assert all(c.conv is cpu_conv.conv_op(c.stride[0], c.padding, True) for c in convs[1:])
     with cpu_conv.mindspore_conv():
         plain = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8)
     assert not any(isinstance(c, CpuConv2d) for _, c in plain.cells_and_names())
