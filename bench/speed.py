@@ -11,7 +11,7 @@ size and channels (or --size), labels random. A ratio is the median of per-round
 machine cancels, with its 95% bootstrap interval over the rounds (`_95ci`): on a noisy machine, give it more
 --rounds until the interval says which side of 1.0 it is on. Take numbers only on a quiet machine. --profile
 adds where each step spends its time: our ops (MindSpore's profiler) beside PyTorch's (torch.profiler), by op
-type.
+type (the library's kernels by Cell and direction), and "(outside ops)": the step's median less its ops' sum.
 
 A ResNet on the CPU runs CpuConv2d and CpuBatchNorm2d (models/cpu_conv.py: oneDNN's direct kernels, our BatchNorm
 loops); the same O0 step built with MindSpore's own Conv2D and BatchNorm takes turns too ("MindSpore's kernels"),
@@ -31,6 +31,7 @@ import sys  # noqa: E402
 ISA_NOTE = prepare()  # before MindSpore loads
 
 import os  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -143,8 +144,17 @@ def own_process_peer(argv: List[str]) -> Callable[[], None]:
     return step
 
 
+def op_label(scope: str, op_type: str) -> str:
+    """An op's row in the profile: its type, or for our custom ops the Cell and direction ("CpuConv2d
+    backward"), so the library's kernels show one by one beside MindSpore's."""
+    cell = re.search(r"-(Cpu\w+)/", scope) if op_type == "Custom" else None
+    if cell is None:
+        return op_type
+    return f"{cell.group(1)} {'backward' if scope.startswith('Gradients/') else 'forward'}"
+
+
 def our_profile(step: Callable, steps: int = 3) -> Dict[str, float]:
-    """ms per step by op type, from MindSpore's profiler."""
+    """ms per step by op type (see op_label), from MindSpore's profiler."""
     with tempfile.TemporaryDirectory() as tmp:
         prof = profile(activities=[ProfilerActivity.CPU], on_trace_ready=tensorboard_trace_handler(tmp))
         prof.start()
@@ -152,8 +162,8 @@ def our_profile(step: Callable, steps: int = 3) -> Dict[str, float]:
             step()
         prof.stop()
         by_type: Dict[str, float] = defaultdict(float)
-        for _, op_type, ms_ in op_times(Path(tmp)):
-            by_type[op_type] += ms_ / steps
+        for scope, op_type, ms_ in op_times(Path(tmp)):
+            by_type[op_label(scope, op_type)] += ms_ / steps
     return dict(sorted(by_type.items(), key=lambda kv: -kv[1]))
 
 
@@ -226,12 +236,15 @@ def main(argv: List[str]) -> dict:
           f"CPU kernels (models/cpu_conv.py) {kernels}")
     for name, row in rows.items():
         print(f"  {name}: {row}")
-    if want_profile:
+    if want_profile:  # the top ops, and what the step spends outside all of them (the runtime between ops)
         ours = our_profile(variants[f"ours {levels[0]}"])
         result["profile_ours_ms"] = {k: round(v, 3) for k, v in list(ours.items())[:15]}
+        result["profile_ours_ms"]["(outside ops)"] = round(rows[f"ours {levels[0]}"]["ms"] - sum(ours.values()), 1)
         if torch is not None:
             peer_ops = torch_profile(variants["PyTorch fp32"])
             result["profile_pytorch_ms"] = {k: round(v, 3) for k, v in list(peer_ops.items())[:15]}
+            result["profile_pytorch_ms"]["(outside ops)"] = round(rows["PyTorch fp32"]["ms"] - sum(peer_ops.values()),
+                                                                  1)
         for side in ("profile_ours_ms", "profile_pytorch_ms"):
             print(f"  {side}: {result.get(side)}")
     name = f"speed_{cfg.recipe_name}_{cfg.model.name}_{'x'.join(map(str, shape))}"

@@ -13,6 +13,8 @@
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
 #include <oneapi/dnnl/dnnl_threadpool_iface.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -31,10 +33,13 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-// A fixed pool for oneDNN's threadpool runtime: the calling thread works too; workers sleep between calls.
+// A fixed pool for oneDNN's threadpool runtime: the calling thread works too. Between calls a worker first
+// spins for a while (AMP_ZOO_POOL_SPIN_US, default 200 us), as OpenMP's threads do, then sleeps: a training step
+// runs a few thousand short parallel regions back to back (reorders, kernels, BatchNorm channels), and waking a
+// sleeping thread costs tens of microseconds each time. The caller waits for the workers the same way.
 class Pool : public dnnl::threadpool_interop::threadpool_iface {
  public:
-  explicit Pool(int n) : n_(n < 1 ? 1 : n) {
+  explicit Pool(int n, int spin_us) : n_(n < 1 ? 1 : n), spin_(std::chrono::microseconds(spin_us)) {
     for (int t = 1; t < n_; ++t) workers_.emplace_back([this, t] { Work(t); });
   }
   ~Pool() override {
@@ -59,17 +64,32 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
       std::lock_guard<std::mutex> lk(m_);
       job_ = &fn;
       job_n_ = n;
-      pending_ = static_cast<int>(workers_.size());
-      ++generation_;
+      pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     Run(0);
-    std::unique_lock<std::mutex> lk(m_);
-    done_.wait(lk, [this] { return pending_ == 0; });
+    if (!Spin([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lk(m_);
+      done_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
     job_ = nullptr;
   }
 
  private:
+  // Busy-wait up to spin_ for ready(); false if it did not come
+  template <typename F>
+  bool Spin(F ready) const {
+    if (spin_.count() == 0) return ready();
+    const auto until = std::chrono::steady_clock::now() + spin_;
+    for (int i = 1;; ++i) {
+      if (ready()) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return ready();
+    }
+  }
   void Run(int t) {  // static split: oneDNN hands out one balanced chunk per thread, so thread t takes its own
     in_parallel_ = true;
     for (int i = t; i < job_n_; i += n_) (*job_)(i, job_n_);
@@ -78,25 +98,28 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
   void Work(int t) {
     uint64_t seen = 0;
     for (;;) {
-      {
+      if (!Spin([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
         std::unique_lock<std::mutex> lk(m_);
-        wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        wake_.wait(lk, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
         if (stop_) return;
-        seen = generation_;
       }
+      seen = generation_.load(std::memory_order_acquire);
       Run(t);
-      std::lock_guard<std::mutex> lk(m_);
-      if (--pending_ == 0) done_.notify_one();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lk(m_);  // the caller may be asleep on done_
+        done_.notify_one();
+      }
     }
   }
   int n_;
+  std::chrono::microseconds spin_;
   std::vector<std::thread> workers_;
   std::mutex m_, busy_;
   std::condition_variable wake_, done_;
   const std::function<void(int, int)> *job_ = nullptr;
   int job_n_ = 0;
-  int pending_ = 0;
-  uint64_t generation_ = 0;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> generation_{0};
   bool stop_ = false;
   static thread_local bool in_parallel_;
 };
@@ -108,9 +131,15 @@ int Threads() {
   return n > 0 ? n : 1;
 }
 
+int SpinMicroseconds() {
+  const char *env = std::getenv("AMP_ZOO_POOL_SPIN_US");
+  int us = env ? std::atoi(env) : 200;
+  return us > 0 ? us : 0;
+}
+
 struct Runtime {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  Pool pool{Threads()};
+  Pool pool{Threads(), SpinMicroseconds()};
   dnnl::stream stream = dnnl::threadpool_interop::make_stream(engine, &pool);
 };
 
