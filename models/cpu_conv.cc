@@ -35,7 +35,7 @@ using dt = memory::data_type;
 
 // A fixed pool for oneDNN's threadpool runtime: the calling thread works too. Between calls a worker first
 // spins for a while (AMP_ZOO_POOL_SPIN_US, default 200 us), as OpenMP's threads do, then sleeps: a training step
-// runs a few thousand short parallel regions back to back (reorders, kernels, BatchNorm channels), and waking a
+// runs many short parallel regions back to back (reorders, kernels, BatchNorm channels), and waking a
 // sleeping thread costs tens of microseconds each time. The caller waits for the workers the same way.
 class Pool : public dnnl::threadpool_interop::threadpool_iface {
  public:
