@@ -177,6 +177,13 @@ def torch_profile(step: Callable, steps: int = 3) -> Dict[str, float]:
     return dict(sorted(rows.items(), key=lambda kv: -kv[1]))
 
 
+def top_ops(by_op: Dict[str, float], step_ms: float, top: int = 15) -> Dict[str, float]:
+    """The `top` ops of a profile (ms a step), and "(outside ops)": what the step spends outside all of them."""
+    rows = {k: round(v, 3) for k, v in list(by_op.items())[:top]}
+    rows["(outside ops)"] = round(step_ms - sum(by_op.values()), 1)
+    return rows
+
+
 def main(argv: List[str]) -> dict:
     rounds, argv = pop_option(argv, "--rounds", 6)
     steps, argv = pop_option(argv, "--steps", 3)
@@ -236,15 +243,11 @@ def main(argv: List[str]) -> dict:
           f"CPU kernels (models/cpu_conv.py) {kernels}")
     for name, row in rows.items():
         print(f"  {name}: {row}")
-    if want_profile:  # the top ops, and what the step spends outside all of them (the runtime between ops)
-        ours = our_profile(variants[f"ours {levels[0]}"])
-        result["profile_ours_ms"] = {k: round(v, 3) for k, v in list(ours.items())[:15]}
-        result["profile_ours_ms"]["(outside ops)"] = round(rows[f"ours {levels[0]}"]["ms"] - sum(ours.values()), 1)
+    if want_profile:
+        ours_name = f"ours {levels[0]}"
+        result["profile_ours_ms"] = top_ops(our_profile(variants[ours_name]), rows[ours_name]["ms"])
         if torch is not None:
-            peer_ops = torch_profile(variants["PyTorch fp32"])
-            result["profile_pytorch_ms"] = {k: round(v, 3) for k, v in list(peer_ops.items())[:15]}
-            result["profile_pytorch_ms"]["(outside ops)"] = round(rows["PyTorch fp32"]["ms"] - sum(peer_ops.values()),
-                                                                  1)
+            result["profile_pytorch_ms"] = top_ops(torch_profile(variants["PyTorch fp32"]), rows["PyTorch fp32"]["ms"])
         for side in ("profile_ours_ms", "profile_pytorch_ms"):
             print(f"  {side}: {result.get(side)}")
     name = f"speed_{cfg.recipe_name}_{cfg.model.name}_{'x'.join(map(str, shape))}"
