@@ -277,12 +277,12 @@ int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   return 0;
 }
 
-// inputs x, w, dy; outputs dx, dw (nparam 5), or dw alone (nparam 4)
+// inputs x, w, dy; outputs dx, dw (nparam 5: ConvBwd), or dw alone (nparam 4: ConvBwdW); the exports check nparam
 int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t s, int64_t p) {
   dt xt = Dtype(dtypes[0]), wt = Dtype(dtypes[1]);
   const bool data = nparam == 5;
-  if ((nparam != 4 && !data) || xt == dt::undef || wt == dt::undef || Dtype(dtypes[2]) != xt ||
-      (data && Dtype(dtypes[3]) != xt) || Dtype(dtypes[nparam - 1]) != wt)
+  if (xt == dt::undef || wt == dt::undef || Dtype(dtypes[2]) != xt || (data && Dtype(dtypes[3]) != xt) ||
+      Dtype(dtypes[nparam - 1]) != wt)
     return 1;
   if (ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
   try {
