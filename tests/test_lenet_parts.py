@@ -58,3 +58,44 @@ def test_lenet_pools_on_the_cpu_kernels_where_they_run(graph_mode):
     assert type(plain.pool) is MaxPool2x2
     if cpu_conv.runs_here():
         assert type(create_model("lenet5", num_classes=10).pool) is CpuMaxPool2x2
+
+
+def first_max_pool(x, g):
+    """The 2x2 pooling CpuMaxPool2x2 promises, in numpy: each window's first maximum in row-major order, or
+    its first NaN; the odd last row and column dropped. Returns y and dx."""
+    n, c, h, w = x.shape
+    oh, ow = h // 2, w // 2
+    win = x[:, :, :2 * oh, :2 * ow].reshape(n, c, oh, 2, ow, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, c, oh, ow, 4)
+    nan = np.isnan(win)
+    with np.errstate(invalid="ignore"):
+        first = np.where(nan.any(-1), nan.argmax(-1), (win == np.nanmax(win, -1, keepdims=True)).argmax(-1))
+    y = np.take_along_axis(win, first[..., None], -1)[..., 0]
+    dwin = np.where(np.arange(4) == first[..., None], g[..., None], np.zeros((), x.dtype))  # +0 elsewhere
+    dx = np.zeros_like(x)
+    dx[:, :, :2 * oh, :2 * ow] = dwin.reshape(n, c, oh, ow, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(
+        n, c, 2 * oh, 2 * ow)
+    return y, dx
+
+
+@pytest.mark.skipif(not cpu_conv.runs_here(), reason="the CPU kernel library is not built")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("shape, nans", [
+    ((3, 5, 11, 37), [(0, 0, 0, 5), (1, 2, 4, 30), (2, 4, 9, 35), (2, 1, 7, 16)]),  # 18 windows a row
+    ((2, 3, 10, 10), [(1, 2, 3, 4)]),  # LeNet's second pooling: 5 windows a row
+])
+def test_cpu_maxpool_picks_the_first_maximum_bit_for_bit(graph_mode, dtype, shape, nans):
+    """Rows of 18 windows (on the vectorized float32 path: two blocks of 8, and a last block that overlaps the
+    one before it) and rows of 5 (the scalar loop), odd sizes, ties everywhere, -0 beside +0, NaNs: values and
+    gradients equal, bit for bit, the first-maximum rule, on both dtypes (float16 takes the scalar loop)."""
+    rng = np.random.RandomState(3)
+    x = rng.randint(-2, 3, shape).astype(np.float32)
+    x[x == 0] = rng.choice([0.0, -0.0], (x == 0).sum())
+    for at in nans:
+        x[at] = np.nan
+    g = rng.randn(shape[0], shape[1], shape[2] // 2, shape[3] // 2).astype(np.float32)
+    x, g = x.astype(dtype), g.astype(dtype)
+    y, dx = CpuMaxPool2x2()(ms.Tensor(x)).asnumpy(), pool_grad(CpuMaxPool2x2(), ms.Tensor(x), ms.Tensor(g))
+    want_y, want_dx = first_max_pool(x, g)
+    bits = np.uint32 if dtype == np.float32 else np.uint16
+    np.testing.assert_array_equal(y.view(bits), want_y.view(bits))
+    np.testing.assert_array_equal(dx.view(bits), want_dx.view(bits))
