@@ -172,7 +172,7 @@ __attribute__((target("avx2"))) void PoolAvx2(const uint32_t *xs, uint32_t *ys, 
   }
   _mm256_zeroupper();  // for the SSE code that runs next in this thread
 }
-const bool kAvx2 = __builtin_cpu_supports("avx2");
+const bool kAvx2 = (__builtin_cpu_init(), __builtin_cpu_supports("avx2"));  // init: this runs as the library loads
 #else
 const bool kAvx2 = false;
 void PoolAvx2(const uint32_t *, uint32_t *, const uint32_t *, uint32_t *, int64_t, int64_t, int64_t) {}
