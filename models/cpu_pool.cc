@@ -108,41 +108,53 @@ void Pool(const U *x, U *y, const U *dy, U *dx, int64_t planes, int64_t h, int64
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// Pool<uint32_t> 8 windows at a time on AVX2: LeNet's first pooling (64x6x28x28) takes 70 us forward and 105 us
-// backward, against 400 us each way in Windows' loop (one core, AMD EPYC). Rows are split into even and odd
-// columns (a, b on the top row, c, d below) and the first maximum is picked by masks in Equal's order; a block
-// of 8 windows that holds a NaN, and rows of fewer than 8 windows, go through Windows. The selections are of
-// bits, so the results are the scalar loop's exactly.
-__attribute__((target("avx2"))) inline __m256 Even(__m256 lo, __m256 hi) {  // elements 0, 2, ..., 14 of lo:hi
+// Pool 8 windows at a time on AVX2 (F16C converts float16 rows to float32 and back, exactly): LeNet's first
+// pooling (64x6x28x28) takes 70 us forward and 105 us backward in float32, against 400 us each way in Windows'
+// loop (700 us in float16; one core, AMD EPYC). Rows are split into even and odd columns (a, b on the top row,
+// c, d below) and the first maximum is picked by masks in Equal's order; a block of 8 windows that holds a NaN,
+// and rows of fewer than 8 windows, go through Windows. The selections are of bits (float16 values round-trip
+// float32 exactly), so the results are the scalar loop's exactly.
+#define AVX2 __attribute__((target("avx2,f16c")))
+AVX2 inline __m256 Load(const float *p) { return _mm256_loadu_ps(p); }
+AVX2 inline __m256 Load(const uint16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+}
+AVX2 inline void Store(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
+AVX2 inline void Store(uint16_t *p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i *>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+AVX2 inline __m256 Even(__m256 lo, __m256 hi) {  // elements 0, 2, ..., 14 of lo:hi
   return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xd8));
 }
-__attribute__((target("avx2"))) inline __m256 Odd(__m256 lo, __m256 hi) {  // elements 1, 3, ..., 15
+AVX2 inline __m256 Odd(__m256 lo, __m256 hi) {  // elements 1, 3, ..., 15
   return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xdd)), 0xd8));
 }
-// Even's inverse on a pair: (e, o) back to 16 interleaved elements, e0 o0 e1 o1 ... in lo, hi
-__attribute__((target("avx2"))) inline void Interleave(__m256 e, __m256 o, float *out) {
+// Even's inverse on a pair: (e, o) back to 16 interleaved elements e0 o0 e1 o1 ... at out
+template <typename T>
+AVX2 inline void Interleave(__m256 e, __m256 o, T *out) {
   e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xd8));
   o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xd8));
-  _mm256_storeu_ps(out, _mm256_unpacklo_ps(e, o));
-  _mm256_storeu_ps(out + 8, _mm256_unpackhi_ps(e, o));
+  Store(out, _mm256_unpacklo_ps(e, o));
+  Store(out + 8, _mm256_unpackhi_ps(e, o));
 }
 
-__attribute__((target("avx2"))) void PoolAvx2(const uint32_t *xs, uint32_t *ys, const uint32_t *dys,
-                                              uint32_t *dxs, int64_t planes, int64_t h, int64_t w) {
-  const float *x = reinterpret_cast<const float *>(xs), *dy = reinterpret_cast<const float *>(dys);
-  float *y = reinterpret_cast<float *>(ys), *dx = reinterpret_cast<float *>(dxs);
+// T: float or uint16_t (float16 bits); U: the same element as Windows handles it (uint32_t or uint16_t)
+template <typename T, typename U>
+AVX2 void PoolAvx2(const U *xs, U *ys, const U *dys, U *dxs, int64_t planes, int64_t h, int64_t w) {
+  const T *x = reinterpret_cast<const T *>(xs), *dy = reinterpret_cast<const T *>(dys);
+  T *y = reinterpret_cast<T *>(ys), *dx = reinterpret_cast<T *>(dxs);
   const int64_t oh = h / 2, ow = w / 2, blocks = ow / 8;
   const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-  if (dx && (h % 2 || w % 2)) std::memset(dx, 0, 4 * planes * h * w);  // the dropped row or column
+  if (dx && (h % 2 || w % 2)) std::memset(dx, 0, sizeof(T) * planes * h * w);  // the dropped row or column
   for (int64_t p = 0; p < planes; ++p) {
     for (int64_t i = 0; i < oh; ++i) {
       const int64_t top = (p * h + 2 * i) * w, out = (p * oh + i) * ow;
-      const float *r0 = x + top, *r1 = r0 + w;
+      const T *r0 = x + top, *r1 = r0 + w;
       // blocks of 8 windows; a row's last ow % 8 windows in a block that overlaps the one before it (each
       // window writes the same y, or the same four dx, twice)
       for (int64_t k = 0, j = 0; k < blocks + (blocks && ow % 8); ++k, j = std::min(8 * k, ow - 8)) {
-        const __m256 t0 = _mm256_loadu_ps(r0 + 2 * j), t1 = _mm256_loadu_ps(r0 + 2 * j + 8);
-        const __m256 b0 = _mm256_loadu_ps(r1 + 2 * j), b1 = _mm256_loadu_ps(r1 + 2 * j + 8);
+        const __m256 t0 = Load(r0 + 2 * j), t1 = Load(r0 + 2 * j + 8);
+        const __m256 b0 = Load(r1 + 2 * j), b1 = Load(r1 + 2 * j + 8);
         const __m256 a = Even(t0, t1), b = Odd(t0, t1), c = Even(b0, b1), d = Odd(b0, b1);
         const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q), _mm256_cmp_ps(c, d, _CMP_UNORD_Q));
         if (_mm256_movemask_ps(nan)) {  // rare: the scalar loop takes these 8 windows
@@ -156,12 +168,12 @@ __attribute__((target("avx2"))) void PoolAvx2(const uint32_t *xs, uint32_t *ys, 
         const __m256 m1 = _mm256_andnot_ps(ea, eb), m2 = _mm256_andnot_ps(ab, ec);
         const __m256 m3 = _mm256_andnot_ps(_mm256_or_ps(ab, ec), ones);
         if (dx) {
-          const __m256 g = _mm256_loadu_ps(dy + out + j);
+          const __m256 g = Load(dy + out + j);
           Interleave(_mm256_and_ps(g, ea), _mm256_and_ps(g, m1), dx + top + 2 * j);
           Interleave(_mm256_and_ps(g, m2), _mm256_and_ps(g, m3), dx + top + w + 2 * j);
         } else {  // the first maximum's bits (-0 and +0 compare equal: the first of them, as Equal picks)
           const __m256 v = _mm256_blendv_ps(_mm256_blendv_ps(d, c, m2), b, m1);
-          _mm256_storeu_ps(y + out + j, _mm256_blendv_ps(v, a, ea));
+          Store(y + out + j, _mm256_blendv_ps(v, a, ea));
         }
       }
       if (!blocks) {  // a row of fewer than 8 windows
@@ -172,10 +184,20 @@ __attribute__((target("avx2"))) void PoolAvx2(const uint32_t *xs, uint32_t *ys, 
   }
   _mm256_zeroupper();  // for the SSE code that runs next in this thread
 }
-const bool kAvx2 = (__builtin_cpu_init(), __builtin_cpu_supports("avx2"));  // init: this runs as the library loads
+#undef AVX2
+// init: this runs as the library loads
+const bool kAvx2 = (__builtin_cpu_init(), __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"));
+template <typename U>
+void PoolFast(const U *x, U *y, const U *dy, U *dx, int64_t planes, int64_t h, int64_t w) {
+  if constexpr (sizeof(U) == 4)
+    PoolAvx2<float>(x, y, dy, dx, planes, h, w);
+  else
+    PoolAvx2<uint16_t>(x, y, dy, dx, planes, h, w);
+}
 #else
 const bool kAvx2 = false;
-void PoolAvx2(const uint32_t *, uint32_t *, const uint32_t *, uint32_t *, int64_t, int64_t, int64_t) {}
+template <typename U>
+void PoolFast(const U *, U *, const U *, U *, int64_t, int64_t, int64_t) {}
 #endif
 
 // float to the element's bits: float32 as is, float16 rounded to nearest even (Max3x3's maxima, exact, and
@@ -295,10 +317,8 @@ void Dispatch(int nparam, void **params, bool backward, bool k3, int64_t planes,
               float *scratch) {
   U *x = static_cast<U *>(params[0]), *out = static_cast<U *>(params[nparam - 1]), *none = nullptr;
   U *dy = backward ? static_cast<U *>(params[nparam - 2]) : nullptr;
-  if (!k3 && sizeof(U) == 4 && kAvx2)
-    PoolAvx2(reinterpret_cast<const uint32_t *>(x), reinterpret_cast<uint32_t *>(backward ? none : out),
-             reinterpret_cast<const uint32_t *>(dy), reinterpret_cast<uint32_t *>(backward ? out : none), planes,
-             h, w);
+  if (!k3 && kAvx2)
+    PoolFast(x, backward ? none : out, dy, backward ? out : none, planes, h, w);
   else if (!k3)
     Pool(x, backward ? none : out, dy, backward ? out : none, planes, h, w);
   else if (backward)

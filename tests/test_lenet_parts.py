@@ -84,9 +84,9 @@ def first_max_pool(x, g):
     ((2, 3, 10, 10), [(1, 2, 3, 4)]),  # LeNet's second pooling: 5 windows a row
 ])
 def test_cpu_maxpool_picks_the_first_maximum_bit_for_bit(graph_mode, dtype, shape, nans):
-    """Rows of 18 windows (on the vectorized float32 path: two blocks of 8, and a last block that overlaps the
-    one before it) and rows of 5 (the scalar loop), odd sizes, ties everywhere, -0 beside +0, NaNs: values and
-    gradients equal, bit for bit, the first-maximum rule, on both dtypes (float16 takes the scalar loop)."""
+    """Rows of 18 windows (on the vectorized path where the CPU has AVX2: two blocks of 8, and a last block that
+    overlaps the one before it) and rows of 5 (the scalar loop), odd sizes, ties everywhere, -0 beside +0, NaNs:
+    values and gradients equal, bit for bit, the first-maximum rule, in float32 and float16."""
     rng = np.random.RandomState(3)
     x = rng.randint(-2, 3, shape).astype(np.float32)
     x[x == 0] = rng.choice([0.0, -0.0], (x == 0).sum())
