@@ -111,9 +111,9 @@ void Pool(const U *x, U *y, const U *dy, U *dx, int64_t planes, int64_t h, int64
 // Pool 8 windows at a time on AVX2 (F16C converts float16 rows to float32 and back, exactly): LeNet's first
 // pooling (64x6x28x28) takes 70 us forward and 105 us backward in float32, against 400 us each way in Windows'
 // loop (700 us in float16; one core, AMD EPYC). Rows are split into even and odd columns (a, b on the top row,
-// c, d below) and the first maximum is picked by masks in Equal's order; a block of 8 windows that holds a NaN,
-// and rows of fewer than 8 windows, go through Windows. The selections are of bits (float16 values round-trip
-// float32 exactly), so the results are the scalar loop's exactly.
+// c, d below) and the first maximum is picked by masks in Equal's order; a block of 8 windows that holds a NaN
+// goes through Windows. Rows of at least 8 windows only (Dispatch). The selections are of bits (float16 values
+// round-trip float32 exactly), so the results are the scalar loop's exactly.
 #define AVX2 __attribute__((target("avx2,f16c")))
 AVX2 inline __m256 Load(const float *p) { return _mm256_loadu_ps(p); }
 AVX2 inline __m256 Load(const uint16_t *p) {
@@ -143,7 +143,7 @@ template <typename T, typename U>
 AVX2 void PoolAvx2(const U *xs, U *ys, const U *dys, U *dxs, int64_t planes, int64_t h, int64_t w) {
   const T *x = reinterpret_cast<const T *>(xs), *dy = reinterpret_cast<const T *>(dys);
   T *y = reinterpret_cast<T *>(ys), *dx = reinterpret_cast<T *>(dxs);
-  const int64_t oh = h / 2, ow = w / 2, blocks = ow / 8;
+  const int64_t oh = h / 2, ow = w / 2;
   const __m256 ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
   if (dx && (h % 2 || w % 2)) std::memset(dx, 0, sizeof(T) * planes * h * w);  // the dropped row or column
   for (int64_t p = 0; p < planes; ++p) {
@@ -152,7 +152,8 @@ AVX2 void PoolAvx2(const U *xs, U *ys, const U *dys, U *dxs, int64_t planes, int
       const T *r0 = x + top, *r1 = r0 + w;
       // blocks of 8 windows; a row's last ow % 8 windows in a block that overlaps the one before it (each
       // window writes the same y, or the same four dx, twice)
-      for (int64_t k = 0, j = 0; k < blocks + (blocks && ow % 8); ++k, j = std::min(8 * k, ow - 8)) {
+      for (int64_t next = 0; next < ow; next += 8) {
+        const int64_t j = std::min(next, ow - 8);
         const __m256 t0 = Load(r0 + 2 * j), t1 = Load(r0 + 2 * j + 8);
         const __m256 b0 = Load(r1 + 2 * j), b1 = Load(r1 + 2 * j + 8);
         const __m256 a = Even(t0, t1), b = Odd(t0, t1), c = Even(b0, b1), d = Odd(b0, b1);
@@ -175,10 +176,6 @@ AVX2 void PoolAvx2(const U *xs, U *ys, const U *dys, U *dxs, int64_t planes, int
           const __m256 v = _mm256_blendv_ps(_mm256_blendv_ps(d, c, m2), b, m1);
           Store(y + out + j, _mm256_blendv_ps(v, a, ea));
         }
-      }
-      if (!blocks) {  // a row of fewer than 8 windows
-        _mm256_zeroupper();  // g++ leaves it out, and the SSE code in Windows then runs 4x slower (AMD EPYC)
-        Windows(xs, ys, dys, dxs, top, out, w, 0, ow);
       }
     }
   }
@@ -317,7 +314,7 @@ void Dispatch(int nparam, void **params, bool backward, bool k3, int64_t planes,
               float *scratch) {
   U *x = static_cast<U *>(params[0]), *out = static_cast<U *>(params[nparam - 1]), *none = nullptr;
   U *dy = backward ? static_cast<U *>(params[nparam - 2]) : nullptr;
-  if (!k3 && kAvx2)
+  if (!k3 && kAvx2 && w / 2 >= 8)  // rows of 8 windows or more: LeNet's first pooling, not its second
     PoolFast(x, backward ? none : out, dy, backward ? out : none, planes, h, w);
   else if (!k3)
     Pool(x, backward ? none : out, dy, backward ? out : none, planes, h, w);
