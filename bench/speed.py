@@ -14,13 +14,14 @@ adds where each step spends its time: our ops (MindSpore's profiler) beside PyTo
 type (the library's kernels by Cell and direction), and "(outside ops)": the step's median less its ops' sum.
 
 A ResNet on the CPU runs CpuConv2d and CpuBatchNorm2d (models/cpu_conv.py: oneDNN's direct kernels, our BatchNorm
-loops); the same O0 step built with MindSpore's own Conv2D and BatchNorm takes turns too ("MindSpore's kernels"),
-so the gain is measured in the same run.
+loops); the same O0 step built with MindSpore's own Conv2D and BatchNorm takes turns too ("MindSpore's kernels"), in a
+process of its own: its convolutions need the AVX2 oneDNN cap (zoo.runtime.cap_onednn_isa), which ours, with
+no MindSpore convolution, lifts. So the gain is measured in the same run, each side at the ISA a user gets.
 
-Two PyTorch peers take turns with ours. "PyTorch fp32" runs in our process, so MindSpore's oneDNN cap
-(ONEDNN_MAX_CPU_ISA=AVX2, see zoo.entry) holds it too: the same kernels' ISA on both sides. "PyTorch fp32, own
-process" runs in a process of its own at its full ISA (AVX-512 where the CPU has it), waiting on a pipe while
-the others run: the step a PyTorch user gets on this machine.
+Two PyTorch peers take turns with ours. "PyTorch fp32" runs in our process, at our oneDNN ISA (the run's
+"onednn" note): the same kernels' ISA on both sides. "PyTorch fp32, own process" runs in a process of its own at
+its full ISA (AVX-512 where the CPU has it), waiting on a pipe while the others run: the step a PyTorch user
+gets on this machine.
 
 PyTorch (and torchvision) are bench-only dependencies: pip install torch==2.14.1 torchvision==0.29.1.
 """
@@ -48,7 +49,7 @@ from amp.profile import op_times  # noqa: E402
 from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,  # noqa: E402
                           train_step)
 from models.cpu_conv import WHY_NOT, CpuConv2d, library, mindspore_conv  # noqa: E402
-from zoo.runtime import machine  # noqa: E402
+from zoo.runtime import AUTO_CAP, machine, onednn_note  # noqa: E402
 
 
 def shape_of(cfg, batch: int, size: int):
@@ -104,17 +105,26 @@ def torch_step(cfg, shape) -> Callable[[], float]:
     return step
 
 
-WORKER = "--torch-worker"  # python -m bench.speed --torch-worker ARGS: the own-process peer (one step a line)
+WORKER = "--worker"  # python -m bench.speed --worker torch|mindspore ARGS: a variant in its own process
 
 
-def torch_worker(argv: List[str]) -> None:
-    """The own-process peer: build PyTorch's step as torch_step does, warm it up, then one step per line read."""
-    import torch
-    torch.set_num_threads(2)
+def worker(kind: str, argv: List[str]) -> None:
+    """A variant in a process of its own, one step for each line read: "torch", PyTorch's step as torch_step
+    builds it; "mindspore", ours with MindSpore's own Conv2D and BatchNorm (the oneDNN cap that they need
+    stays in this process, not in ours)."""
     batch, argv = pop_option(argv, "--batch", 0)
     size, argv = pop_option(argv, "--size", 0)
     cfg = bench_config(argv, smoke=False)
-    step = torch_step(cfg, shape_of(cfg, batch, size))
+    shape = shape_of(cfg, batch, size)
+    if kind == "torch":
+        import torch
+        torch.set_num_threads(2)
+        step = torch_step(cfg, shape)
+    else:
+        ms.set_device("CPU")
+        ms.set_context(mode=ms.GRAPH_MODE)
+        with mindspore_conv():
+            step = our_step(cfg, shape)[0]
     step()
     print("ready", flush=True)
     for _ in sys.stdin:
@@ -122,18 +132,21 @@ def torch_worker(argv: List[str]) -> None:
         print("done", flush=True)
 
 
-def own_process_peer(argv: List[str]) -> Callable[[], None]:
-    """One step of the own-process peer a call; the process is uncapped (ONEDNN_MAX_CPU_ISA=ALL) and ends with
-    ours."""
-    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="ALL", GLOG_v="3")
-    proc = subprocess.Popen([sys.executable, "-m", "bench.speed", WORKER, *argv], stdin=subprocess.PIPE,
+def own_process(kind: str, argv: List[str]) -> Callable[[], None]:
+    """One step of `worker(kind)` a call; the process ends with ours. PyTorch's runs uncapped
+    (ONEDNN_MAX_CPU_ISA=ALL); ours with MindSpore's kernels sets its own cap as every command does."""
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", AUTO_CAP)}
+    env["GLOG_v"] = "3"
+    if kind == "torch":
+        env["ONEDNN_MAX_CPU_ISA"] = "ALL"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.speed", WORKER, kind, *argv], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
 
     def answer(word: str) -> None:
         for line in proc.stdout:  # anything a library prints first is skipped
             if line.strip() == word:
                 return
-        raise RuntimeError(f"the PyTorch worker ended (exit {proc.wait()}): run {' '.join(proc.args)} to see why")
+        raise RuntimeError(f"the {kind} worker ended (exit {proc.wait()}): run {' '.join(proc.args)} to see why")
 
     answer("ready")
 
@@ -198,24 +211,27 @@ def main(argv: List[str]) -> dict:
     shape = shape_of(cfg, batch, size)
     levels = levels or sorted({"O0", str(cfg.amp.level)})
     variants: Dict[str, Callable] = {}
-    def at(level: str):  # the recipe's config at another precision level: plain, with no loss scale
-        extra = [] if level == str(cfg.amp.level) else [f"amp.level={level}", "amp.loss_scale.type=none",
-                                                         "amp.keep_fp32=null"]
-        return bench_config([*argv, *extra], smoke=False)
+
+    def level_overrides(level: str) -> List[str]:  # the recipe at another level: plain, with no loss scale
+        return [] if level == str(cfg.amp.level) else [f"amp.level={level}", "amp.loss_scale.type=none",
+                                                       "amp.keep_fp32=null"]
+
+    def at(level: str):
+        return bench_config([*argv, *level_overrides(level)], smoke=False)
 
     fast = False
     for level in levels:
         variants[f"ours {level}"], fast = our_step(at(level), shape)
+    own = ["--batch", str(shape[0]), "--size", str(shape[2])]
     if fast:  # the same step with MindSpore's own Conv2D and BatchNorm: what the library gains, side by side
-        with mindspore_conv():
-            variants[f"ours {levels[0]}, MindSpore's kernels"] = our_step(at(levels[0]), shape)[0]
+        variants[f"ours {levels[0]}, MindSpore's kernels"] = own_process("mindspore",
+                                                                         [*argv, *level_overrides(levels[0]), *own])
     try:
         import torch
         torch.set_num_threads(2)  # MindSpore's CPU kernels use both cores here
         peer = f"PyTorch {torch.__version__} eager fp32, {torch.get_num_threads()} threads"
         variants["PyTorch fp32"] = torch_step(cfg, shape)
-        variants["PyTorch fp32, own process"] = own_process_peer([*argv, "--batch", str(shape[0]), "--size",
-                                                                  str(shape[2])])
+        variants["PyTorch fp32, own process"] = own_process("torch", [*argv, *own])
     except ImportError:
         torch, peer = None, "PyTorch is not installed (pip install torch==2.14.1 torchvision==0.29.1): no peer"
     first = {}
@@ -237,7 +253,7 @@ def main(argv: List[str]) -> dict:
     lib = library()
     kernels = f"built: {lib.name}" if lib else f"not used: {'; '.join(WHY_NOT)}"
     result = {"recipe": cfg.recipe_name, "model": cfg.model.name, "stem": cfg.model.params.get("stem"),
-              "shape": list(shape), "rounds": rounds, "steps_per_round": steps, "peer": peer, "onednn": ISA_NOTE,
+              "shape": list(shape), "rounds": rounds, "steps_per_round": steps, "peer": peer, "onednn": onednn_note(ISA_NOTE),
               "cpu_kernels": kernels, "machine": mach, "rows": rows}
     print(f"{cfg.recipe_name} ({cfg.model.name}, input {'x'.join(map(str, shape))}) on {describe(mach)}; {peer}; "
           f"CPU kernels (models/cpu_conv.py) {kernels}")
@@ -257,6 +273,6 @@ def main(argv: List[str]) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [WORKER]:
-        torch_worker(sys.argv[2:])
+        worker(sys.argv[2], sys.argv[3:])
     else:
         main(sys.argv[1:])

@@ -7,6 +7,7 @@ its own hyper-parameters and raises ConfigError naming the bad one, before anyth
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 import sys
 import traceback
@@ -15,6 +16,7 @@ from typing import Callable, List
 
 from zoo.errors import ConfigError, choices_hint
 from zoo.registry import MODELS
+from zoo.runtime import settle_onednn_isa
 
 
 def check_model_params(name: str, params: dict) -> None:
@@ -55,8 +57,14 @@ def create_model(name: str, num_classes: int, **params):
 
 
 def build_model(cfg):
-    """The recipe's model: `cfg.model` (name, num_classes, params), built in fp32."""
-    return create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    """The recipe's model: `cfg.model` (name, num_classes, params), built in fp32. Settles the oneDNN cap for it
+    (zoo.runtime.settle_onednn_isa): lifted when no MindSpore convolution is in it."""
+    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
+    from models.cpu_conv import runs_mindspore_conv
+    note = settle_onednn_isa(runs_mindspore_conv(net))
+    if note:
+        logging.getLogger("amp_zoo").info(note)
+    return net
 
 
 def register_model(fn: Callable) -> Callable:

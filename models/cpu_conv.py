@@ -188,6 +188,20 @@ def conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, weight_i
                      padding=padding, has_bias=False, weight_init=weight_init)
 
 
+def runs_mindspore_conv(net: nn.Cell) -> bool:
+    """Whether `net` runs one of MindSpore's own convolutions (a Conv Cell other than CpuConv2d, or a Cell holding
+    a Conv primitive), which oneDNN runs 20-130x slower above AVX2 (zoo.runtime.settle_onednn_isa). A model that
+    calls ops.conv2d inside construct is not seen: give it runtime.onednn_isa=AVX2."""
+    from mindspore.nn.layer.conv import _Conv
+    for _, cell in net.cells_and_names():
+        if isinstance(cell, CpuConv2d):
+            continue
+        if isinstance(cell, _Conv) or any("conv" in type(p).__name__.lower()
+                                          for p in getattr(cell, "_primitives", {}).values() if p is not None):
+            return True
+    return False
+
+
 def _pooled(size: int, k: int) -> int:
     return size // 2 if k == 2 else (size - 1) // 2 + 1  # 2x2/2 "valid"; 3x3/2 with padding 1
 

@@ -266,3 +266,54 @@ def test_batchnorm_runs_mindspores_own_op_in_fp16(graph_mode):
     assert len(norms) == 20 and all(type(c) is cpu_conv.CpuBatchNorm2d for c in norms)
     with cpu_conv.mindspore_conv():
         assert type(create_model("resnet18", num_classes=10, width=8).stem[1]) is nn.BatchNorm2d
+
+
+LIFT_PROBE = """
+import os, sys
+from zoo.entry import prepare
+print("note:", prepare([]))
+import mindspore as ms, numpy as np
+from omegaconf import OmegaConf
+ms.set_device("CPU")
+from models import build_model
+model = {"resnet18": {"stem": "cifar", "in_channels": 1}, "lenet5": {"in_channels": 1}}[sys.argv[1]]
+net = build_model(OmegaConf.create({"model": {"name": sys.argv[1], "num_classes": 10, "params": model}}))
+print("isa:", os.environ.get("ONEDNN_MAX_CPU_ISA"))
+net.set_train(False)
+net(ms.Tensor(np.ones((2, 1, 32, 32), np.float32))).asnumpy()
+"""
+
+
+@pytest.mark.parametrize("model, lifted", [("resnet18", True), ("lenet5", False)])
+def test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutions(model, lifted):
+    """Every command caps oneDNN at AVX2 before MindSpore loads (its own convolutions take a 20-130x slower
+    kernel above it); once the network is built, a ResNet, whose convolutions all run CpuConv2d, lifts the cap
+    and its kernels run at the CPU's full ISA, while LeNet (MindSpore's Conv2D) keeps it. A cap inherited from
+    an amp-zoo parent is decided afresh; one the user set stays."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the oneDNN cap is set on x86 only")
+    avx512 = "avx512f" in open("/proc/cpuinfo").read()
+    clean = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "AMP_ZOO_ONEDNN_AUTO")}
+    runs = {"auto": clean, "inherited": {**clean, "ONEDNN_MAX_CPU_ISA": "ALL" if not lifted else "AVX2",
+                                         "AMP_ZOO_ONEDNN_AUTO": "1"},
+            "user": {**clean, "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    for name, env in runs.items():
+        out = subprocess.run([sys.executable, "-c", LIFT_PROBE, model], cwd=ROOT, capture_output=True, text=True,
+                             timeout=600, env={**env, "PYTHONPATH": str(ROOT), "ONEDNN_VERBOSE": "1"})
+        assert out.returncode == 0, out.stderr[-2000:]
+        isa = next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("isa:"))
+        kernels = {line.split(",")[6] for line in out.stdout.splitlines() if ",exec,cpu,convolution," in line}
+        assert kernels and not any("ref" in k for k in kernels), (name, kernels)
+        if name == "user":
+            assert isa == "AVX2" and "set by the user" in out.stdout, out.stdout[:500]
+        elif lifted:
+            assert isa == "ALL", (name, out.stdout[:500])
+            assert any("avx512" in k for k in kernels) == avx512, (name, kernels)
+        else:
+            assert isa == "AVX2" and kernels == {"x64:gemm:jit"}, (name, isa, kernels)

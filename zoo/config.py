@@ -201,7 +201,8 @@ class RuntimeConfig:
     mode: Mode = Mode.graph
     seed: int = 1
     deterministic: bool = False
-    onednn_isa: str = "auto"          # auto: cap oneDNN at AVX2 on x86 CPUs (see README); "none": leave it
+    onednn_isa: str = "auto"          # auto: cap oneDNN at AVX2 on x86 CPUs unless the network has no MindSpore
+                                      # convolution (see README); "none": leave it; or an ISA name (AVX2, ...)
     distributed: bool = False
     profile: bool = False
 

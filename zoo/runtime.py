@@ -3,6 +3,7 @@ import logging
 import os
 import platform
 import random
+from typing import Optional
 
 log = logging.getLogger("amp_zoo")
 
@@ -19,13 +20,19 @@ def configured_isa(argv) -> str:
         return "auto"
 
 
+AUTO_CAP = "AMP_ZOO_ONEDNN_AUTO"  # set beside ONEDNN_MAX_CPU_ISA when the cap is amp-zoo's own (auto)
+
+
 def cap_onednn_isa(argv=None) -> str:
-    """On x86, MindSpore's bundled oneDNN picks a reference convolution kernel on AVX-512/AMX CPUs that is
-    20-130x slower than its AVX2 gemm kernel. Capping the ISA fixes it; it must happen before oneDNN
-    initialises, so call this before `import mindspore`. A value the user set is left alone, and a recipe
-    without convolutions sets runtime.onednn_isa=none: the cap costs matmul-only models (the Transformer
-    step is ~20% slower with it, bench.transformer_speed). `argv`: the entry point's Hydra overrides, read to
-    find the recipe's setting."""
+    """On x86, MindSpore's own CPU convolutions hand oneDNN plain NCHW tensors, for which oneDNN picks a
+    reference kernel on AVX-512/AMX CPUs that is 20-130x slower than its AVX2 gemm kernel. Capping the ISA fixes
+    them; it must happen before oneDNN first runs a kernel, so call this before `import mindspore`. With
+    runtime.onednn_isa=auto the cap is provisional: `settle_onednn_isa` lifts it once the network is built if
+    no MindSpore convolution is in it (the library's CpuConv2d runs oneDNN's AVX-512 kernels as fast as
+    PyTorch's; the Transformer has no convolutions). A value the user set is left alone; "none" sets nothing.
+    `argv`: the entry point's Hydra overrides, read to find the recipe's setting."""
+    if os.environ.pop(AUTO_CAP, None):  # inherited from an amp-zoo parent process: decide afresh
+        os.environ.pop("ONEDNN_MAX_CPU_ISA", None)
     if "ONEDNN_MAX_CPU_ISA" in os.environ:
         return f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']} (set by the user)"
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -33,10 +40,40 @@ def cap_onednn_isa(argv=None) -> str:
     choice = configured_isa(argv)
     if choice.lower() == "none":
         return "ONEDNN_MAX_CPU_ISA not set (runtime.onednn_isa=none: no convolutions, the full ISA is faster)"
-    os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2" if choice.lower() == "auto" else choice
     if choice.lower() != "auto":
+        os.environ["ONEDNN_MAX_CPU_ISA"] = choice
         return f"ONEDNN_MAX_CPU_ISA={choice} (runtime.onednn_isa)"
-    return "ONEDNN_MAX_CPU_ISA=AVX2 (set by amp-zoo: oneDNN's AVX-512 convolution path is 20-130x slower here)"
+    os.environ["ONEDNN_MAX_CPU_ISA"], os.environ[AUTO_CAP] = "AVX2", "1"
+    _NOTE[0] = ("ONEDNN_MAX_CPU_ISA=AVX2 (set by amp-zoo until the network is built: oneDNN's AVX-512 path for "
+                "MindSpore's own convolutions is 20-130x slower)")
+    return _NOTE[0]
+
+
+_NOTE = [""]  # the auto cap's current state, for the run's records
+_NEEDS_CAP: list = []  # per network built in this process: whether it runs a MindSpore convolution
+
+
+def settle_onednn_isa(needs_cap: bool) -> Optional[str]:
+    """The auto cap, once a network is built (`needs_cap`: it runs one of MindSpore's own convolutions): kept
+    (AVX2) if any network built in this process needs it, lifted (ALL) otherwise. oneDNN reads the variable
+    when it runs its first kernel, so the networks built before then decide. Returns the new note when the
+    setting changed, else None (the user's setting, or no auto cap, are left alone)."""
+    if not os.environ.get(AUTO_CAP):
+        return None
+    _NEEDS_CAP.append(needs_cap)
+    want = "AVX2" if any(_NEEDS_CAP) else "ALL"
+    if os.environ.get("ONEDNN_MAX_CPU_ISA") == want:
+        return None
+    os.environ["ONEDNN_MAX_CPU_ISA"] = want
+    _NOTE[0] = (f"ONEDNN_MAX_CPU_ISA={want} (set by amp-zoo: " + (
+        "a network runs MindSpore's own convolutions, whose AVX-512 path is 20-130x slower)" if want == "AVX2" else
+        "no MindSpore convolution in the network, so oneDNN runs at the CPU's full ISA)"))
+    return _NOTE[0]
+
+
+def onednn_note(default: str) -> str:
+    """What the auto cap settled on (`default`: prepare's note, when there is no auto cap)."""
+    return _NOTE[0] if os.environ.get(AUTO_CAP) and _NOTE[0] else default
 
 
 def quiet_mindspore() -> None:
