@@ -48,8 +48,8 @@ from models.decoding import translate  # noqa: E402
 from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
 from zoo.errors import ConfigError, TracedError, WriteError, fail, write_error  # noqa: E402
-from zoo.runtime import (any_rank, init_distributed, machine, onednn_note, parameter_checksum, seed_everything,  # noqa: E402
-                         set_context, sink_mode, source_commit)
+from zoo.runtime import (any_rank, init_distributed, machine, onednn_note, parameter_checksum,  # noqa: E402
+                         seed_everything, set_context, sink_mode, source_commit)
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -465,7 +465,8 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
         "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
-        "onednn": onednn_note(ONEDNN_NOTE), "smoke": run.smoke_note, "machine": machine(), "commit": source_commit(),
+        "onednn": onednn_note(ONEDNN_NOTE), "smoke": run.smoke_note, "machine": machine(),
+        "commit": source_commit(),
     }
     log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net))
     if run.is_main:

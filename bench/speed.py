@@ -253,8 +253,8 @@ def main(argv: List[str]) -> dict:
     lib = library()
     kernels = f"built: {lib.name}" if lib else f"not used: {'; '.join(WHY_NOT)}"
     result = {"recipe": cfg.recipe_name, "model": cfg.model.name, "stem": cfg.model.params.get("stem"),
-              "shape": list(shape), "rounds": rounds, "steps_per_round": steps, "peer": peer, "onednn": onednn_note(ISA_NOTE),
-              "cpu_kernels": kernels, "machine": mach, "rows": rows}
+              "shape": list(shape), "rounds": rounds, "steps_per_round": steps, "peer": peer,
+              "onednn": onednn_note(ISA_NOTE), "cpu_kernels": kernels, "machine": mach, "rows": rows}
     print(f"{cfg.recipe_name} ({cfg.model.name}, input {'x'.join(map(str, shape))}) on {describe(mach)}; {peer}; "
           f"CPU kernels (models/cpu_conv.py) {kernels}")
     for name, row in rows.items():

@@ -6,11 +6,12 @@ import textwrap
 from pathlib import Path
 
 from zoo.entry import prepare
+from zoo.runtime import AUTO_CAP
 
 prepare([])
 # The suite builds networks in any order, so the provisional cap stays fixed: no network lifts it (the lift is
-# tested in a process of its own, test_runtime.py), and the commands the tests start inherit it as the user's.
-os.environ.pop("AMP_ZOO_ONEDNN_AUTO", None)
+# tested in processes of their own, test_cpu_conv.py), and the commands the tests start inherit it as the user's.
+os.environ.pop(AUTO_CAP, None)
 
 import mindspore as ms  # noqa: E402
 import pytest  # noqa: E402

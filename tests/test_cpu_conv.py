@@ -296,12 +296,13 @@ def test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutio
     import sys
 
     from tests.conftest import ROOT
+    from zoo.runtime import AUTO_CAP
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the oneDNN cap is set on x86 only")
     avx512 = "avx512f" in open("/proc/cpuinfo").read()
-    clean = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", "AMP_ZOO_ONEDNN_AUTO")}
+    clean = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_MAX_CPU_ISA", AUTO_CAP)}
     runs = {"auto": clean, "inherited": {**clean, "ONEDNN_MAX_CPU_ISA": "ALL" if not lifted else "AVX2",
-                                         "AMP_ZOO_ONEDNN_AUTO": "1"},
+                                         AUTO_CAP: "1"},
             "user": {**clean, "ONEDNN_MAX_CPU_ISA": "AVX2"}}
     for name, env in runs.items():
         out = subprocess.run([sys.executable, "-c", LIFT_PROBE, model], cwd=ROOT, capture_output=True, text=True,

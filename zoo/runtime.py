@@ -50,7 +50,7 @@ def cap_onednn_isa(argv=None) -> str:
 
 
 _NOTE = [""]  # the auto cap's current state, for the run's records
-_NEEDS_CAP: list = []  # per network built in this process: whether it runs a MindSpore convolution
+_NEEDS_CAP = [False]  # whether a network built in this process runs a MindSpore convolution
 
 
 def settle_onednn_isa(needs_cap: bool) -> Optional[str]:
@@ -60,8 +60,8 @@ def settle_onednn_isa(needs_cap: bool) -> Optional[str]:
     setting changed, else None (the user's setting, or no auto cap, are left alone)."""
     if not os.environ.get(AUTO_CAP):
         return None
-    _NEEDS_CAP.append(needs_cap)
-    want = "AVX2" if any(_NEEDS_CAP) else "ALL"
+    _NEEDS_CAP[0] = _NEEDS_CAP[0] or needs_cap
+    want = "AVX2" if _NEEDS_CAP[0] else "ALL"
     if os.environ.get("ONEDNN_MAX_CPU_ISA") == want:
         return None
     os.environ["ONEDNN_MAX_CPU_ISA"] = want
