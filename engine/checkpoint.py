@@ -15,6 +15,7 @@ from amp.policy import apply_policy, check_device_dtype
 from amp.telemetry import crossed
 from engine.fuse import fuse_conv_bn
 from models import build_model
+from models.cpu_conv import mindspore_conv
 from zoo.errors import ConfigError, write_error
 from zoo.runtime import set_context
 
@@ -277,7 +278,11 @@ def inference_network(cfg, script: str):
         raise ConfigError(f"checkpoint is not set; run: python {script} recipe=NAME checkpoint=PATH/TO/model.ckpt")
     notes = []
     check_device_dtype(set_context(cfg.runtime), cfg.amp)
-    net = build_model(cfg)
+    if cfg.infer.fuse_conv_bn:  # folding makes Conv2d with a bias, over NCHW: MindSpore's own layers throughout
+        with mindspore_conv():
+            net = build_model(cfg)
+    else:
+        net = build_model(cfg)
     averaged = None
     if cfg.decode.average_last > 1:
         paths = last_checkpoints(cfg.checkpoint, cfg.decode.average_last)

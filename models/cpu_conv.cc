@@ -175,8 +175,19 @@ struct Arg {
   }
 };
 
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                       int64_t, int, int>;
+// A tensor's logical NCHW dims and its layout: rank 4 is plain NCHW; rank 5 is oneDNN's blocked nChw16c or
+// nChw8c, (N, C/B, H, W, B) with channel c at block c / B, lane c % B (ResNet's activations on the CPU: the
+// layout the kernels run in, so no reorder is needed between layers)
+memory::dims Dims(const int64_t *s, int rank) {
+  return rank == 5 ? memory::dims{s[0], s[1] * s[4], s[2], s[3]} : memory::dims{s[0], s[1], s[2], s[3]};
+}
+
+int64_t Block(const int64_t *s, int rank) { return rank == 5 ? s[4] : 0; }
+
+// the user layout of a rank and block (undef: one these ops do not take)
+tag Layout(int64_t block) { return block == 0 ? tag::nchw : block == 16 ? tag::nChw16c : block == 8 ? tag::nChw8c : tag::undef; }
+
+using Key = std::vector<int64_t>;
 
 struct Conv {
   std::mutex m;
@@ -187,12 +198,13 @@ struct Conv {
   Arg dy_d, w_d, dx;       // backward data
   Arg x_w, dy_w, dw;       // backward weights
 
-  Conv(const int64_t *xs, const int64_t *ws, const int64_t *ys, int64_t s, int64_t p, dt xt, dt wt) {
+  Conv(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s, int64_t p,
+       dt xt, dt wt) {
     auto &e = RT().engine;
-    memory::dims xd(xs, xs + 4), wd(ws, ws + 4), yd(ys, ys + 4), st{s, s}, pad{p, p};
+    memory::dims st{s, s}, pad{p, p};
     // fp16 tensors (AMP) are converted by the reorders into and out of the fp32 kernel, as MindSpore's CPU
     // Conv2D casts around its fp32 kernel: y has x's dtype, dx x's, dw w's
-    memory::desc x_plain(xd, xt, tag::nchw), w_plain(wd, wt, tag::oihw), y_plain(yd, xt, tag::nchw);
+    memory::desc x_plain(xd, xt, xl), w_plain(wd, wt, tag::oihw), y_plain(yd, xt, yl);
     memory::desc x_any(xd, dt::f32, tag::any), w_any(wd, dt::f32, tag::any), y_any(yd, dt::f32, tag::any);
     auto alg = dnnl::algorithm::convolution_direct;
     dnnl::convolution_forward::primitive_desc f(e, dnnl::prop_kind::forward_training, alg, x_any, w_any, y_any, st,
@@ -248,16 +260,23 @@ struct Conv {
   }
 };
 
-Conv *Lookup(const int64_t *xs, const int64_t *ws, const int64_t *ys, int64_t s, int64_t p, dt xt, dt wt) {
+// x and y in their layouts (rank 4 or 5: Dims), w OIHW; nullptr for a layout these ops do not take
+Conv *Lookup(const int64_t *xs, int xr, const int64_t *ws, const int64_t *ys, int yr, int64_t s, int64_t p, dt xt,
+             dt wt) {
   static std::mutex m;
   static std::map<Key, std::unique_ptr<Conv>> cache;
-  Key k{xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], ys[2], ys[3], s, p, static_cast<int>(xt),
-        static_cast<int>(wt)};
+  const tag xl = Layout(Block(xs, xr)), yl = Layout(Block(ys, yr));
+  if (xl == tag::undef || yl == tag::undef) return nullptr;
+  memory::dims xd = Dims(xs, xr), wd(ws, ws + 4), yd = Dims(ys, yr);
+  Key k{xd[0], xd[1], xd[2], xd[3], Block(xs, xr), wd[0], wd[2], wd[3], yd[2], yd[3], Block(ys, yr), s, p,
+        static_cast<int64_t>(xt), static_cast<int64_t>(wt)};
   std::lock_guard<std::mutex> lk(m);
   auto &c = cache[k];
-  if (!c) c.reset(new Conv(xs, ws, ys, s, p, xt, wt));
+  if (!c) c.reset(new Conv(xd, wd, yd, xl, yl, s, p, xt, wt));
   return c.get();
 }
+
+bool Rank(int r) { return r == 4 || r == 5; }
 
 // float32 or float16 (dt::undef: anything else)
 dt Dtype(const char *name) {
@@ -268,9 +287,11 @@ dt Dtype(const char *name) {
 int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, int64_t s, int64_t p) {
   dt xt = Dtype(dtypes[0]), wt = Dtype(dtypes[1]);
   if (nparam != 3 || xt == dt::undef || wt == dt::undef || Dtype(dtypes[2]) != xt) return 1;
-  if (ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
+  if (!Rank(ndims[0]) || ndims[1] != 4 || !Rank(ndims[2])) return 1;
   try {
-    Lookup(shapes[0], shapes[1], shapes[2], s, p, xt, wt)->Forward(params[0], params[1], params[2]);
+    Conv *c = Lookup(shapes[0], ndims[0], shapes[1], shapes[2], ndims[2], s, p, xt, wt);
+    if (!c) return 1;
+    c->Forward(params[0], params[1], params[2]);
   } catch (const dnnl::error &) {
     return 2;
   }
@@ -284,10 +305,39 @@ int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char
   if (xt == dt::undef || wt == dt::undef || Dtype(dtypes[2]) != xt || (data && Dtype(dtypes[3]) != xt) ||
       Dtype(dtypes[nparam - 1]) != wt)
     return 1;
-  if (ndims[0] != 4 || ndims[1] != 4 || ndims[2] != 4) return 1;
+  if (!Rank(ndims[0]) || ndims[1] != 4 || !Rank(ndims[2])) return 1;
   try {
-    Lookup(shapes[0], shapes[1], shapes[2], s, p, xt, wt)
-        ->Backward(params[0], params[1], params[2], data ? params[3] : nullptr, params[nparam - 1]);
+    Conv *c = Lookup(shapes[0], ndims[0], shapes[1], shapes[2], ndims[2], s, p, xt, wt);
+    if (!c) return 1;
+    c->Backward(params[0], params[1], params[2], data ? params[3] : nullptr, params[nparam - 1]);
+  } catch (const dnnl::error &) {
+    return 2;
+  }
+  return 0;
+}
+
+// x in one layout -> y, the same tensor in another (plain NCHW <-> blocked, fp32 or fp16): a oneDNN reorder
+int Reorder(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  dt t = Dtype(dtypes[0]);
+  if (nparam != 2 || t == dt::undef || Dtype(dtypes[1]) != t || !Rank(ndims[0]) || !Rank(ndims[1])) return 1;
+  const tag from = Layout(Block(shapes[0], ndims[0])), to = Layout(Block(shapes[1], ndims[1]));
+  const memory::dims d = Dims(shapes[0], ndims[0]);
+  if (from == tag::undef || to == tag::undef || d != Dims(shapes[1], ndims[1])) return 1;
+  static std::mutex m;
+  static std::map<Key, std::unique_ptr<std::tuple<memory, memory, dnnl::reorder>>> cache;
+  Key k{d[0], d[1], d[2], d[3], static_cast<int64_t>(from), static_cast<int64_t>(to), static_cast<int64_t>(t)};
+  std::lock_guard<std::mutex> lk(m);
+  auto &r = cache[k];
+  try {
+    if (!r) {
+      memory src({d, t, from}, RT().engine, DNNL_MEMORY_NONE), dst({d, t, to}, RT().engine, DNNL_MEMORY_NONE);
+      r.reset(new std::tuple<memory, memory, dnnl::reorder>(src, dst, dnnl::reorder(src, dst)));
+    }
+    auto &[src, dst, reorder] = *r;
+    src.set_data_handle(params[0]);
+    dst.set_data_handle(params[1]);
+    reorder.execute(RT().stream, src, dst);
+    RT().stream.wait();
   } catch (const dnnl::error &) {
     return 2;
   }
@@ -300,11 +350,20 @@ int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char
 void AmpZooParallel(int n, const std::function<void(int, int)> &fn) { RT().pool.parallel_for(n, fn); }
 int AmpZooThreads() { return RT().pool.get_num_threads(); }
 
-#define CONV_OPS(S, P)                                                                                          \
-  extern "C" int ConvFwd_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
-                                      void *, void *) {                                                       \
+// MindSpore's graph mode gave two ops of one AOT function name one gradient between them (every 3x3 convolution
+// took the first layer's weight-only backward), so each forward the Python side builds differently has a name of
+// its own: First (the network's first layer: its gradient computes
+// dw alone) and B (a blocked output: its shape function differs), all four running the same code
+#define CONV_FWD(NAME, S, P)                                                                                   \
+  extern "C" int NAME##_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes,  \
+                                     void *, void *) {                                                        \
     return Forward(n, params, ndims, shapes, dtypes, S, P);                                                   \
-  }                                                                                                           \
+  }
+#define CONV_OPS(S, P)                                                                                          \
+  CONV_FWD(ConvFwd, S, P)                                                                                       \
+  CONV_FWD(ConvFwdB, S, P)                                                                                      \
+  CONV_FWD(ConvFwdFirst, S, P)                                                                                  \
+  CONV_FWD(ConvFwdFirstB, S, P)                                                                                 \
   extern "C" int ConvBwd_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
                                       void *, void *) {                                                       \
     return n == 5 ? Backward(n, params, ndims, shapes, dtypes, S, P) : 1;                                     \
@@ -322,3 +381,11 @@ CONV_OPS(2, 0)
 CONV_OPS(2, 1)
 CONV_OPS(2, 2)
 CONV_OPS(2, 3)
+
+// Two names for one op, each with its own gradient (see CONV_FWD)
+extern "C" int ToBlocked(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  return Reorder(n, params, ndims, shapes, dtypes);
+}
+extern "C" int ToPlain(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  return Reorder(n, params, ndims, shapes, dtypes);
+}

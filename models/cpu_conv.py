@@ -6,6 +6,10 @@ ONEDNN_VERBOSE=1: 3.9 s of convolution kernels against PyTorch's 2.6 s). `CpuCon
 parameter, the same checkpoint) whose forward and backward are AOT custom ops doing what PyTorch does, built once
 from cpu_conv.cc against MindSpore's own oneDNN with the oneDNN headers from PyPI (onednn-devel) and g++.
 
+Between these kernels a ResNet keeps its activations in oneDNN's blocked layout (`activation_block`: nChw16c
+or nChw8c as (N, C/B, H, W, B) tensors), so no reorder runs into or out of each convolution; the ops read a
+tensor's layout from its rank, and `relayout_ops` moves a tensor between NCHW and blocks.
+
 The same library holds cpu_pool.cc: the 2x2 max-pooling of LeNet (`CpuMaxPool2x2`) and the 3x3/2 of ResNet's
 ImageNet stem (`CpuMaxPool3x3`), forward and backward in one pass each, where MindSpore's MaxPoolGrad,
 MaxPool3DWithArgmax and a written-out gradient were slow. And cpu_norm.cc: training-mode BatchNorm
@@ -34,6 +38,8 @@ from typing import Optional
 import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
+
+from zoo.runtime import onednn_runs_avx512
 
 log = logging.getLogger("amp_zoo")
 SOURCES = [Path(__file__).with_name(f"cpu_{name}.cc") for name in ("conv", "pool", "norm")]
@@ -131,8 +137,10 @@ def _out_size(size: int, k: int, stride: int, padding: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def conv_op(stride: int, padding: int, input_grad: bool = True):
+def conv_op(stride: int, padding: int, input_grad: bool = True, out_block: int = 0):
     """The forward custom op (x, w -> y) for one stride and padding, with its backward (x, w, dy -> dx, dw).
+    x is plain NCHW or blocked (see activation_block; the kernel reads which from its rank); y is blocked by
+    `out_block` channels, or plain (0).
     input_grad=False: a network's first layer. Its input is data and takes no gradient, so the backward computes
     dw alone (dx is zeros that the graph drops). That is what MindSpore's own Conv2D does when its dx goes unused;
     it took the 224x224 stem's forward and backward from 248 to 117 ms."""
@@ -152,23 +160,26 @@ def conv_op(stride: int, padding: int, input_grad: bool = True):
             return ops.zeros_like(x), weights_only(x, w, dout)
 
     def shape(x, w):
-        return [x[0], w[0], _out_size(x[2], w[2], stride, padding), _out_size(x[3], w[3], stride, padding)]
+        h, w_ = _out_size(x[2], w[2], stride, padding), _out_size(x[3], w[3], stride, padding)
+        return [x[0], w[0] // out_block, h, w_, out_block] if out_block else [x[0], w[0], h, w_]
 
-    return ops.Custom(f"{lib}:ConvFwd_s{stride}_p{padding}", out_shape=shape, out_dtype=lambda x, w: x,
-                      func_type="aot", bprop=bprop)
+    # one name per variant: MindSpore's graph mode gave two custom ops of one name one gradient (cpu_conv.cc)
+    name = f"ConvFwd{'' if input_grad else 'First'}{'B' if out_block else ''}_s{stride}_p{padding}"
+    return ops.Custom(f"{lib}:{name}", out_shape=shape, out_dtype=lambda x, w: x, func_type="aot", bprop=bprop)
 
 
 class CpuConv2d(nn.Conv2d):
     """nn.Conv2d (pad_mode "pad" or "valid", no bias) whose forward and backward run oneDNN's direct kernels.
     It computes in fp32 like MindSpore's CPU Conv2D, with casts around the kernel as MindSpore has around its
-    own: under fp16 its input is widened and its output rounded to fp16."""
+    own: under fp16 its input is widened and its output rounded to fp16. out_block: its output in the blocked
+    layout (activation_block), else plain NCHW; its input may be either."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None,
-                 input_grad=True):
+                 input_grad=True, out_block=0):
         super().__init__(in_channels, out_channels, kernel_size, stride=stride,
                          pad_mode="pad" if padding else "valid", padding=padding, has_bias=False,
                          weight_init=weight_init)
-        self.conv = conv_op(stride, padding, input_grad)
+        self.conv = conv_op(stride, padding, input_grad, out_block)
 
     def construct(self, x):
         if x.dtype == ms.float32 and self.weight.dtype == ms.float32:
@@ -179,11 +190,12 @@ class CpuConv2d(nn.Conv2d):
 
 
 def conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None,
-           input_grad=True) -> nn.Conv2d:
+           input_grad=True, out_block=0) -> nn.Conv2d:
     """A bias-free square convolution: CpuConv2d where it runs (see `usable`), else nn.Conv2d. input_grad=False
-    for a network's first layer (see conv_op); nn.Conv2d finds that out by itself."""
+    for a network's first layer (see conv_op); nn.Conv2d finds that out by itself. out_block: CpuConv2d's output
+    layout (activation_block gives it only where CpuConv2d runs)."""
     if usable(stride, padding):
-        return CpuConv2d(in_channels, out_channels, kernel_size, stride, padding, weight_init, input_grad)
+        return CpuConv2d(in_channels, out_channels, kernel_size, stride, padding, weight_init, input_grad, out_block)
     return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, pad_mode="pad" if padding else "valid",
                      padding=padding, has_bias=False, weight_init=weight_init)
 
@@ -200,6 +212,48 @@ def runs_mindspore_conv(net: nn.Cell) -> bool:
                                           for p in getattr(cell, "_primitives", {}).values() if p is not None):
             return True
     return False
+
+
+def activation_block(widths) -> int:
+    """The layout a ResNet's activations take between the library's kernels: 16 or 8, oneDNN's blocked nChw16c
+    or nChw8c, held as a (N, C/B, H, W, B) tensor with channel c at block c // B, lane c % B; or 0, plain NCHW.
+    oneDNN's direct kernels run in the blocked layout (16 channels a vector on AVX-512, 8 on AVX2), so a network
+    that stays in it skips the reorders into and out of every kernel (11% of a ResNet-34 CIFAR-stem step's
+    convolution time, bench.speed). Blocked only where the library runs and every width in `widths` (the
+    network's channel counts) divides by the block."""
+    if not runs_here():
+        return 0
+    for block in (16, 8) if onednn_runs_avx512() else (8,):
+        if all(w % block == 0 for w in widths):
+            return block
+    return 0
+
+
+@lru_cache(maxsize=None)
+def relayout_ops(block: int):
+    """(to_blocked, to_plain): NCHW -> (N, C/block, H, W, block) and back (oneDNN reorders, fp32 or fp16), each
+    the other's gradient."""
+    lib = library()
+
+    def blocked(x):
+        return [x[0], x[1] // block, x[2], x[3], block]
+
+    def plain(x):
+        return [x[0], x[1] * x[4], x[2], x[3]]
+
+    def op(shape, bprop=None):
+        name = "ToBlocked" if shape is blocked else "ToPlain"
+        return ops.Custom(f"{lib}:{name}", out_shape=shape, out_dtype=lambda x: x, func_type="aot", bprop=bprop)
+
+    back_to_plain, back_to_blocked = op(plain), op(blocked)
+
+    def to_blocked_bprop(x, out, dout):
+        return (back_to_plain(dout),)
+
+    def to_plain_bprop(x, out, dout):
+        return (back_to_blocked(dout),)
+
+    return op(blocked, to_blocked_bprop), op(plain, to_plain_bprop)
 
 
 def _pooled(size: int, k: int) -> int:
@@ -277,15 +331,20 @@ def batch_norm_op():
 class CpuBatchNorm2d(nn.BatchNorm2d):
     """nn.BatchNorm2d (the same parameters and checkpoint) whose training forward and backward run cpu_norm.cc's
     loops and write the moving statistics as MindSpore's BatchNorm does. In fp32 only; evaluation, and fp16 input
-    (O3: BatchNorm in low precision), run MindSpore's own BatchNorm, so their numbers are MindSpore's."""
+    (O3: BatchNorm in low precision), run MindSpore's own BatchNorm, so their numbers are MindSpore's. `block`:
+    its input and output are in that blocked layout (activation_block), which MindSpore's BatchNorm gets as NCHW."""
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.9, gamma_init="ones"):
+    def __init__(self, num_features, eps=1e-5, momentum=0.9, gamma_init="ones", block=0):
         super().__init__(num_features, eps=eps, momentum=momentum, gamma_init=gamma_init)
         self.norm = batch_norm_op()
         self.hyper = ms.Tensor([momentum, eps], ms.float32)
+        self.block = block
+        self.to_blocked, self.to_plain = relayout_ops(block) if block else (None, None)
 
     def construct(self, x):
         if not self.training or x.dtype != ms.float32 or self.gamma.dtype != ms.float32:
+            if self.block:
+                return self.to_blocked(super().construct(self.to_plain(x)))
             return super().construct(x)
         y, _, _, mean, var = self.norm(x, self.gamma, self.beta, self.moving_mean, self.moving_variance, self.hyper)
         ops.assign(self.moving_mean, mean)
@@ -293,10 +352,11 @@ class CpuBatchNorm2d(nn.BatchNorm2d):
         return y
 
 
-def batch_norm2d(num_features, eps=1e-5, momentum=0.9, gamma_init="ones") -> nn.BatchNorm2d:
-    """BatchNorm over NCHW: CpuBatchNorm2d where the library runs (runs_here), else nn.BatchNorm2d."""
+def batch_norm2d(num_features, eps=1e-5, momentum=0.9, gamma_init="ones", block=0) -> nn.BatchNorm2d:
+    """BatchNorm over NCHW (or the blocked layout of `block` channels): CpuBatchNorm2d where the library runs
+    (runs_here), else nn.BatchNorm2d."""
     if runs_here():
-        return CpuBatchNorm2d(num_features, eps, momentum, gamma_init)
+        return CpuBatchNorm2d(num_features, eps, momentum, gamma_init, block)
     return nn.BatchNorm2d(num_features, eps=eps, momentum=momentum, gamma_init=gamma_init)
 
 

@@ -6,8 +6,8 @@
 // slice (batch x H x W floats, at most 128 KB in ResNet-34 at that shape) is read once from memory and stays in
 // the core's cache for the passes after the first.
 //
-// BatchNormFwd (x, gamma, beta, moving_mean, moving_var, hyper -> y, mean, invstd, new_mean, new_var): NCHW
-// float32; hyper = (momentum, eps). y = gamma (x - mean) invstd + beta with the batch's mean and biased
+// BatchNormFwd (x, gamma, beta, moving_mean, moving_var, hyper -> y, mean, invstd, new_mean, new_var): float32
+// x in NCHW or blocked (N, C/B, H, W, B), B 8 or 16 (cpu_conv.cc's layouts); hyper = (momentum, eps). y = gamma (x - mean) invstd + beta with the batch's mean and biased
 // variance, invstd = 1 / sqrt(var + eps). new_* = momentum moving + (1 - momentum) batch, with the unbiased
 // variance: what MindSpore's BatchNorm writes into its moving statistics.
 // BatchNormBwd (x, gamma, mean, invstd, dy -> dx, dgamma, dbeta, and three zero tensors: the gradients of the
@@ -92,6 +92,87 @@ void Backward(const float *x, const float *gamma, const float *mean, const float
   }
 }
 
+// The same two passes over blocked x (N, C/B, H, W, B): one block of B channels at a time, its B lanes side by
+// side (the compiler vectorizes across them). Sums are taken in float over up to 256 positions and in double
+// across them.
+constexpr int64_t kChunk = 256;
+
+// sums[l] += f(offset of (n, cb, i, l)) over n and i, for the block cb
+template <int B, typename F>
+void LaneSums(int64_t batch, int64_t blocks, int64_t plane, int64_t cb, double *sums, F f) {
+  for (int64_t n = 0; n < batch; ++n) {
+    const int64_t row = (n * blocks + cb) * plane * B;
+    for (int64_t i0 = 0; i0 < plane; i0 += kChunk) {
+      float acc[B] = {};
+      const int64_t i1 = i0 + kChunk < plane ? i0 + kChunk : plane;
+      for (int64_t i = i0; i < i1; ++i)
+        for (int l = 0; l < B; ++l) acc[l] += f(row + i * B + l, l);
+      for (int l = 0; l < B; ++l) sums[l] += acc[l];
+    }
+  }
+}
+
+template <int B>
+void ForwardBlocked(const float *x, const float *gamma, const float *beta, const float *mm, const float *mv,
+                    float momentum, float eps, float *y, float *mean, float *invstd, float *nm, float *nv,
+                    int64_t batch, int64_t blocks, int64_t plane, int64_t b0, int64_t b1) {
+  const double count = static_cast<double>(batch * plane);
+  for (int64_t cb = b0; cb < b1; ++cb) {
+    double s[B] = {}, q[B] = {};
+    LaneSums<B>(batch, blocks, plane, cb, s, [x](int64_t at, int) { return x[at]; });
+    float m[B], scale[B], shift[B];
+    for (int l = 0; l < B; ++l) m[l] = static_cast<float>(s[l] / count);
+    LaneSums<B>(batch, blocks, plane, cb, q, [x, &m](int64_t at, int l) { return (x[at] - m[l]) * (x[at] - m[l]); });
+    for (int l = 0; l < B; ++l) {
+      const int64_t c = cb * B + l;
+      const double var = q[l] / count;
+      const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+      scale[l] = gamma[c] * inv;
+      shift[l] = beta[c] - m[l] * scale[l];
+      mean[c] = m[l];
+      invstd[c] = inv;
+      const double unbiased = count > 1 ? q[l] / (count - 1) : var;
+      nm[c] = momentum * mm[c] + (1 - momentum) * m[l];
+      nv[c] = momentum * mv[c] + (1 - momentum) * static_cast<float>(unbiased);
+    }
+    for (int64_t n = 0; n < batch; ++n) {
+      const int64_t row = (n * blocks + cb) * plane * B;
+      for (int64_t i = 0; i < plane; ++i)
+        for (int l = 0; l < B; ++l) y[row + i * B + l] = x[row + i * B + l] * scale[l] + shift[l];
+    }
+  }
+}
+
+template <int B>
+void BackwardBlocked(const float *x, const float *gamma, const float *mean, const float *invstd, const float *dy,
+                     float *dx, float *dgamma, float *dbeta, int64_t batch, int64_t blocks, int64_t plane, int64_t b0,
+                     int64_t b1) {
+  const double count = static_cast<double>(batch * plane);
+  for (int64_t cb = b0; cb < b1; ++cb) {
+    const float *m = mean + cb * B, *inv = invstd + cb * B;
+    double sdy[B] = {}, sdyx[B] = {};
+    LaneSums<B>(batch, blocks, plane, cb, sdy, [dy](int64_t at, int) { return dy[at]; });
+    LaneSums<B>(batch, blocks, plane, cb, sdyx, [dy, x, m](int64_t at, int l) { return dy[at] * (x[at] - m[l]); });
+    float k[B], mean_dy[B], slope[B];
+    for (int l = 0; l < B; ++l) {
+      const int64_t c = cb * B + l;
+      k[l] = gamma[c] * inv[l];
+      mean_dy[l] = static_cast<float>(sdy[l] / count);
+      slope[l] = static_cast<float>(sdyx[l] / count) * inv[l] * inv[l];
+      dgamma[c] = static_cast<float>(sdyx[l] * inv[l]);
+      dbeta[c] = static_cast<float>(sdy[l]);
+    }
+    for (int64_t n = 0; n < batch; ++n) {
+      const int64_t row = (n * blocks + cb) * plane * B;
+      for (int64_t i = 0; i < plane; ++i)
+        for (int l = 0; l < B; ++l) {
+          const int64_t at = row + i * B + l;
+          dx[at] = k[l] * (dy[at] - mean_dy[l] - (x[at] - m[l]) * slope[l]);
+        }
+    }
+  }
+}
+
 // Split channels over the pool's threads
 void Channels(int64_t channels, const std::function<void(int64_t, int64_t)> &work) {
   const int threads = AmpZooThreads();
@@ -109,10 +190,18 @@ bool Float32(int nparam, const char **dtypes) {
 // Return codes (MindSpore reports them): 1 a rank, count or dtype these ops do not take
 extern "C" int BatchNormFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                             void *) {
-  if (nparam != 11 || ndims[0] != 4 || !Float32(nparam, dtypes)) return 1;
+  if (nparam != 11 || !Float32(nparam, dtypes)) return 1;
   const int64_t *s = shapes[0], batch = s[0], channels = s[1], plane = s[2] * s[3];
   auto f = [&](int i) { return static_cast<float *>(params[i]); };
   const float momentum = f(5)[0], eps = f(5)[1];
+  if (ndims[0] == 5 && (s[4] == 16 || s[4] == 8)) {  // blocked: s[1] blocks of s[4] channels, split by block
+    Channels(s[1], [&](int64_t b0, int64_t b1) {
+      (s[4] == 16 ? ForwardBlocked<16> : ForwardBlocked<8>)(f(0), f(1), f(2), f(3), f(4), momentum, eps, f(6), f(7),
+                                                           f(8), f(9), f(10), batch, s[1], plane, b0, b1);
+    });
+    return 0;
+  }
+  if (ndims[0] != 4) return 1;
   Channels(channels, [&](int64_t c0, int64_t c1) {
     Forward(f(0), f(1), f(2), f(3), f(4), momentum, eps, f(6), f(7), f(8), f(9), f(10), batch, channels, plane, c0, c1);
   });
@@ -121,12 +210,22 @@ extern "C" int BatchNormFwd(int nparam, void **params, int *ndims, int64_t **sha
 
 extern "C" int BatchNormBwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                             void *) {
-  if (nparam != 11 || ndims[0] != 4 || !Float32(nparam, dtypes)) return 1;
-  const int64_t *s = shapes[0], batch = s[0], channels = s[1], plane = s[2] * s[3];
+  if (nparam != 11 || !Float32(nparam, dtypes)) return 1;
+  const int64_t *s = shapes[0], batch = s[0], blocks = s[1], plane = s[2] * s[3];
+  const int64_t channels = ndims[0] == 5 ? blocks * s[4] : blocks;
   auto f = [&](int i) { return static_cast<float *>(params[i]); };
-  Channels(channels, [&](int64_t c0, int64_t c1) {
-    Backward(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7), batch, channels, plane, c0, c1);
-  });
+  if (ndims[0] == 5 && (s[4] == 16 || s[4] == 8)) {
+    Channels(blocks, [&](int64_t b0, int64_t b1) {
+      (s[4] == 16 ? BackwardBlocked<16> : BackwardBlocked<8>)(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7), batch,
+                                                             blocks, plane, b0, b1);
+    });
+  } else if (ndims[0] == 4) {
+    Channels(channels, [&](int64_t c0, int64_t c1) {
+      Backward(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7), batch, channels, plane, c0, c1);
+    });
+  } else {
+    return 1;
+  }
   std::memset(f(8), 0, sizeof(float) * channels);  // d moving_mean
   std::memset(f(9), 0, sizeof(float) * channels);  // d moving_var
   std::memset(f(10), 0, sizeof(float) * 2);        // d hyper

@@ -111,8 +111,8 @@ def test_resnet_uses_it_and_checkpoints_move_between_the_two(graph_mode):
     fast = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8)
     convs = [c for _, c in fast.cells_and_names() if isinstance(c, nn.Conv2d)]
     assert convs and all(isinstance(c, CpuConv2d) for c in convs)
-    assert convs[0].conv is cpu_conv.conv_op(1, 1, False)  # the stem: its input takes no gradient
-    assert all(c.conv is cpu_conv.conv_op(c.stride[0], c.padding, True) for c in convs[1:])
+    assert convs[0].conv is cpu_conv.conv_op(1, 1, False, fast.block)  # the stem: its input takes no gradient
+    assert all(c.conv is cpu_conv.conv_op(c.stride[0], c.padding, True, fast.block) for c in convs[1:])
     with cpu_conv.mindspore_conv():
         plain = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8)
     assert not any(isinstance(c, CpuConv2d) for _, c in plain.cells_and_names())
@@ -318,3 +318,83 @@ def test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutio
             assert any("avx512" in k for k in kernels) == avx512, (name, kernels)
         else:
             assert isa == "AVX2" and kernels == {"x64:gemm:jit"}, (name, isa, kernels)
+
+
+class NetGrads(nn.Cell):
+    """A network's loss (cross-entropy) and its gradients for every weight."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net, self.loss = net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        self.weights = ms.ParameterTuple(net.trainable_params())
+        self.grad = ops.GradOperation(get_by_list=True)
+
+    def loss_of(self, x, y):
+        return self.loss(self.net(x), y)
+
+    def construct(self, x, y):
+        return self.loss_of(x, y), self.grad(self.loss_of, self.weights)(x, y)
+
+
+@pytest.mark.parametrize("block", [16, 8])
+@pytest.mark.parametrize("model,stem,size", [("resnet18", "cifar", 12), ("resnet18", "imagenet", 64),
+                                             ("resnet50", "imagenet", 64)])
+def test_a_resnet_in_the_blocked_layout_trains_as_mindspores(graph_mode, monkeypatch, block, model, stem, size):
+    """On the CPU a ResNet keeps its activations in oneDNN's blocked layout (nChw16c on AVX-512, nChw8c on AVX2)
+    between its kernels: its loss, every weight's gradient, the moving statistics after two steps and the
+    evaluation output equal the same network's built from MindSpore's own Conv2d and BatchNorm (NCHW), and a
+    width that no block divides stays NCHW. Compiled (train.py's mode): MindSpore keeps one gradient per custom
+    op name, so two convolutions sharing one would get each other's. ResNet-50's gradients are left out: at
+    these sizes a random Bottleneck network's are chaotic (a 1e-6 change to the input moves them by 20%, in
+    MindSpore's own network too), so only its forward numbers compare."""
+    monkeypatch.setattr(cpu_conv, "onednn_runs_avx512", lambda: block == 16)
+    ms.set_seed(0)
+    net = create_model(model, num_classes=10, stem=stem, in_channels=3, width=16)
+    assert net.block == block
+    assert create_model(model, num_classes=10, stem=stem, in_channels=3, width=12).block == 0
+    with cpu_conv.mindspore_conv():
+        plain = create_model(model, num_classes=10, stem=stem, in_channels=3, width=16)
+    assert plain.block == 0
+    ms.load_param_into_net(plain, {p.name: p.clone() for p in net.get_parameters()})
+    rng = np.random.RandomState(3)
+    x = ms.Tensor(rng.randn(8, 3, size, size).astype(np.float32))
+    y = ms.Tensor(rng.randint(0, 10, 8).astype(np.int32))
+    results = []
+    for one in (plain, net):
+        one.set_train(True)
+        step = NetGrads(one)
+        for _ in range(2):
+            loss, grads = step(x, y)
+        stats = [p.value() for p in one.get_parameters() if "moving" in p.name]
+        one.set_train(False)
+        results.append((loss, grads, stats, one(x)))
+    (loss0, grads0, stats0, out0), (loss1, grads1, stats1, out1) = results
+    assert abs(float(loss0.asnumpy()) - float(loss1.asnumpy())) < 1e-5 * abs(float(loss0.asnumpy()))
+    assert len(grads0) == len(grads1) == len(net.trainable_params())
+    for p, a, b in zip(net.trainable_params(), grads0, grads1):
+        assert model == "resnet50" or rel(a, b) < 1e-4, p.name
+    for a, b in zip(stats0, stats1):
+        assert rel(a, b) < 1e-4  # fp32 sums of another order, through up to 50 layers
+    assert rel(out0, out1) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_blocked_batchnorm_evaluates_and_runs_fp16_as_mindspores(graph_mode, dtype):
+    """In the blocked layout, evaluation (both dtypes) and fp16 training (O3) hand MindSpore's BatchNorm an NCHW
+    copy: the same numbers as nn.BatchNorm2d on the NCHW tensor, back in blocks."""
+    rng = np.random.RandomState(0)
+    x = (rng.randn(4, 16, 5, 5) * 2 + 1).astype(dtype)
+    blocked = ms.Tensor(x.reshape(4, 2, 8, 5, 5).transpose(0, 1, 3, 4, 2).copy())
+    ours, theirs = cpu_conv.CpuBatchNorm2d(16, block=8), nn.BatchNorm2d(16, momentum=0.9, eps=1e-5)
+    for norm in (ours, theirs):
+        norm.moving_mean.set_data(ms.Tensor(rng.randn(16).astype(np.float32)))
+        if dtype == np.float16:
+            norm.to_float(ms.float16)
+    theirs.moving_mean.set_data(ours.moving_mean.value())
+    for training in ([True] if dtype == np.float16 else []) + [False]:
+        ours.set_train(training)
+        theirs.set_train(training)
+        got = ours(blocked).asnumpy()
+        assert got.shape == (4, 2, 5, 5, 8)
+        want = theirs(ms.Tensor(x)).asnumpy()
+        np.testing.assert_array_equal(got.transpose(0, 1, 4, 2, 3).reshape(4, 16, 5, 5), want)

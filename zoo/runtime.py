@@ -213,11 +213,8 @@ def vector_isa(flags) -> str:
     return ""
 
 
-def machine() -> dict:
-    """The machine a result was measured on: this project's machines have changed kind between sessions
-    (an Intel Xeon, then AMD EPYCs with and without AVX-512), and absolute times only compare on one kind."""
-    import mindspore
-    import psutil
+def cpu_info():
+    """The CPU's model name and its flags, from /proc/cpuinfo (None and [] where there is none)."""
     cpu, flags = None, []
     try:
         with open("/proc/cpuinfo") as info:
@@ -229,6 +226,24 @@ def machine() -> dict:
                     break
     except OSError:  # not Linux
         pass
+    return cpu, flags
+
+
+def onednn_runs_avx512() -> bool:
+    """Whether oneDNN will run AVX-512 kernels for a network without MindSpore convolutions: the CPU has them
+    and no cap below them was set by the user (the auto cap is lifted for such a network)."""
+    if "avx512f" not in cpu_info()[1]:
+        return False
+    isa = "" if os.environ.get(AUTO_CAP) else os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return not isa or isa == "ALL" or "AVX512" in isa or "AMX" in isa
+
+
+def machine() -> dict:
+    """The machine a result was measured on: this project's machines have changed kind between sessions
+    (an Intel Xeon, then AMD EPYCs with and without AVX-512), and absolute times only compare on one kind."""
+    import mindspore
+    import psutil
+    cpu, flags = cpu_info()
     return {"cpu": cpu or platform.processor() or platform.machine(), "isa": vector_isa(flags),
             "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30),
             "mindspore": mindspore.__version__, "python": platform.python_version()}
