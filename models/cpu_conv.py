@@ -182,6 +182,10 @@ class CpuConv2d(nn.Conv2d):
         self.conv = conv_op(stride, padding, input_grad, out_block)
 
     def construct(self, x):
+        channels = x.shape[1] * x.shape[4] if x.ndim == 5 else x.shape[1]  # NCHW, or blocked (activation_block)
+        if channels != self.in_channels:  # the kernel's own answer would be an error code
+            raise ValueError(f"CpuConv2d: the input has {channels} channels, but this layer takes "
+                             f"in_channels={self.in_channels} (input shape {x.shape})")
         if x.dtype == ms.float32 and self.weight.dtype == ms.float32:
             return self.conv(x, self.weight)
         # fp16 (AMP): MindSpore's Cast kernels widen far faster than oneDNN's f16 reorders on AVX2. In PyNative

@@ -398,3 +398,16 @@ def test_blocked_batchnorm_evaluates_and_runs_fp16_as_mindspores(graph_mode, dty
         assert got.shape == (4, 2, 5, 5, 8)
         want = theirs(ms.Tensor(x)).asnumpy()
         np.testing.assert_array_equal(got.transpose(0, 1, 4, 2, 3).reshape(4, 16, 5, 5), want)
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+def test_a_wrong_channel_count_is_named(mode):
+    """A forked model that feeds CpuConv2d the wrong number of channels hears which, not the kernel's error
+    code (train.py reports it as its one error line)."""
+    ms.set_context(mode=mode)
+    try:
+        conv = CpuConv2d(3, 8, 3, 1, 1)
+        with pytest.raises(ValueError, match=r"the input has 1 channels, but this layer takes in_channels=3"):
+            conv(ms.Tensor(np.ones((2, 1, 6, 6), np.float32)))
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
