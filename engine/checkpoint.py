@@ -3,6 +3,7 @@ import logging
 import os
 import re
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -278,10 +279,8 @@ def inference_network(cfg, script: str):
         raise ConfigError(f"checkpoint is not set; run: python {script} recipe=NAME checkpoint=PATH/TO/model.ckpt")
     notes = []
     check_device_dtype(set_context(cfg.runtime), cfg.amp)
-    if cfg.infer.fuse_conv_bn:  # folding makes Conv2d with a bias, over NCHW: MindSpore's own layers throughout
-        with mindspore_conv():
-            net = build_model(cfg)
-    else:
+    # folding makes Conv2d with a bias, over NCHW: then MindSpore's own layers throughout
+    with mindspore_conv() if cfg.infer.fuse_conv_bn else nullcontext():
         net = build_model(cfg)
     averaged = None
     if cfg.decode.average_last > 1:

@@ -185,7 +185,9 @@ memory::dims Dims(const int64_t *s, int rank) {
 int64_t Block(const int64_t *s, int rank) { return rank == 5 ? s[4] : 0; }
 
 // the user layout of a rank and block (undef: one these ops do not take)
-tag Layout(int64_t block) { return block == 0 ? tag::nchw : block == 16 ? tag::nChw16c : block == 8 ? tag::nChw8c : tag::undef; }
+tag Layout(int64_t block) {
+  return block == 0 ? tag::nchw : block == 16 ? tag::nChw16c : block == 8 ? tag::nChw8c : tag::undef;
+}
 
 using Key = std::vector<int64_t>;
 
@@ -352,8 +354,8 @@ int AmpZooThreads() { return RT().pool.get_num_threads(); }
 
 // MindSpore's graph mode gave two ops of one AOT function name one gradient between them (every 3x3 convolution
 // took the first layer's weight-only backward), so each forward the Python side builds differently has a name of
-// its own: First (the network's first layer: its gradient computes
-// dw alone) and B (a blocked output: its shape function differs), all four running the same code
+// its own: First (the network's first layer: its gradient computes dw alone) and B (a blocked output: its shape
+// function differs), all four running the same code
 #define CONV_FWD(NAME, S, P)                                                                                   \
   extern "C" int NAME##_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes,  \
                                      void *, void *) {                                                        \

@@ -7,9 +7,10 @@
 // the core's cache for the passes after the first.
 //
 // BatchNormFwd (x, gamma, beta, moving_mean, moving_var, hyper -> y, mean, invstd, new_mean, new_var): float32
-// x in NCHW or blocked (N, C/B, H, W, B), B 8 or 16 (cpu_conv.cc's layouts); hyper = (momentum, eps). y = gamma (x - mean) invstd + beta with the batch's mean and biased
-// variance, invstd = 1 / sqrt(var + eps). new_* = momentum moving + (1 - momentum) batch, with the unbiased
-// variance: what MindSpore's BatchNorm writes into its moving statistics.
+// x in NCHW or blocked (N, C/B, H, W, B), B 8 or 16 (cpu_conv.cc's layouts); hyper = (momentum, eps).
+// y = gamma (x - mean) invstd + beta with the batch's mean and biased variance, invstd = 1 / sqrt(var + eps).
+// new_* = momentum moving + (1 - momentum) batch, with the unbiased variance: what MindSpore's BatchNorm writes
+// into its moving statistics.
 // BatchNormBwd (x, gamma, mean, invstd, dy -> dx, dgamma, dbeta, and three zero tensors: the gradients of the
 // forward's moving statistics and hyper, which a custom op's bprop must return).
 // Sums are taken in float over 8 lanes within a row of W x H and in double across rows.
@@ -191,20 +192,23 @@ bool Float32(int nparam, const char **dtypes) {
 extern "C" int BatchNormFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                             void *) {
   if (nparam != 11 || !Float32(nparam, dtypes)) return 1;
-  const int64_t *s = shapes[0], batch = s[0], channels = s[1], plane = s[2] * s[3];
+  const int64_t *s = shapes[0], batch = s[0], blocks = s[1], plane = s[2] * s[3];
+  const int64_t channels = ndims[0] == 5 ? blocks * s[4] : blocks;
   auto f = [&](int i) { return static_cast<float *>(params[i]); };
   const float momentum = f(5)[0], eps = f(5)[1];
-  if (ndims[0] == 5 && (s[4] == 16 || s[4] == 8)) {  // blocked: s[1] blocks of s[4] channels, split by block
-    Channels(s[1], [&](int64_t b0, int64_t b1) {
+  if (ndims[0] == 5 && (s[4] == 16 || s[4] == 8)) {  // blocked: split by block of s[4] channels
+    Channels(blocks, [&](int64_t b0, int64_t b1) {
       (s[4] == 16 ? ForwardBlocked<16> : ForwardBlocked<8>)(f(0), f(1), f(2), f(3), f(4), momentum, eps, f(6), f(7),
-                                                           f(8), f(9), f(10), batch, s[1], plane, b0, b1);
+                                                           f(8), f(9), f(10), batch, blocks, plane, b0, b1);
     });
-    return 0;
+  } else if (ndims[0] == 4) {
+    Channels(channels, [&](int64_t c0, int64_t c1) {
+      Forward(f(0), f(1), f(2), f(3), f(4), momentum, eps, f(6), f(7), f(8), f(9), f(10), batch, channels, plane, c0,
+              c1);
+    });
+  } else {
+    return 1;
   }
-  if (ndims[0] != 4) return 1;
-  Channels(channels, [&](int64_t c0, int64_t c1) {
-    Forward(f(0), f(1), f(2), f(3), f(4), momentum, eps, f(6), f(7), f(8), f(9), f(10), batch, channels, plane, c0, c1);
-  });
   return 0;
 }
 
