@@ -1,8 +1,10 @@
 """What the single-process benchmarks share: their own command-line options, the recipe's train step, and
 where their JSON goes (bench/results/<name>.json; bench.run copies it next to its results.json)."""
 import json
+import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -86,9 +88,37 @@ def describe(mach: dict) -> str:
             f"Python {mach['python']}")
 
 
-def save_result(name: str, result: dict, out: Optional[Path] = None) -> Path:
-    """bench/results/<name>.json (or `out`), with the machine it was measured on."""
+def busy_elsewhere(seconds: float = 2.0) -> Optional[float]:
+    """Cores that other processes kept busy over `seconds` while this one slept (from /proc/stat, less this
+    process's own time); None where there is no /proc. A training run beside a benchmark shows as ~2 here, and
+    halves what the benchmark measures."""
+    def busy() -> Tuple[int, int]:
+        with open("/proc/stat") as f:
+            user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
+        with open("/proc/self/stat") as f:  # utime, stime: fields 14, 15 after the (name) field
+            own = sum(map(int, f.read().rsplit(")", 1)[1].split()[11:13]))
+        return user + nice + system + irq + softirq, own
+    try:
+        total0, own0 = busy()
+        time.sleep(seconds)
+        total1, own1 = busy()
+    except OSError:
+        return None
+    return round(max(0, (total1 - total0) - (own1 - own0)) / os.sysconf("SC_CLK_TCK") / seconds, 2)
+
+
+QUIET_CORES = 0.25  # more than this busy elsewhere, and a benchmark's numbers say they were not taken quietly
+
+
+def save_result(name: str, result: dict, out: Optional[Path] = None, timed: bool = True) -> Path:
+    """bench/results/<name>.json (or `out`), with the machine it was measured on and, for a result with times
+    in it, how busy the rest of the machine was just after (busy_elsewhere; a warning on stderr when it was
+    not quiet)."""
     result.setdefault("machine", machine())
+    cores = result.setdefault("busy_elsewhere_cores", busy_elsewhere()) if timed else None
+    if cores is not None and cores > QUIET_CORES:
+        print(f"warning: other processes kept {cores} of {os.cpu_count()} cores busy as this benchmark ended: "
+              f"its times are not quiet; stop them and measure again", file=sys.stderr)
     out = out or RESULTS / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

@@ -119,7 +119,8 @@ def main(argv: List[str]) -> None:
     import torch
     import torchvision
     save_result("torchvision_check", {"batch": batch, "size": size, "rows": rows,
-                                      "peer": f"torch {torch.__version__}, torchvision {torchvision.__version__}"})
+                                      "peer": f"torch {torch.__version__}, torchvision {torchvision.__version__}"},
+                timed=False)
     print("| model | parameters | eval logits rel. error | loss ours / torchvision | 1 SGD step: update rel. "
           "error | torchvision fp32 vs fp64 (noise floor) | largest weight difference | BN running stats, max rel. "
           "error |\n|---|---:|---:|---|---:|---:|---:|---:|")

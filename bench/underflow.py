@@ -73,7 +73,7 @@ def main(argv) -> dict:
         print(f"{cfg.recipe_name} O3 ({'trained' if checkpoint else 'initial'} weights), loss scale {scale:g}: {100 * zeroed / total:.2f}% of the non-zero fp32 gradient "
               f"values come back as 0; relative error {err:.3g}{'' if finite else ' (inf/NaN: overflow)'}")
     result = {"recipe": cfg.recipe_name, "weights": checkpoint or "initial", "values": total, "rows": rows}
-    save_result(f"underflow-{cfg.recipe_name}{'-trained' if checkpoint else ''}", result)
+    save_result(f"underflow-{cfg.recipe_name}{'-trained' if checkpoint else ''}", result, timed=False)
     return result
 
 

@@ -131,3 +131,22 @@ def test_a_speed_ratio_carries_the_interval_its_rounds_allow():
     lo, hi = ratio_ci(peer, noisy)
     assert lo < 1.0 < hi
     assert ratio_ci(peer, peer) == [1.0, 1.0]
+
+
+def test_a_timed_result_says_when_the_machine_was_not_quiet(tmp_path, capsys):
+    """A benchmark taken beside a training run halves its numbers: the result records how many cores other
+    processes kept busy, and says on stderr that its times are not quiet."""
+    import subprocess
+    import sys
+
+    from bench.common import save_result
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time() + 30\nwhile time.time() < t: pass"])
+    try:
+        out = save_result("x", {"rows": {}}, tmp_path / "x.json")
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert json.loads(out.read_text())["busy_elsewhere_cores"] >= 0.5
+    assert "times are not quiet" in capsys.readouterr().err
+    untimed = save_result("y", {"rows": {}}, tmp_path / "y.json", timed=False)
+    assert "busy_elsewhere_cores" not in json.loads(untimed.read_text())
