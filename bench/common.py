@@ -92,19 +92,17 @@ def busy_elsewhere(seconds: float = 2.0) -> Optional[float]:
     """Cores that other processes kept busy over `seconds` while this one slept (from /proc/stat, less this
     process's own time); None where there is no /proc. A training run beside a benchmark shows as ~2 here, and
     halves what the benchmark measures."""
-    def busy() -> Tuple[int, int]:
+    def busy() -> Tuple[float, float]:  # every core's busy seconds so far, and this process's
         with open("/proc/stat") as f:
             user, nice, system, _idle, _iowait, irq, softirq = map(int, f.readline().split()[1:8])
-        with open("/proc/self/stat") as f:  # utime, stime: fields 14, 15 after the (name) field
-            own = sum(map(int, f.read().rsplit(")", 1)[1].split()[11:13]))
-        return user + nice + system + irq + softirq, own
+        return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"), time.process_time()
     try:
         total0, own0 = busy()
         time.sleep(seconds)
         total1, own1 = busy()
     except OSError:
         return None
-    return round(max(0, (total1 - total0) - (own1 - own0)) / os.sysconf("SC_CLK_TCK") / seconds, 2)
+    return round(max(0.0, (total1 - total0) - (own1 - own0)) / seconds, 2)
 
 
 QUIET_CORES = 0.25  # more than this busy elsewhere, and a benchmark's numbers say they were not taken quietly
