@@ -41,7 +41,7 @@ from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, 
                                RUN_TIMES, read_checkpoint, restore_weights, resume_point)  # noqa: E402
 from engine.load import load_config, user_keys, validate  # noqa: E402
 from engine.metrics import NetWithEval, metrics  # noqa: E402
-from engine.optim import lr_schedule, scaled_lr  # noqa: E402
+from engine.optim import lr_schedule, scaled_lr, schedule_moved  # noqa: E402
 from engine.rundir import claim, refuse_fresh_start, resume_config  # noqa: E402
 from engine.step import build_train_step  # noqa: E402
 from models.decoding import translate  # noqa: E402
@@ -271,6 +271,12 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
                  f"up to {k * per_step} tokens" if by_tokens else f"{k * per_step} samples")
     lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size * world * k),
                      -(-steps_per_epoch // k), cfg.trainer.epochs)
+    if start.params and "learning_rate" in start.params and "global_step" in start.params:  # a resume
+        moved = schedule_moved(start.params["learning_rate"].asnumpy().reshape(-1), lr,
+                               int(start.params["global_step"].asnumpy().reshape(-1)[0]), cfg.schedule,
+                               cfg.trainer.epochs)
+        if moved:
+            log.warning(moved)
     evaluator = Evaluator(test_ds, cfg.trainer.eval_every, writer, cfg.trainer.epochs, steps_per_epoch,
                           run_dir / "eval_history.jsonl" if rank == 0 else None,
                           start.step if start.checkpoint else None)

@@ -4,6 +4,7 @@ The schedule is a per-step array handed to the optimizer (MindSpore's dynamic le
 position is the optimizer's `global_step`, which every checkpoint saves.
 """
 import math
+from typing import Optional
 
 import mindspore.nn as nn
 import numpy as np
@@ -41,6 +42,21 @@ def lr_schedule(sched_cfg, base_lr: float, steps_per_epoch: int, epochs: int) ->
         lr[:warmup] = base_lr * (steps[:warmup] + 1) / warmup
     return lr.astype(np.float32)
 
+
+def schedule_moved(trained: np.ndarray, now: np.ndarray, update: int, sched_cfg, epochs: int) -> Optional[str]:
+    """What a resume does to the learning rate when its schedule is not the one the checkpoint trained under:
+    a cosine or step schedule given another trainer.epochs is laid over the new length. None when the rate at
+    the resume update is the same (constant, inverse_sqrt, or an unchanged schedule). `trained` is the schedule
+    saved in the checkpoint; a finished run sat at its end."""
+    if not len(trained) or update >= len(now):
+        return None
+    was, goes = float(trained[min(update, len(trained) - 1)]), float(now[update])
+    if abs(goes - was) <= 1e-3 * max(abs(was), abs(goes), 1e-12):
+        return None
+    return (f"resume: trainer.epochs={epochs} lays the {sched_cfg.name} schedule over {len(now):,} updates instead "
+            f"of {len(trained):,}: at update {update:,} the learning rate goes from {was:.4g} (as the run trained) "
+            f"to {goes:.4g} and follows the new schedule; one whole {sched_cfg.name} schedule of {epochs} epochs is "
+            f"a new run (another hydra.run.dir)")
 
 def param_groups(params, opt_cfg):
     if opt_cfg.decay_norm_and_bias or opt_cfg.weight_decay == 0:

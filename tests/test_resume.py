@@ -249,3 +249,23 @@ def test_resume_with_half_an_accumulated_update_in_the_checkpoint_is_exact(tmp_p
     assert other.returncode == 2
     assert ("resume: trainer.update_freq=1 would change the run, which has trainer.update_freq=2"
             in other.stderr), other.stderr
+
+
+def test_resume_says_when_more_epochs_stretch_a_cosine_schedule(tmp_path):
+    """Extending a cosine run with a larger trainer.epochs lays the schedule over the new length, so the
+    learning rate jumps at the resume: one warning says from what to what. The same epochs (a longer
+    max_steps only) keeps the schedule, and says nothing."""
+    args = ["recipe=lenet_o0", "schedule=cosine", "logger.progress_bar=false", f"hydra.run.dir={tmp_path}"]
+    first = run_cli("train.py", *args, "trainer.epochs=1", "trainer.max_steps=10")
+    assert first.returncode == 0, first.stderr[-2000:]
+    same = run_cli("train.py", *args, "trainer.max_steps=12", "resume=auto")
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert "learning rate goes from" not in same.stdout + same.stderr
+    longer = run_cli("train.py", *args, "trainer.epochs=2", "trainer.max_steps=14", "resume=auto")
+    assert longer.returncode == 0, longer.stderr[-2000:]
+    found = re.search(r"resume: trainer.epochs=2 lays the cosine schedule over 250 updates instead of 125: at "
+                      r"update 12 the learning rate goes from ([\d.e-]+) \(as the run trained\) to ([\d.e-]+)",
+                      longer.stdout + longer.stderr)
+    assert found, (longer.stdout + longer.stderr)[-3000:]
+    was, goes = map(float, found.groups())
+    assert 0 < was < goes  # 12 of 125 steps into the cosine, then 12 of 250
