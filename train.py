@@ -271,7 +271,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
                  f"up to {k * per_step} tokens" if by_tokens else f"{k * per_step} samples")
     lr = lr_schedule(cfg.schedule, scaled_lr(cfg.optimizer, cfg.dataset.batch_size * world * k),
                      -(-steps_per_epoch // k), cfg.trainer.epochs)
-    if start.params and "learning_rate" in start.params and "global_step" in start.params:  # a resume
+    if start.params and "learning_rate" in start.params and "global_step" in start.params:  # from a checkpoint
         moved = schedule_moved(start.params["learning_rate"].asnumpy().reshape(-1), lr,
                                int(start.params["global_step"].asnumpy().reshape(-1)[0]), cfg.schedule,
                                cfg.trainer.epochs)

@@ -45,8 +45,8 @@ def lr_schedule(sched_cfg, base_lr: float, steps_per_epoch: int, epochs: int) ->
 
 def schedule_moved(trained: np.ndarray, now: np.ndarray, update: int, sched_cfg, epochs: int) -> Optional[str]:
     """What a resume does to the learning rate when its schedule is not the one the checkpoint trained under:
-    a cosine or step schedule given another trainer.epochs is laid over the new length. None when the rate at
-    the resume update is the same (constant, inverse_sqrt, or an unchanged schedule). `trained` is the schedule
+    a cosine schedule given another trainer.epochs is laid over the new length. None when the rate at the
+    resume update is the same (constant, step, inverse_sqrt, or an unchanged schedule). `trained` is the schedule
     saved in the checkpoint; a finished run sat at its end."""
     if not len(trained) or update >= len(now):
         return None
@@ -57,6 +57,7 @@ def schedule_moved(trained: np.ndarray, now: np.ndarray, update: int, sched_cfg,
             f"of {len(trained):,}: at update {update:,} the learning rate goes from {was:.4g} (as the run trained) "
             f"to {goes:.4g} and follows the new schedule; one whole {sched_cfg.name} schedule of {epochs} epochs is "
             f"a new run (another hydra.run.dir)")
+
 
 def param_groups(params, opt_cfg):
     if opt_cfg.decay_norm_and_bias or opt_cfg.weight_decay == 0:
