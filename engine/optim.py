@@ -45,18 +45,18 @@ def lr_schedule(sched_cfg, base_lr: float, steps_per_epoch: int, epochs: int) ->
 
 def schedule_moved(trained: np.ndarray, now: np.ndarray, update: int, sched_cfg, epochs: int) -> Optional[str]:
     """What a resume does to the learning rate when its schedule is not the one the checkpoint trained under:
-    a cosine schedule given another trainer.epochs is laid over the new length. None when the rate at the
-    resume update is the same (constant, step, inverse_sqrt, or an unchanged schedule). `trained` is the schedule
-    saved in the checkpoint; a finished run sat at its end."""
+    a cosine schedule given another trainer.epochs, or data of another size, is laid over the new length. None
+    when the rate at the resume update is the same (constant, step, inverse_sqrt, or an unchanged schedule).
+    `trained` is the schedule saved in the checkpoint; a finished run sat at its end."""
     if not len(trained) or update >= len(now):
         return None
     was, goes = float(trained[min(update, len(trained) - 1)]), float(now[update])
     if abs(goes - was) <= 1e-3 * max(abs(was), abs(goes), 1e-12):
         return None
-    return (f"resume: trainer.epochs={epochs} lays the {sched_cfg.name} schedule over {len(now):,} updates instead "
-            f"of {len(trained):,}: at update {update:,} the learning rate goes from {was:.4g} (as the run trained) "
-            f"to {goes:.4g} and follows the new schedule; one whole {sched_cfg.name} schedule of {epochs} epochs is "
-            f"a new run (another hydra.run.dir)")
+    return (f"resume: the {sched_cfg.name} schedule now spans {len(now):,} updates (trainer.epochs={epochs} of the "
+            f"data as it reads now) instead of the {len(trained):,} the run trained under: at update {update:,} the "
+            f"learning rate goes from {was:.4g} (as the run trained) to {goes:.4g} and follows the new schedule; "
+            f"one whole {sched_cfg.name} schedule of {epochs} epochs is a new run (another hydra.run.dir)")
 
 
 def param_groups(params, opt_cfg):

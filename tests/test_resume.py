@@ -263,8 +263,9 @@ def test_resume_says_when_more_epochs_stretch_a_cosine_schedule(tmp_path):
     assert "learning rate goes from" not in same.stdout + same.stderr
     longer = run_cli("train.py", *args, "trainer.epochs=2", "trainer.max_steps=14", "resume=auto")
     assert longer.returncode == 0, longer.stderr[-2000:]
-    found = re.search(r"resume: trainer.epochs=2 lays the cosine schedule over 250 updates instead of 125: at "
-                      r"update 12 the learning rate goes from ([\d.e-]+) \(as the run trained\) to ([\d.e-]+)",
+    found = re.search(r"resume: the cosine schedule now spans 250 updates \(trainer.epochs=2 of the data as it reads "
+                      r"now\) instead of the 125 the run trained under: at update 12 the learning rate goes from "
+                      r"([\d.e-]+) \(as the run trained\) to ([\d.e-]+)",
                       longer.stdout + longer.stderr)
     assert found, (longer.stdout + longer.stderr)[-3000:]
     was, goes = map(float, found.groups())
