@@ -41,14 +41,17 @@ SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "de
 
 def overrides(run_cfg) -> List[str]:
     """The key=value list that turns the recipe as written into the run's config (what the run's command line
-    changed): composing the recipe with these gives the run's config again."""
+    changed): composing the recipe with these gives the run's config again. A key the recipe does not have (a
+    config group of the run's added it, as dataset=multi30k_published adds dataset.params.lowercase) is
+    +key=value."""
     recipe = flatten(OmegaConf.to_container(compose([f"recipe={run_cfg.recipe_name}"]), resolve=True))
     run = flatten(OmegaConf.to_container(run_cfg, resolve=True))
     out = []
     for key, value in sorted(run.items()):
         if key.split(".")[0] in SKIP or key in SKIP or recipe.get(key) == value:
             continue
-        out.append(f"{key}={json.dumps(value) if isinstance(value, (list, dict)) else value}")
+        text = json.dumps(value) if isinstance(value, (list, dict)) else value
+        out.append(f"{'' if key in recipe else '+'}{key}={text}")
     return out
 
 
@@ -69,7 +72,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     if not (run_dir / "metrics.json").is_file():
         raise ConfigError(f"{run_dir} has no metrics.json: ship a finished run")
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    cfg = load_run_config(run_dir)
+    cfg = load_run_config(run_dir, latest=True)  # as its last process ran (trainer.epochs may have grown)
     set_context(cfg.runtime)
     final = checkpoints(run_dir / "checkpoints")[-1]
     params = final_params = read_checkpoint(final)

@@ -197,3 +197,18 @@ def test_progress_labels_after_a_step_budget(tmp_path, graph_mode, caplog):
     history = json.loads((tmp_path / "metrics.json").read_text())["eval_history"]
     assert [(h["epoch"], h["step"]) for h in history] == [(0.4, 50)], "no evaluation of the cut epoch as epoch 1"
     assert "epoch 1/1: step 50" in caplog.text
+
+
+def test_a_resumed_runs_latest_config_is_its_last_process(tmp_path):
+    """config.yaml keeps the first process's settings; a resume writes config.resume-N.yaml. What the run
+    finished with (bench.ship's overrides) is the newest of those, N counted as a number (10 after 9)."""
+    from omegaconf import OmegaConf
+    from engine.rundir import load_run_config
+    from zoo.compose import compose
+
+    cfg = compose(["recipe=lenet_o0"])
+    for name, epochs in [("config.yaml", 3), ("config.resume-2.yaml", 5), ("config.resume-10.yaml", 9),
+                         ("config.resume-9.yaml", 7)]:
+        (tmp_path / name).write_text(OmegaConf.to_yaml(OmegaConf.merge(cfg, {"trainer": {"epochs": epochs}})))
+    assert load_run_config(tmp_path).trainer.epochs == 3
+    assert load_run_config(tmp_path, latest=True).trainer.epochs == 9

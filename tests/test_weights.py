@@ -142,3 +142,22 @@ def test_verify_finds_a_weights_data_where_it_is_given(tmp_path):
     out = run_cli("-m bench.verify", "--data", "multi31k=/x")
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
         "error: --data multi31k=...: 'multi31k' is not a dataset group; did you mean multi30k")
+
+
+def test_ship_records_a_group_options_keys_so_they_compose_back():
+    """A run trained with dataset=multi30k_published has keys the recipe lacks (dataset.params.lowercase): the
+    manifest's overrides add them with +, so that eval.py weights=NAME composes the run's config again."""
+    from bench.ship import overrides
+    from engine.load import flatten
+    from omegaconf import OmegaConf
+    from zoo.compose import compose
+
+    run = compose(["recipe=transformer_tiny_multi30k_o0", "dataset=multi30k_published", "trainer.update_freq=2"])
+    run.recipe_name = "transformer_tiny_multi30k_o0"
+    found = overrides(run)
+    assert {"+dataset.params.lowercase=True", "+dataset.params.moses=True", "dataset.params.vocab_size=10000",
+            "trainer.update_freq=2"} <= set(found), found
+    again = compose(["recipe=transformer_tiny_multi30k_o0", *found])
+    plain = lambda c: {k: v for k, v in flatten(OmegaConf.to_container(c, resolve=True)).items()  # noqa: E731
+                       if not k.startswith(("recipe_name", "hydra"))}
+    assert plain(again) == plain(run)
