@@ -27,7 +27,7 @@ from data import task  # noqa: E402
 from data.translation import tokenizer_file  # noqa: E402
 from engine.checkpoint import average_checkpoints, checkpoints, epoch_checkpoints, read_checkpoint  # noqa: E402
 from engine.load import flatten, load_config  # noqa: E402
-from engine.rundir import load_run_config  # noqa: E402
+from engine.rundir import load_run_config, resume_configs  # noqa: E402
 from engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256  # noqa: E402
 from models import build_model  # noqa: E402
 from zoo.cli import pop_flag  # noqa: E402
@@ -61,7 +61,7 @@ def trained(run_dir: Path, metrics: dict, final_params: dict) -> dict:
     resumed before they did counts its last process only)."""
     out = {"steps": metrics["steps"], "epochs": metrics["epochs"],
            "wall_time_s": training_wall_time(run_dir) or metrics["wall_time_s"]}
-    resumed = bool(list(run_dir.glob("config.resume-*.yaml")))
+    resumed = bool(resume_configs(run_dir))
     if not resumed or ("train_time_s" in final_params and "timed_from_step" not in metrics):
         out["train_time_s"] = metrics.get("train_time_s")
     return out

@@ -28,16 +28,20 @@ MAY_CHANGE = ("trainer.epochs", "trainer.max_steps", "trainer.eval_every", "trai
               "output", "dataset.path", "runtime.profile", "runtime.device", "runtime.device_id", "runtime.onednn_isa")
 
 
+def resume_configs(run_dir) -> List[Path]:
+    """The config.resume-N.yaml a run's resumes wrote beside its config.yaml, oldest first (N as a number)."""
+    found = [p for p in Path(run_dir).glob("config.resume-*.yaml") if p.stem.removeprefix("config.resume-").isdigit()]
+    return sorted(found, key=lambda p: int(p.stem.removeprefix("config.resume-")))
+
+
 def load_run_config(run_dir, latest: bool = False):
     """A run directory's config.yaml over the current schema (keys added since the run get their defaults); a
     missing, empty or unreadable one is one ConfigError naming it. `latest`: the config its last process ran
     with (a resume writes config.resume-N.yaml beside config.yaml, with the keys it may change, such as
     trainer.epochs, as it ran)."""
     path = Path(run_dir) / "config.yaml"
-    resumes = sorted((p for p in Path(run_dir).glob("config.resume-*.yaml") if p.stem[14:].isdigit()),
-                     key=lambda p: int(p.stem[14:]))
-    if latest and path.is_file() and resumes:
-        path = resumes[-1]
+    if latest and path.is_file():
+        path = (resume_configs(run_dir) or [path])[-1]
     if not path.is_file():
         raise ConfigError(f"{run_dir} has no config.yaml: not a train.py run directory (give the folder that "
                           f"holds config.yaml, checkpoints/ and train.log)")

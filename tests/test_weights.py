@@ -153,7 +153,6 @@ def test_ship_records_a_group_options_keys_so_they_compose_back():
     from zoo.compose import compose
 
     run = compose(["recipe=transformer_tiny_multi30k_o0", "dataset=multi30k_published", "trainer.update_freq=2"])
-    run.recipe_name = "transformer_tiny_multi30k_o0"
     found = overrides(run)
     assert {"+dataset.params.lowercase=True", "+dataset.params.moses=True", "dataset.params.vocab_size=10000",
             "trainer.update_freq=2"} <= set(found), found
