@@ -48,7 +48,7 @@ from models.decoding import translate  # noqa: E402
 from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
 from zoo.errors import ConfigError, TracedError, WriteError, fail, write_error  # noqa: E402
-from zoo.runtime import (any_rank, init_distributed, machine, onednn_note, parameter_checksum,  # noqa: E402
+from zoo.runtime import (any_rank, init_distributed, onednn_note, parameter_checksum,  # noqa: E402
                          seed_everything, set_context, sink_mode, source_commit)
 
 log = logging.getLogger("amp_zoo")
@@ -184,8 +184,8 @@ class Rung:
     stop: Any                # the GracefulStop callback: which signal, at which step
 
 
-def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=()) -> Optional[float]:
-    """cfg: from engine.load.load_config. extra_callbacks: appended to the driver's own (bench/overhead.py)."""
+def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[float]:
+    """cfg: from engine.load.load_config."""
     if not cfg.resume:
         refuse_fresh_start(run_dir)
     start = resume_start(cfg, run_dir / "checkpoints")
@@ -202,7 +202,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
             run.timed_from_step = start.step
     rungs, transitions, summaries = ladder(cfg.amp), [], []
     for number, amp_cfg in enumerate(rungs):  # one rung unless amp.fallback.enabled and training diverges
-        rung = train_rung(run, number, amp_cfg, start, extra_callbacks)
+        rung = train_rung(run, number, amp_cfg, start)
         run.trained_s += rung.train_time
         summaries.append({"rung": number, "setting": describe(amp_cfg), **rung.amp_summary})
         if rung.outcome == "finished":
@@ -354,7 +354,7 @@ def build_step(run: Run, amp_cfg):
     return step.net, step.policy, step.plan, step.cell, model, report
 
 
-def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) -> Rung:
+def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
     """One rung of the ladder from `start` to the end of training, a divergence, or a stop signal."""
     cfg, t = run.cfg, run.cfg.trainer
     net, policy, plan, step_cell, model, report = build_step(run, amp_cfg)
@@ -390,7 +390,6 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
         callbacks.append(StopAtStep(t.max_steps))
     if cfg.runtime.profile and run.is_main and number == 0:
         callbacks.append(ProfileSteps(run.run_dir, report, run.device, start=start.step + 2))
-    callbacks.extend(extra_callbacks)
 
     for first_epoch, skip_batches, end_epoch in passes(start.step, run.steps_per_epoch, t.epochs):
         if watch.reason or stop.signal or (t.max_steps and run.timer.steps and run.timer.steps[-1] >= t.max_steps):
@@ -471,7 +470,7 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
         "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
-        "onednn": onednn_note(ONEDNN_NOTE), "smoke": run.smoke_note, "machine": machine(),
+        "onednn": onednn_note(ONEDNN_NOTE), "smoke": run.smoke_note,
         "commit": source_commit(),
     }
     log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net))

@@ -2,6 +2,6 @@
 
 policy.py (which Cells run in which dtype), names.py (the Cell registry behind keep_fp32/force_fp16),
 loss_scale.py (the loss-scaled train step, on every device), telemetry.py (overflow and scale logging),
-report.py (`python -m amp.report`), audit.py (`python -m amp.audit`), fallback.py (the ladder),
-functional.py (a jit-compiled step for hand-written loops).
+fallback.py (the ladder), functional.py (a jit-compiled step for hand-written loops). The commands
+`python -m amp.report | amp.audit | amp.search` live in tools/ (they use the engine, which uses this library).
 """

@@ -1,5 +1,5 @@
 """The ranking behind `python -m amp.search`: which compute units to keep in fp32 first, the keep-list that names
-exactly a set of units, and the bisection over how many to keep. No training here: amp/search.py runs the
+exactly a set of units, and the bisection over how many to keep. No training here: tools/amp_search.py runs the
 candidates and judges them."""
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional

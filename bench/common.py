@@ -12,13 +12,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 import mindspore as ms
 from omegaconf import OmegaConf
 
+from bench.machine import machine, machine_kind
 from engine.checkpoint import inference_network
 from engine.load import load_config
 from engine.optim import lr_schedule, scaled_lr
 from engine.step import build_train_step
 from zoo.cli import pop_option  # noqa: F401  (the benchmarks' options)
 from zoo.errors import ConfigError, fail
-from zoo.runtime import machine, machine_kind
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -7,7 +7,7 @@
 Every recipe in recipes/ gets a row. Its data group (`override /dataset: ...` in the recipe) is looked for at
 the path given with --data (fashion_mnist, mnist, cifar10, imagenet, multi30k, wmt14_en_de), else at the
 recipe's own dataset.path, else where this project's machines keep it (Multi30k: ../shared/data/multi30k).
-Found: the recipe trains with its own settings, once per seed of its target.seeds, each run in RUNS/<recipe>-s<seed>
+Found: the recipe trains with its own settings, once per seed of its plan (PLANS), each run in RUNS/<recipe>-s<seed>
 (train.py's run directory; --runs, default runs/reproduce). Resumable: a run with metrics.json is done and
 only scored again; a run with checkpoints continues with resume=auto; a killed reproduce picks up there.
 Translation recipes are scored with the published protocol of bench/multi30k.py (last checkpoints averaged,
@@ -34,12 +34,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
+from bench.machine import machine, machine_kind
 from engine import train_run
 from engine.checkpoint import CHECKPOINT_NAME, checkpoints
 from zoo.cli import pop_all, pop_flag, pop_option
 from zoo.compose import compose
 from zoo.errors import choices_hint, fail
-from zoo.runtime import machine, machine_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
@@ -49,12 +49,29 @@ KNOWN_DATA = {"multi30k": ROOT.parent / "shared" / "data" / "multi30k",
               "multi30k_published": ROOT.parent / "shared" / "data" / "multi30k"}
 
 
+# How a reproduction runs a recipe on its real data, fixed before the runs: its seeds (default [1]), the band
+# its mean must be within of its O0 sibling's (the metric's unit), and keys it adds to the recipe.
+PLANS = {
+    "lenet_fashion_o0": {"seeds": [1, 2, 3]},
+    "lenet_fashion_o2": {"seeds": [1, 2, 3], "parity": 0.5},
+    "lenet_fashion_o3": {"seeds": [1, 2, 3], "parity": 0.5},
+    "resnet18_fashion_o0": {"seeds": [1, 2, 3]},
+    "resnet18_fashion_o2": {"seeds": [1, 2, 3], "parity": 0.5},
+    "resnet18_fashion_o3": {"parity": 0.5},
+    # every epoch checkpoint kept, for the val BLEU curve
+    "transformer_tiny_multi30k_o0": {"reproduce_overrides": ["trainer.keep_last=100"]},
+    "transformer_tiny_multi30k_o2": {"parity": 1.0, "reproduce_overrides": ["trainer.keep_last=100"]},
+}
+
+
 def recipe_card(name: str) -> dict:
-    """The recipe's data group, dataset.path default and target block, as Hydra composes the recipe."""
+    """The recipe's data group, dataset.path default and target block, as Hydra composes the recipe, with its
+    reproduction plan (PLANS) in the target block."""
     cfg = compose([f"recipe={name}"])
+    target = {"seeds": [1], "parity": None, "reproduce_overrides": [], **OmegaConf.to_container(cfg.target),
+              **PLANS.get(name, {})}
     return {"recipe": name, "group": HydraConfig.get().runtime.choices["dataset"], "default_path": cfg.dataset.path,
-            "level": str(cfg.amp.level), "target": OmegaConf.to_container(cfg.target),
-            "description": cfg.description}
+            "level": str(cfg.amp.level), "target": target, "description": cfg.description}
 
 
 def find_data(card: dict, given: Dict[str, str]) -> Optional[str]:
@@ -103,7 +120,7 @@ def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
               "overflow_steps": metrics["amp"]["overflow_steps"], "skipped_steps": metrics["amp"]["skipped_steps"],
               "throughput": metrics.get("samples_per_s"), "throughput_unit": metrics.get("throughput_unit"),
               "wall_time_s": training_wall_time(run_dir) or metrics["wall_time_s"],
-              "machine": machine_kind(metrics.get("machine", {}))}
+              "machine": machine_kind(metrics.get("machine") or machine())}  # trained here, unless it says otherwise
     if metric.startswith("bleu"):  # the published protocol: averaged checkpoints, beam, test split
         result = scorer(run_dir)
         test = result["averaged_test_2016_flickr"]

@@ -103,34 +103,6 @@ def record(recipe, level, ls, seed, m: dict) -> dict:
     }
 
 
-def side_benchmarks(results, out: Path, quick: bool) -> None:
-    """The single-process measurements, each in its own process, their JSON copied next to results.json:
-    driver overhead, data-pipeline efficiency, jit settings, and fp16 gradient underflow (initial weights,
-    and the seed-1 O0 run's trained ones)."""
-    jobs = [["bench.overhead", "recipe=lenet_o2", f"trainer.epochs={4 if quick else 20}"],
-            ["bench.settings", "recipe=lenet_o2", *(["--rounds", "8"] if quick else [])]]
-    jobs += [["bench.pipeline", "recipe=lenet_o2", *(["--blocks", "4"] if quick else [])],
-             ["bench.pipeline", "recipe=resnet34_o2", "--blocks", "3" if quick else "5", "--block", "5"],
-             ["bench.pipeline", "recipe=transformer_base_o2", "--blocks", "4" if quick else "8", "--block", "10"]]
-    for recipe, o0 in (("lenet_o2", "lenet_o0"), ("resnet34_o2", "resnet34_o0"),
-                       ("transformer_base_o2", "transformer_base_o0")):
-        run = next((r for r in results["runs"] if r["recipe"] == o0 and r["seed"] == 1 and r["status"] == "ok"),
-                   None)
-        ckpts = sorted((ROOT / run["run_dir"] / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime) \
-            if run and not quick else []
-        jobs.append(["bench.underflow", f"recipe={recipe}"])
-        if ckpts:
-            jobs.append(["bench.underflow", f"recipe={recipe}", "--checkpoint", str(ckpts[-1])])
-    for job in tqdm(jobs, desc="single-process benchmarks", unit="job"):
-        before = time.time()
-        proc = subprocess.run([sys.executable, "-m", *job], cwd=ROOT, capture_output=True, text=True)
-        print(proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 else
-              f"{' '.join(job)} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-        for path in (ROOT / "bench" / "results").glob("*.json"):
-            if path.stat().st_mtime >= before:
-                (out / path.name).write_text(path.read_text())
-
-
 def finished(results) -> set:
     """Runs not to run again: finished, and their run directory still here (a fresh clone has results.json
     but not the raw runs, which the plots read)."""
@@ -163,7 +135,6 @@ def main(argv) -> Path:
         m["run_dir"] = str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir)
         results["runs"].append(record(recipe, level, ls, seed, m))
         results_file.write_text(json.dumps(results, indent=2))  # after every run: a killed bench resumes here
-    side_benchmarks(results, out, quick)
     write_report(results, out)
     print(f"wrote {out / 'BENCHMARKS.md'}")
     return out

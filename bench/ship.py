@@ -21,6 +21,7 @@ import mindspore as ms  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from bench.machine import machine, machine_kind  # noqa: E402
 from bench.reproduce import training_wall_time  # noqa: E402
 from bench.verify import score  # noqa: E402
 from data import task  # noqa: E402
@@ -33,7 +34,7 @@ from models import build_model  # noqa: E402
 from zoo.cli import pop_flag  # noqa: E402
 from zoo.compose import compose  # noqa: E402
 from zoo.errors import ConfigError, fail  # noqa: E402
-from zoo.runtime import machine_kind, set_context  # noqa: E402
+from zoo.runtime import set_context  # noqa: E402
 
 SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
         "logger", "runtime.device_id", "dataset.path")  # groups, or keys: where a run ran and how it was watched
@@ -72,6 +73,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     if not (run_dir / "metrics.json").is_file():
         raise ConfigError(f"{run_dir} has no metrics.json: ship a finished run")
     metrics = json.loads((run_dir / "metrics.json").read_text())
+    trained_on = metrics.get("machine") or machine()  # a run trained here, unless its record says otherwise
     cfg = load_run_config(run_dir, latest=True)  # as its last process ran (trainer.epochs may have grown)
     set_context(cfg.runtime)
     final = checkpoints(run_dir / "checkpoints")[-1]
@@ -98,8 +100,8 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
         "file": path.name, "sha256": sha256(path), "bytes": path.stat().st_size,
         "parameters": int(sum(p.size for p in net.trainable_params())), "dtype": "float16" if fp16 else "float32",
         "recipe": cfg.recipe_name, "overrides": overrides(cfg), "from": source,
-        "commit": metrics.get("commit"), "mindspore": metrics["machine"]["mindspore"],
-        "machine": machine_kind(metrics["machine"]), "trained": trained(run_dir, metrics, final_params),
+        "commit": metrics.get("commit"), "mindspore": trained_on["mindspore"], "machine": machine_kind(trained_on),
+        "trained": trained(run_dir, metrics, final_params),
         "metric": None, "published": {k: OmegaConf.to_container(cfg.target).get(k)
                                       for k in ("metric", "published", "published_setting", "source")},
         "command": f"python eval.py weights={name}" + (f" dataset.path=/data/{group}" if needs_path else ""),

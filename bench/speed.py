@@ -48,8 +48,9 @@ from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_hand
 from amp.profile import op_times  # noqa: E402
 from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,  # noqa: E402
                           train_step)
+from bench.machine import machine  # noqa: E402
 from models.cpu_conv import WHY_NOT, CpuConv2d, library, mindspore_conv  # noqa: E402
-from zoo.runtime import AUTO_CAP, machine, onednn_note  # noqa: E402
+from zoo.runtime import AUTO_CAP, onednn_note  # noqa: E402
 
 
 def shape_of(cfg, batch: int, size: int):

@@ -8,6 +8,7 @@
 - The run's own config rules a resume (`resume_config`) and an evaluation of its checkpoints (`run_config_for`):
   a command-line key that would change the run is refused, naming the run's value.
 """
+import dataclasses
 import fcntl
 import os
 from pathlib import Path
@@ -35,8 +36,8 @@ def resume_configs(run_dir) -> List[Path]:
 
 
 def load_run_config(run_dir, latest: bool = False):
-    """A run directory's config.yaml over the current schema (keys added since the run get their defaults); a
-    missing, empty or unreadable one is one ConfigError naming it. `latest`: the config its last process ran
+    """A run directory's config.yaml over the current schema (keys added since the run get their defaults, keys
+    removed since are dropped); a missing, empty or unreadable one is one ConfigError naming it. `latest`: the config its last process ran
     with (a resume writes config.resume-N.yaml beside config.yaml, with the keys it may change, such as
     trainer.epochs, as it ran)."""
     path = Path(run_dir) / "config.yaml"
@@ -49,11 +50,19 @@ def load_run_config(run_dir, latest: bool = False):
         saved = OmegaConf.load(path)
         if not OmegaConf.is_dict(saved) or len(saved) == 0:
             raise ValueError("it holds no settings")
-        return OmegaConf.merge(OmegaConf.structured(Config), saved)
+        schema = OmegaConf.structured(Config)
+        return OmegaConf.merge(schema, still_known(OmegaConf.to_container(saved), schema))
     except Exception as e:  # noqa: BLE001  (YAML, OmegaConf and schema errors alike)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"{path} cannot be read as the run's config ({msg}); it is written by train.py: "
                           f"restore it, or start a new run in another hydra.run.dir") from None
+
+
+def still_known(saved: dict, schema) -> dict:
+    """`saved` without the keys the schema no longer has; free-form blocks (model.params, smoke) stay whole."""
+    if not OmegaConf.is_config(schema) or not dataclasses.is_dataclass(OmegaConf.get_type(schema)):
+        return saved
+    return {k: still_known(v, schema[k]) if isinstance(v, dict) else v for k, v in saved.items() if k in schema}
 
 
 def lock_holder(directory: Path) -> Optional[int]:

@@ -8,9 +8,9 @@ from omegaconf import OmegaConf
 import mindspore as ms
 import mindspore.nn as nn
 
-from amp.audit import audit
-from amp.report import build_report
 from tests.conftest import run_cli
+from tools.amp_audit import audit
+from tools.amp_report import build_report
 from zoo.registry import CELLS
 
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))
@@ -87,7 +87,7 @@ def test_audit_runs_a_recipe_on_its_smoke_data():
 def test_audit_without_a_recipes_own_data_measures_the_embedded_digits(monkeypatch):
     """A Fashion-MNIST recipe on a machine without the package: the audit stands the embedded MNIST digits in
     (same format) and says so; a dataset.path the user gives must exist."""
-    import amp.audit as tool
+    import tools.amp_audit as tool
     from engine.load import load_config
     from zoo.errors import ConfigError
 
@@ -104,7 +104,7 @@ def test_audit_without_a_recipes_own_data_measures_the_embedded_digits(monkeypat
 
 
 def test_the_tools_set_up_mindspore_only_as_entry_points():
-    """Importing amp.report (train.py does) caps no oneDNN ISA; run as a command it follows the recipe's
+    """Importing the tools caps no oneDNN ISA; run as a command it follows the recipe's
     runtime.onednn_isa (the Transformer recipes set none) and answers --help."""
     import os
     import subprocess
@@ -113,7 +113,7 @@ def test_the_tools_set_up_mindspore_only_as_entry_points():
     from tests.conftest import ROOT
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
     env["PYTHONPATH"] = str(ROOT)
-    probe = subprocess.run([sys.executable, "-c", "import os, amp.report, amp.audit, amp.search; "
+    probe = subprocess.run([sys.executable, "-c", "import os, tools.amp_report, tools.amp_audit, tools.amp_search; "
                             "print(os.environ.get('ONEDNN_MAX_CPU_ISA'))"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
     assert probe.stdout.strip() == "None", probe.stderr[-1000:]

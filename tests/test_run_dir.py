@@ -212,3 +212,18 @@ def test_a_resumed_runs_latest_config_is_its_last_process(tmp_path):
         (tmp_path / name).write_text(OmegaConf.to_yaml(OmegaConf.merge(cfg, {"trainer": {"epochs": epochs}})))
     assert load_run_config(tmp_path).trainer.epochs == 3
     assert load_run_config(tmp_path, latest=True).trainer.epochs == 9
+
+
+def test_a_run_written_with_a_key_since_removed_still_loads(tmp_path):
+    """target.seeds left the schema for bench/reproduce.py's plans: a run directory written before still loads,
+    without it, and a free-form block keeps its keys."""
+    from omegaconf import OmegaConf
+
+    from engine.rundir import load_run_config
+    from zoo.compose import compose
+    saved = OmegaConf.to_container(compose(["recipe=lenet_o2"]), resolve=False)
+    saved["target"]["seeds"] = [1, 2, 3]
+    saved["model"]["params"] = {"width": 8}
+    OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
+    cfg = load_run_config(tmp_path)
+    assert "seeds" not in cfg.target and cfg.recipe_name == "lenet_o2" and cfg.model.params.width == 8

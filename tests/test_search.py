@@ -166,7 +166,7 @@ def test_a_budget_inside_the_warm_up_is_noted(capsys, warmup, noted):
     """A budget that ends inside the recipe's warm-up judges every run at its peak learning rate (on
     resnet18_fashion_o2 at 1 epoch, O0 landed at 85.11 and 74.06 over two seeds): the search says so, and what
     schedule.warmup_epochs compresses the recipe's schedule into the budget."""
-    from amp.search import check_settings
+    from tools.amp_search import check_settings
     from engine.load import load_config
     argv = ["recipe=lenet_o2", f"schedule.warmup_epochs={warmup}", "search.budget_epochs=1"]
     cfg, _ = load_config(argv)

@@ -14,20 +14,19 @@ from engine.load import check_command_line, load_config
 from zoo.config import Config, RANGES
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("zoo", "engine", "amp", "models", "data", "bench")
+PACKAGES = ("zoo", "engine", "amp", "models", "data", "tools", "bench", "lab")
 
 # The architecture, bottom up. A module may import its own layer and the layers below it, never one above.
 # A module belongs to the layer of the longest prefix that names it.
 LAYERS = [
     ("core: errors, registry, config schema, composition, options, MindSpore set-up", ["zoo"]),
     ("networks and data: the model zoo's Cells, decoding, the readers and pipelines", ["models", "data"]),
-    ("the AMP library: policy, loss scaling, telemetry, divergence watch, profiler",
-     ["amp", "amp.policy", "amp.names", "amp.loss_scale", "amp.functional", "amp.telemetry", "amp.profile",
-      "amp.fallback", "amp.precision", "amp.ranking"]),
+    ("the AMP library: policy, loss scaling, telemetry, divergence watch, profiler", ["amp"]),
     ("the engine: config loading, loss and optimizer, checkpoints, callbacks, run directories, weights",
      ["engine"]),
-    ("commands: the drivers, the AMP tools and the benchmarks",
-     ["train", "eval", "export", "amp.report", "amp.audit", "amp.search", "bench"]),
+    ("commands: the drivers, the AMP tools (python -m amp.report | amp.audit | amp.search) and the release "
+     "tooling (reproduce, verify, ship, the FP32-vs-AMP matrix)", ["train", "eval", "export", "tools", "bench"]),
+    ("the lab: one-off experiments, each answered in docs/benchmarks.md; nothing imports them", ["lab"]),
 ]
 
 
@@ -85,6 +84,22 @@ def test_the_import_graph_is_acyclic():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     assert graph["zoo.errors"] == [] and graph["zoo.registry"] == ["zoo.errors"], "the leaves import nothing of ours"
     assert graph["zoo.config"] == [], "the schema imports nothing of ours"
+
+
+def package_graph(graph):
+    """The same edges between top-level packages (train.py, eval.py, export.py are packages of their own)."""
+    packages = {}
+    for a, targets in graph.items():
+        packages.setdefault(a.split(".")[0], set()).update(b.split(".")[0] for b in targets)
+    return {p: sorted(t - {p}) for p, t in packages.items()}
+
+
+def test_the_package_graph_is_acyclic():
+    """amp is a library the engine builds on: a command that imports the engine lives in tools/, not in amp."""
+    packages = package_graph(import_graph())
+    assert find_cycle(packages) is None, " -> ".join(find_cycle(packages))
+    assert "engine" not in packages["amp"] and "tools" not in packages["amp"]
+    assert [p for p, targets in packages.items() if "lab" in targets] == [], "the product imports no experiment"
 
 
 def layer_of(module: str) -> int:
@@ -187,7 +202,7 @@ def test_config_enums_are_plain_strings_to_omegaconf():
 
 
 def test_every_entry_point_loads_its_config_through_load_config():
-    for script in ("train.py", "eval.py", "export.py", "amp/report.py", "amp/audit.py", "bench/common.py"):
+    for script in ("train.py", "eval.py", "export.py", "tools/amp_report.py", "tools/amp_audit.py", "bench/common.py"):
         text = (ROOT / script).read_text()
         # eval.py and export.py through engine.weights.checkpoint_config, which calls load_config
         assert ("load_config" in text or "checkpoint_config" in text) and "apply_smoke" not in text, script
@@ -202,7 +217,8 @@ def test_only_the_entry_helper_sets_up_mindspore():
                      if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("cap_onednn_isa",
                                                                                         "quiet_mindspore"))
     assert callers == ["zoo.entry", "zoo.entry"]
-    libraries = [m for m in project_modules() if m.split(".")[0] in ("zoo", "engine", "amp", "models", "data")]
+    libraries = [m for m in project_modules() if m.split(".")[0] in ("zoo", "engine", "amp", "models", "data")
+                 and not m.endswith("__main__")]
     code = ("import os, importlib\n"
             f"for m in {libraries!r}:\n    importlib.import_module(m)\n"
             "print(os.environ.get('ONEDNN_MAX_CPU_ISA'), os.environ.get('GLOG_v'))")

@@ -20,7 +20,7 @@ CONF_DIR = ROOT / "conf"
 @dataclass(frozen=True)
 class Level:
     """One amp level: what runs in low precision by default. The schema, the policy (amp/policy.py), the
-    fallback ladder (amp/fallback.py) and the report (amp/report.py) all read this table: a new level is a row."""
+    fallback ladder (amp/fallback.py) and the report (tools/amp_report.py) all read this table: a new level is a row."""
     low: str                        # "none": fp32; "white_list": MindSpore's O1 Cells (Conv, Dense, RNN cells);
                                     # "all": every Cell but the keep-list
     keep_fp32: Tuple[str, ...]      # the default keep-list (amp.keep_fp32=null)
@@ -221,15 +221,11 @@ class TargetConfig:
     published_setting: str = ""
     source: str = ""
     embedded: Optional[float] = None  # measured on the embedded smoke data, stated in the recipe card
-    # How `make reproduce` (bench/reproduce.py) runs the recipe on its real data, fixed before the runs:
-    seeds: List[int] = field(default_factory=lambda: [1])
-    parity: Optional[float] = None    # an AMP recipe's mean within this of its O0 sibling's mean (metric's unit)
-    reproduce_overrides: List[str] = field(default_factory=list)  # keys a reproduction adds to the recipe
 
 
 @dataclass
 class SearchConfig:
-    """python -m amp.search: the most low precision a recipe takes within a tolerance of O0 (amp/search.py)."""
+    """python -m amp.search: the most low precision a recipe takes within a tolerance of O0 (tools/amp_search.py)."""
     tolerance: float = 0.5            # largest allowed drop against O0, in the metric's unit (top1: points)
     metric: str = ""                  # "": the recipe's target.metric; top1, top5, loss (lower is better), bleu...
     seeds: List[int] = field(default_factory=lambda: [1, 2])

@@ -203,16 +203,6 @@ def source_commit():
     return head.stdout.strip() + ("+modified" if dirty else "")
 
 
-def vector_isa(flags) -> str:
-    """The widest x86 vector instructions among /proc/cpuinfo's flags: two AMD EPYCs of this project's, one
-    with AVX-512 and one without, named themselves alike and ran a ResNet step 2x apart."""
-    flags = set(flags)
-    for flag, name in (("amx_tile", "AVX-512, AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX")):
-        if flag in flags:
-            return name
-    return ""
-
-
 def cpu_info():
     """The CPU's model name and its flags, from /proc/cpuinfo (None and [] where there is none)."""
     cpu, flags = None, []
@@ -236,20 +226,3 @@ def onednn_runs_avx512() -> bool:
         return False
     isa = "" if os.environ.get(AUTO_CAP) else os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     return not isa or isa == "ALL" or "AVX512" in isa or "AMX" in isa
-
-
-def machine() -> dict:
-    """The machine a result was measured on: this project's machines have changed kind between sessions
-    (an Intel Xeon, then AMD EPYCs with and without AVX-512), and absolute times only compare on one kind."""
-    import mindspore
-    import psutil
-    cpu, flags = cpu_info()
-    return {"cpu": cpu or platform.processor() or platform.machine(), "isa": vector_isa(flags),
-            "cores": psutil.cpu_count(), "memory_gb": round(psutil.virtual_memory().total / 2**30),
-            "mindspore": mindspore.__version__, "python": platform.python_version()}
-
-
-def machine_kind(mach: dict) -> str:
-    """What two results must share for their times to compare: 'AMD EPYC (AVX2)'. A record written before
-    the ISA was kept names the CPU alone."""
-    return f"{mach['cpu']} ({mach['isa']})" if mach.get("isa") else mach.get("cpu")

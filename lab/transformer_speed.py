@@ -1,13 +1,13 @@
 """Transformer-Tiny train step: ours against PyTorch eager's nn.Transformer, same shapes, same machine.
 
-    python -m bench.transformer_speed [--rounds 8] [--steps 3] [--settings 0,1,2,3,4] [--shapes 16,32]
+    python -m lab.transformer_speed [--rounds 8] [--steps 3] [--settings 0,1,2,3,4] [--shapes 16,32]
 
 Both sides: 4+4 layers, d_model 128, 4 heads, FFN 256, post-norm (no final LayerNorm), vocabulary 8,000 with tied
 embeddings, sinusoidal positions, dropout 0.3 on embeddings and sublayer outputs (none on attention weights or
 after the ReLU, as fairseq), label-smoothed (0.1) cross-entropy ignoring padding, Adam (0.9, 0.98). Batches are
 128 sentences x 16 and x 32 tokens of random ids. Ours is the driver's own train step (bench.common.train_step:
 the recipe's policy, loss scale and optimizer) at each AMP setting; PyTorch runs fp32 (its CPU peer), the same
-model bench.torch_multi30k trains for the quality comparison. Variants run in turn, `steps` steps each per round;
+model lab.torch_multi30k trains for the quality comparison. Variants run in turn, `steps` steps each per round;
 a ratio is the median of per-round ratios, so drift on a shared machine cancels. Each of our settings keeps its
 compiled graphs (about 3 GB each at 128 x 32), so a run with every setting holds some 18 GB: measure O0 against
 PyTorch alone (`--settings 0`) for the headline ratio, then the AMP settings. PyTorch is a bench-only dependency
@@ -25,7 +25,7 @@ import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step  # noqa: E402
-from bench.torch_multi30k import build_peer  # noqa: E402
+from lab.torch_multi30k import build_peer  # noqa: E402
 from zoo.errors import fail  # noqa: E402
 
 SHAPES = [(128, 16), (128, 32)]
@@ -41,7 +41,7 @@ SETTINGS = [
 
 
 def torch_step(batch: int, length: int, vocab: int = 8000, d: int = 128):
-    """The PyTorch peer of bench.torch_multi30k (nn.Transformer layers as our model: post-norm without final
+    """The PyTorch peer of lab.torch_multi30k (nn.Transformer layers as our model: post-norm without final
     LayerNorms, tied embeddings, dropout where fairseq has it) at these shapes; returns a function running one
     step."""
     import torch

@@ -45,7 +45,7 @@ from typing import Dict, List, Optional, Tuple  # noqa: E402
 import mindspore as ms  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from amp.audit import audit  # noqa: E402
+from tools.amp_audit import audit  # noqa: E402
 from amp.ranking import Candidate, Unit, bisect, candidate, matching, rank  # noqa: E402
 from data import create_dataset, task  # noqa: E402
 from engine import train_run  # noqa: E402

@@ -1,7 +1,7 @@
 """Why O2 and O3 cost time on a CPU: MindSpore's CPU kernels for the ops an fp16 policy adds or moves to fp16,
 timed against their fp32 form on one activation-sized tensor, with the cores each keeps busy.
 
-    python -m bench.fp16_ops [--shape 128,64,28,28] [--repeats 20] [--out FILE]
+    python -m lab.fp16_ops [--shape 128,64,28,28] [--repeats 20] [--out FILE]
 
 Ops: Cast (fp32 -> fp16 and back: what every fp16/fp32 boundary costs), ReLU and Add (in fp16 at O2/O3, in
 fp32 at O0). Each runs as its own compiled graph, alternating with the others; a time is the median of

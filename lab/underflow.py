@@ -1,6 +1,6 @@
 """Why loss scaling exists, measured: how many gradient values underflow to zero in fp16 at each loss scale.
 
-    python -m bench.underflow recipe=transformer_base_o2 [key=value ...] [--scales 1,1024,65536]
+    python -m lab.underflow recipe=transformer_base_o2 [key=value ...] [--scales 1,1024,65536]
                               [--checkpoint PATH]
 
 One real training batch of the recipe (its smoke data when no dataset.path is given), one set of weights:

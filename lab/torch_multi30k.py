@@ -1,7 +1,7 @@
 """A PyTorch reference for the Multi30k Transformer-Tiny run: the same model, data, batches and schedule trained
 with PyTorch eager (bench-only peer), its val BLEU per epoch beside our run's.
 
-    python -m bench.torch_multi30k OUT_DIR [--epochs 20] [--ours RUN_DIR] [dataset.path=...] [overrides]
+    python -m lab.torch_multi30k OUT_DIR [--epochs 20] [--ours RUN_DIR] [dataset.path=...] [overrides]
 
 The same as `recipe=transformer_tiny_multi30k_o0`, read from that recipe:
 - model: 4+4 post-norm layers, d_model 128, 4 heads, FFN 256, tied embeddings N(0, d^-0.5) scaled by sqrt(d),

@@ -1,6 +1,6 @@
 """Decoding speed and exactness on a trained Transformer checkpoint.
 
-    python -m bench.decode RUN_DIR [--check 32] [key=value ...]
+    python -m lab.decode RUN_DIR [--check 32] [key=value ...]
 
 RUN_DIR is a translation run (config.yaml, checkpoints/); its newest checkpoint is decoded, under the run's
 config with any key=value given over it (`amp.level=O0`: an O2 run's fp32 weights decoded in fp32, as a CPU

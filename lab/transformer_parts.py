@@ -1,7 +1,7 @@
 """Each fast part of the Transformer train step, measured in the whole step: the step with every part as we
 keep it, against the step with one part put back in the form it replaced.
 
-    python -m bench.transformer_parts [--rounds 6] [--steps 2] [--length 16]
+    python -m lab.transformer_parts [--rounds 6] [--steps 2] [--length 16]
 
 Transformer-Tiny (the recipe's model, loss and optimizer at O0, bench.common.train_step) on 128 sentences x
 `--length` tokens of random ids. Variants run in turn, `steps` steps each per round; a variant's figure is

@@ -1,10 +1,10 @@
 """BENCHMARKS.md for the Transformer at real scale, from the JSON the Transformer benchmarks wrote.
 
-    python -m bench.transformer_report OUT_DIR [RUN_DIR ...] [--reference TORCH_DIR]
+    python -m lab.transformer_report OUT_DIR [RUN_DIR ...] [--reference TORCH_DIR]
 
 Reads bench/results/transformer_speed*.json, transformer_parts.json and decode.json, each Multi30k run
 directory's multi30k_result.json / multi30k_curve.json (bench.multi30k) when given, and the PyTorch reference's
-curve.json / compare.json (bench.torch_multi30k); with two or more runs, their val curves at equal optimizer
+curve.json / compare.json (lab.torch_multi30k); with two or more runs, their val curves at equal optimizer
 updates (against the first run given); copies them and the curve plots into OUT_DIR and writes
 OUT_DIR/BENCHMARKS.md. Every number in it comes from those files.
 """
@@ -55,7 +55,7 @@ def parts_table(lines):
     if data:
         lines += table(f"Each part in the whole step ({data['shape']}, O0)",
                        "The step with every part as kept, against the step with one part put back as it was "
-                       "(`bench.transformer_parts`).", ["variant", "ms/step", "time vs kept"],
+                       "(`lab.transformer_parts`).", ["variant", "ms/step", "time vs kept"],
                        [(name, f"{r['ms']:,.1f}", f"{r['time_vs_kept']:.3f}") for name, r in data["variants"].items()])
 
 
@@ -163,13 +163,13 @@ def runs_compared(lines, runs, out: Path):
 
 
 def reference_table(lines, ref: Path, out: Path):
-    """Our val curve against the PyTorch reference trained on the same batches (bench.torch_multi30k)."""
+    """Our val curve against the PyTorch reference trained on the same batches (lab.torch_multi30k)."""
     compare = json.loads((ref / "compare.json").read_text())
     curve = json.loads((ref / "curve.json").read_text())
     shutil.copy(ref / "compare.json", out / "pytorch_reference_compare.json")
     shutil.copy(ref / "curve.json", out / "pytorch_reference_curve.json")
     shutil.copy(ref / "curve.png", out / "pytorch_reference.png")
-    lines += table("The same training in PyTorch (`bench.torch_multi30k`)",
+    lines += table("The same training in PyTorch (`lab.torch_multi30k`)",
                    "PyTorch eager, fp32, the same model, sentencepiece vocabulary, token batches in the same order, "
                    "learning rate per step, Adam and label smoothing; another random initialisation. Val BLEU "
                    "lowercased, greedy, after each epoch. ![ours against PyTorch](pytorch_reference.png)",
@@ -190,7 +190,7 @@ def main(argv) -> Path:
     lines = ["# Transformer benchmarks (CPU)", "",
              "Measured on this project's 2-core x86 machines (24 GiB, no accelerator), mindspore 2.10.0 (CPU build), "
              "Python 3.11; a table whose result recorded its machine names it (earlier ones: an Intel Xeon). "
-             "Nothing here ran on Ascend or GPU. Regenerate: `python -m bench.transformer_report OUT_DIR RUN_DIR...`.", ""]
+             "Nothing here ran on Ascend or GPU. Regenerate: `python -m lab.transformer_report OUT_DIR RUN_DIR...`.", ""]
     speed_tables(lines)
     parts_table(lines)
     decode_table(lines)

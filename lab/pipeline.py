@@ -1,7 +1,7 @@
 """Does the data pipeline keep up? Training fed by the real pipeline against the same training fed from
 batches already in memory.
 
-    python -m bench.pipeline recipe=lenet_o2 [key=value ...] [--blocks 12] [--block 20]
+    python -m lab.pipeline recipe=lenet_o2 [key=value ...] [--blocks 12] [--block 20]
 
 One process, one train step (the driver's AmpTrainStep under the recipe's policy), two feeds interleaved in
 blocks: (a) the recipe's `mindspore.dataset` pipeline (read, decode, augment, batch, with its worker threads),

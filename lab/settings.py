@@ -1,12 +1,12 @@
 """Which MindSpore speed settings help here? Variants of one train step, interleaved in one process.
 
-    python -m bench.settings recipe=lenet_o2 [key=value ...] [--rounds 30]
+    python -m lab.settings recipe=lenet_o2 [key=value ...] [--rounds 30]
 
 The recipe's network under its policy and loss scale (AmpTrainStep), on one real batch, compiled once per
 variant: MindSpore's default, and `JitConfig(jit_level=...)` O0 and O1 set on the train step. Rounds of 15
 steps per variant, in turn; the ratio to the default is the median of per-round ratios. Settings that are
-process-wide are measured elsewhere: the oneDNN ISA cap (bench.onednn_isa), dataset workers
-(bench.pipeline dataset.num_workers=N); graph-kernel fusion (`enable_graph_kernel=True`) did not finish
+process-wide are measured elsewhere: the oneDNN ISA cap (lab.onednn_isa), dataset workers
+(lab.pipeline dataset.num_workers=N); graph-kernel fusion (`enable_graph_kernel=True`) did not finish
 compiling LeNet within 9 minutes on this CPU build, so it is not offered.
 """
 from zoo.entry import prepare

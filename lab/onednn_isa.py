@@ -1,6 +1,6 @@
 """Does capping oneDNN at AVX2 help, and does it work when set inside the process?
 
-    python -m bench.onednn_isa [--repeats 3]
+    python -m lab.onednn_isa [--repeats 3]
 
 Runs a child process per setting, alternating, each timing a 64->64 3x3 convolution (32x32, batch 32,
 forward) and a LeNet-5 train step (batch 32) after warm-up:

@@ -1,0 +1,5 @@
+"""`python -m amp.report`, as docs/amp.md documents it, runs the command tools/amp_report.py: commands import the
+engine, which imports this library, so they live with the other commands and this name only starts one."""
+import runpy
+
+runpy.run_module("tools.amp_report", run_name="__main__", alter_sys=True)
