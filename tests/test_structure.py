@@ -226,3 +226,23 @@ def test_only_the_entry_helper_sets_up_mindspore():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["None", "None"]
+
+
+def schema_keys(schema=Config, prefix=""):
+    for f in dataclasses.fields(schema):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            yield from schema_keys(type(default), f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+def test_the_configuration_doc_names_every_key():
+    """docs/configuration.md's table: a key by its full name, or by its name in its group's row."""
+    rows = [line for line in (ROOT / "docs" / "configuration.md").read_text().splitlines() if line.startswith("| `")]
+
+    def named(key):
+        group, _, leaf = key.rpartition(".")
+        return any(f"`{key}`" in row or (group and row.split("|")[1].count(f"`{group}.") and f"`{leaf}`" in row)
+                   for row in rows)
+    assert [k for k in schema_keys() if not named(k)] == []
