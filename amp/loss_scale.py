@@ -1,8 +1,8 @@
 """Loss scaling that works on every device, with AMP telemetry counted inside the graph.
 
 MindSpore's `Model` refuses a dynamic loss-scale manager on CPU, and `TrainOneStepWithLossScaleCell` checks
-overflow with an NPU-only status op there. `AmpTrainStep` subclasses it, checks overflow with
-`mindspore.amp.all_finite` on CPU (MindSpore's own check on GPU/Ascend), skips the update on overflow, and
+overflow with an NPU-only status op there. `AmpTrainStep` subclasses it, checks overflow with `finite_sum`
+below on CPU (MindSpore's own check on GPU/Ascend), skips the update on overflow, and
 updates the scale with MindSpore's update cells (from its LossScaleManagers). It is handed to `Model`
 as the train network, so the same recipe trains with a dynamic scale on CPU, GPU and Ascend.
 
@@ -12,8 +12,8 @@ every N-th step) and saved in every checkpoint with the scale itself.
 What is checked every step depends on whether the step can skip an update. With a dynamic scale, or a fixed
 one that drops overflowed updates, the graph checks the inputs and gradients every step (it must, to skip).
 Without skipping (no scale, or a fixed scale that keeps every update, the bare-MindSpore setting), the step
-is exactly MindSpore's TrainOneStepCell and counts nothing: per-step checks cost 3-8% of a LeNet step on a CPU
-(about 25 us per extra kernel, and a single in-graph counter update cost 7% by itself; bench/overhead.py), and an
+is exactly MindSpore's TrainOneStepCell and counts nothing: every in-graph check or counter is a kernel more in
+every step, a cost a small model feels (docs/amp.md and docs/benchmarks.md measure it), and an
 update with inf/NaN in it leaves the weights non-finite for good, so `telemetry()` finds it by checking the
 weights when it is read (every log_every steps). Its `amp_steps` stays 0: callbacks count steps on the host.
 
@@ -225,8 +225,8 @@ def _zero(x):
 def finite_sum(tensors) -> Tensor:
     """True when every element of every tensor is finite: one sum per tensor, in fp32 (an inf or NaN anywhere
     makes the sum inf or NaN; finite fp16-range values cannot add up to fp32's 3.4e38). Integer tensors (labels,
-    token ids) cannot hold inf/NaN and are left out. On CPU this is about 2x cheaper than `all_finite`, which
-    runs three kernels per tensor."""
+    token ids) cannot hold inf/NaN and are left out. Fewer kernels than `mindspore.amp.all_finite`, which runs
+    three per tensor."""
     sums = [ops.cast(t, mstype.float32).sum() for t in tensors if ops.is_floating_point(t)]
     if not sums:
         return Tensor(True)

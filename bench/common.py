@@ -83,7 +83,7 @@ def ratio_ci(times: List[float], base: List[float]) -> List[float]:
 
 
 def describe(mach: dict) -> str:
-    """One line for a report: 'AMD EPYC (AVX2), 2 cores, 23 GiB; MindSpore 2.10.0, Python 3.11.7'."""
+    """One line for a report: 'CPU MODEL (ISA), 2 cores, 23 GiB; MindSpore 2.10.0, Python 3.11.7'."""
     return (f"{machine_kind(mach)}, {mach['cores']} cores, {mach['memory_gb']} GiB; MindSpore {mach['mindspore']}, "
             f"Python {mach['python']}")
 

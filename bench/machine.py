@@ -26,6 +26,6 @@ def machine() -> dict:
 
 
 def machine_kind(mach: dict) -> str:
-    """What two results must share for their times to compare: 'AMD EPYC (AVX2)'. A record written before
+    """What two results must share for their times to compare: 'CPU MODEL (AVX2)'. A record written before
     the ISA was kept names the CPU alone."""
     return f"{mach['cpu']} ({mach['isa']})" if mach.get("isa") else mach.get("cpu")

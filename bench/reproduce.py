@@ -318,7 +318,7 @@ def shown_path(path: Optional[str]) -> Optional[str]:
 
 def one_machine(runs: List[dict]) -> Optional[str]:
     """The CPU a recipe's runs trained on, if one and recorded: times and throughputs compare only on one kind
-    of machine (this project's changed from an Intel Xeon to an AMD EPYC between sessions)."""
+    of machine (a project's machines may change kind between sessions)."""
     kinds = {x.get("machine") for x in runs}
     return kinds.pop() if len(kinds) == 1 else None
 

@@ -3,8 +3,9 @@ four idx files at a path, as they ship: gzip-compressed (`train-images-idx3-ubyt
 dataset-fashion-mnist, the upstream downloads) or not.
 
 Both are read into memory and their deterministic transforms (resize, normalize, channels) applied once by
-MindSpore's own ops; batches then come whole from `EpochBatches` in EpochShuffle's order: 60,000 images are
-245 MB as 32x32 fp32, and per-image Python work every epoch cost LeNet 13-15% of its throughput (bench.pipeline)."""
+MindSpore's own ops; batches then come whole from `EpochBatches` in EpochShuffle's order: the images fit in
+memory as fp32, and per-image Python work every epoch slows a small model's training (docs/benchmarks.md,
+"Data pipeline")."""
 import functools
 import gzip
 import importlib.util

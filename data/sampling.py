@@ -47,8 +47,8 @@ class EpochShuffle(msds.Sampler):
 class EpochBatches:
     """Whole batches from arrays already in memory, in `epoch_order` (the same samples in the same batches as
     EpochShuffle plus batch), for `GeneratorDataset`: one Python call per batch instead of one per sample. A
-    per-sample Python source holds the GIL 32 times a batch while the train step waits; on 2 cores that cost
-    LeNet 13%. Test split: file order, last batch kept."""
+    per-sample Python source holds the GIL once a sample while the train step waits for it (docs/benchmarks.md,
+    "Data pipeline"). Test split: file order, last batch kept."""
 
     def __init__(self, arrays, batch_size: int, split: str, seed: int, start_epoch: int = 0, shard=None,
                  skip: int = 0, augment: Optional[Callable] = None):

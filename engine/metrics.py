@@ -27,8 +27,8 @@ class FlatCrossEntropy(nn.Cell):
 class LabelSmoothedCrossEntropy(nn.Cell):
     """nn.CrossEntropyLoss's value (mean over non-ignored labels of (1 - eps) * nll + eps * mean over classes of
     -log p), with its gradient written out: (softmax - (1 - eps) * onehot - eps / classes) per kept row / rows.
-    On CPU MindSpore's LogSoftmaxGrad kernel alone took 590 ms at 4,096 x 8,000; this backward is one softmax
-    and one scatter of the target entries (bench/transformer_parts.py has the numbers)."""
+    MindSpore's CPU LogSoftmaxGrad kernel is slow over a large vocabulary; this backward is one softmax and one
+    scatter of the target entries (docs/benchmarks.md, "The Transformer at real scale", has the numbers)."""
 
     def __init__(self, label_smoothing: float = 0.0, ignore_index: int = -100):
         super().__init__()
@@ -40,8 +40,8 @@ class LabelSmoothedCrossEntropy(nn.Cell):
         return keep, ops.maximum(keep.sum(), 1.0)
 
     def construct(self, logits, labels):
-        # log-sum-exp from the target's softmax probability: MindSpore's CPU Softmax kernel is several times
-        # faster than its max/exp/sum reductions. A probability below 1e-30 counts as 1e-30 in the reported
+        # log-sum-exp from the target's softmax probability: MindSpore's CPU Softmax kernel is faster than its
+        # max/exp/sum reductions. A probability below 1e-30 counts as 1e-30 in the reported
         # value (a token's nll caps at 69); the gradient (bprop) is exact.
         index = ops.maximum(labels, 0).reshape(-1, 1)
         p_target = ops.gather_elements(self.softmax(logits), 1, index).reshape(-1)
@@ -56,7 +56,7 @@ class LabelSmoothedCrossEntropy(nn.Cell):
         w = (keep * dout / n).reshape(-1, 1)
         grad = (self.softmax(logits) - self.eps / logits.shape[-1]) * w
         # each row has one target: read its entry, subtract, write it back. A plain scatter (no reduction) runs
-        # on every backend (tensor_scatter_elements' reduction="add" is refused on Ascend), and is 3x faster here
+        # on every backend (tensor_scatter_elements' reduction="add" is refused on Ascend), and is faster on CPU
         index = ops.maximum(labels, 0).reshape(-1, 1)
         target = ops.gather_elements(grad, 1, index) - (1 - self.eps) * w
         return ops.scatter(grad, 1, index, target), ops.zeros_like(labels)

@@ -11,8 +11,8 @@ of median step times (the step at each block edge is left out); the overhead is 
 with a bootstrap 95% interval. A second bare network, run in the same blocks (order alternating), gives an
 A/A ratio: the noise floor of the measurement, which is what "within 2%" has to be read against.
 
-Pairing block by block matters on a shared 2-core machine: whole runs a minute apart differed by up to 15%
-for the same code, and single epochs by 10%. Bare MindSpore accepts only a fixed loss scale without overflow
+Pairing block by block matters on a shared machine, where whole runs of the same code a minute apart differ
+by more than the overhead measured (docs/benchmarks.md, "Our driver against bare MindSpore"). Bare MindSpore accepts only a fixed loss scale without overflow
 skipping (or none) on CPU, so the recipe must use one of those.
 """
 import statistics

@@ -6,8 +6,8 @@ The recipe's network under its policy and loss scale (AmpTrainStep), on one real
 variant: MindSpore's default, and `JitConfig(jit_level=...)` O0 and O1 set on the train step. Rounds of 15
 steps per variant, in turn; the ratio to the default is the median of per-round ratios. Settings that are
 process-wide are measured elsewhere: the oneDNN ISA cap (lab.onednn_isa), dataset workers
-(lab.pipeline dataset.num_workers=N); graph-kernel fusion (`enable_graph_kernel=True`) did not finish
-compiling LeNet within 9 minutes on this CPU build, so it is not offered.
+(lab.pipeline dataset.num_workers=N); graph-kernel fusion (`enable_graph_kernel=True`) is not offered: on the CPU
+build it did not finish compiling LeNet (docs/benchmarks.md, "Speed settings on this machine").
 """
 from zoo.entry import prepare
 

@@ -10,7 +10,7 @@ positions; post-norm as in the paper, or pre-norm (`norm_first`). Token id 0 is 
 fairseq: `dropout` on embeddings and sublayer outputs, `attention_dropout` on attention weights and
 `activation_dropout` after the FFN's ReLU (0 by default, as fairseq's).
 
-Speed (bench/transformer_speed.py measured each choice on a CPU step): every matmul is 2-D (a 3-D activation
+Speed (each choice measured on a CPU step: docs/benchmarks.md, "The Transformer at real scale"): every matmul is 2-D (a 3-D activation
 times a 2-D weight makes MindSpore broadcast the weight to every sentence, and reduce it again in the
 backward); self-attention projects Q, K and V in one matmul; masks are additive biases built once.
 
@@ -47,7 +47,7 @@ class BatchMatMul(nn.Cell):
 
 
 def row_sum(x):
-    """Sum over all leading axes as a matmul with ones: 2.4x faster than ReduceSum/BiasAddGrad on this CPU."""
+    """Sum over all leading axes as a matmul with ones: faster than ReduceSum/BiasAddGrad on a CPU."""
     x = x.reshape(-1, x.shape[-1])
     return ops.matmul(ops.ones((1, x.shape[0]), x.dtype), x).reshape(-1)
 
@@ -82,8 +82,8 @@ class Dense(nn.Dense):
 
 class NormFunction(nn.Cell):
     """(x - mean) / std * gamma + beta over the last axis: MindSpore's LayerNorm kernel forward, the backward
-    written out. Its CPU LayerNormGrad kernel took ~23 ms per call at 4,096 x 128, and a Transformer-Tiny step
-    has 20 of them (bench/transformer_parts.py)."""
+    written out: its CPU LayerNormGrad kernel is slow, and a Transformer-Tiny step has 20 of them
+    (docs/benchmarks.md, "The Transformer at real scale")."""
 
     def __init__(self, epsilon: float):
         super().__init__()
@@ -151,7 +151,7 @@ class MultiHeadAttention(nn.Cell):
 
     def heads(self, x, parts):
         """(B, T, parts*d) -> parts x (B, h, T, dh). ops.split, not slicing a head-major tensor: MindSpore's
-        CPU StridedSlice made that 2.3x slower."""
+        CPU StridedSlice is slow."""
         b, t, _ = x.shape
         split = ops.split(x, self.h * self.dh, -1) if parts > 1 else (x,)
         out = tuple(y.reshape(b, t, self.h, self.dh).transpose(0, 2, 1, 3) for y in split)
@@ -231,7 +231,7 @@ class DecoderLayer(nn.Cell):
         at_t (B, h, 3) indexes (row, head, this position). Returns x and the updated keys and values."""
         h = self.res1.pre(x)
         q, k, v = self.self_attn.heads(self.self_attn.qkv(h), 3)
-        # write this position: a scatter (a masked blend of the whole cache cost 150 ms a step in broadcasts)
+        # write this position: a scatter (a masked blend of the whole cache broadcasts it every step)
         keys = ops.tensor_scatter_update(keys, at_t, k.squeeze(2))
         values = ops.tensor_scatter_update(values, at_t, v.squeeze(2))
         x = self.res1(x, self.self_attn.attend(q, keys, values, self_bias))
@@ -300,7 +300,7 @@ class Transformer(nn.Cell):
         return self.decode(tgt_in, memory, src_bias)
 
     # Incremental decoding (eval only): see models/decoding.py. States are flat tuples of per-layer tensors
-    # (k0, v0, k1, v1, ...): slicing one stacked tensor is a StridedSlice, which took 350 ms a step on this CPU.
+    # (k0, v0, k1, v1, ...): slicing one stacked tensor is a StridedSlice, which is slow on a CPU.
     def start_decoding(self, src, beam: int = 1):
         """Cross-attention keys/values of the encoder output per layer, the source bias, and an empty
         self-attention cache per layer (B * beam, h, max_len, dh): the encoder runs once per sentence and its

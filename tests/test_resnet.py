@@ -233,7 +233,7 @@ def test_resnet34_o2_smoke_run_from_a_fresh_checkout(tmp_path):
 
 def test_the_imagenet_stem_pools_as_torchvision(pynative_mode):
     """3x3/2 max-pool with one pixel of padding on every side (torchvision's), not TF-style "same" padding,
-    which pads only after and shifts every window by one: bench.torchvision_check found logits 15% apart."""
+    which pads only after and shifts every window by one: tests/test_torchvision.py found logits apart."""
     net = create_model("resnet18", num_classes=10)
     pool = net.stem[3]
     x = np.random.RandomState(0).randn(1, 1, 8, 8).astype(np.float32)
