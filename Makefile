@@ -1,12 +1,12 @@
 # Two commands on a fresh machine with Python 3.11:
 #   make demo   install, train recipe=lenet_o2 on the embedded MNIST subset, evaluate its checkpoint
-#   make test   install, run the test suite
+#   make test   install, run the test suite (make test-fast: the in-process tests alone)
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 RECIPE ?= lenet_o2
 
-.PHONY: demo test test-all bench bench-quick reproduce verify install clean
+.PHONY: demo test test-fast test-all bench bench-quick reproduce verify install clean
 
 $(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt models/cpu_conv.cc models/cpu_pool.cc
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 2; }
@@ -32,6 +32,10 @@ demo: install
 TEST_WORKERS ?= 3
 test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+
+# the in-process tests alone, without the end-to-end ones (tests/conftest.py E2E_FILES)
+test-fast: install
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow and not e2e"
 
 test-all: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "slow or not slow"

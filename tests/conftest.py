@@ -72,3 +72,16 @@ def pynative_mode():
     ms.set_context(mode=ms.PYNATIVE_MODE)
     yield
     ms.set_context(mode=ms.GRAPH_MODE)
+
+
+# The files whose tests run the commands end to end, in processes of their own (train.py runs, resumes, signals,
+# msrun, exit codes): marked `e2e`. `make test-fast` runs the rest, the in-process tests; `make test` runs both.
+E2E_FILES = {"test_amp_tools.py", "test_bad_inputs.py", "test_distributed.py", "test_fork.py",
+             "test_fuse_export.py", "test_lab.py", "test_lenet_e2e.py", "test_resume.py", "test_run_dir.py",
+             "test_search.py", "test_transformer.py", "test_weights.py"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in E2E_FILES:
+            item.add_marker(pytest.mark.e2e)
