@@ -62,7 +62,8 @@ def still_known(saved: dict, schema) -> dict:
     """`saved` without the keys the schema no longer has; free-form blocks (model.params, smoke) stay whole."""
     if not OmegaConf.is_config(schema) or not dataclasses.is_dataclass(OmegaConf.get_type(schema)):
         return saved
-    return {k: still_known(v, schema[k]) if isinstance(v, dict) else v for k, v in saved.items() if k in schema}
+    known = set(schema.keys())  # `in` on a DictConfig is False for a key whose default is MISSING
+    return {k: still_known(v, schema[k]) if isinstance(v, dict) else v for k, v in saved.items() if k in known}
 
 
 def lock_holder(directory: Path) -> Optional[int]:

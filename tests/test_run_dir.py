@@ -227,3 +227,4 @@ def test_a_run_written_with_a_key_since_removed_still_loads(tmp_path):
     OmegaConf.save(OmegaConf.create(saved), tmp_path / "config.yaml")
     cfg = load_run_config(tmp_path)
     assert "seeds" not in cfg.target and cfg.recipe_name == "lenet_o2" and cfg.model.params.width == 8
+    assert cfg.model.name == "lenet5" and cfg.dataset.name == saved["dataset"]["name"], "keys without a default"
