@@ -188,7 +188,7 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
               readme: Optional[Path] = ROOT / "README.md", only: Optional[List[str]] = None,
               max_seeds: Optional[int] = None) -> dict:
     """Rows for every recipe in `recipes`; runs (and scores) those in `only` (default: all) whose data is here,
-    each at its first `max_seeds` seeds (default: all of its target.seeds)."""
+    each at its first `max_seeds` seeds (default: all of its plan's seeds)."""
     out.mkdir(parents=True, exist_ok=True)
     results_file = out / "reproduce.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}

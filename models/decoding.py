@@ -9,7 +9,7 @@ not (rows x max_len x vocabulary).
 
 The search itself (which candidates survive, when a sentence is done) runs on the host, vectorised in numpy,
 and is shared with `full_recompute_step`, the reference that re-runs the whole decoder on the token buffer at
-every step: tests and bench/decode.py check that both give the same hypotheses.
+every step: tests and lab/decode.py check that both give the same hypotheses.
 """
 import time
 from pathlib import Path

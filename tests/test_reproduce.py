@@ -38,7 +38,7 @@ def fake_runner():
 
 
 def seeds(monkeypatch, **per_recipe):
-    """The recipes' target.seeds, as a test wants them (the cards say 1-3)."""
+    """The recipes' seeds (bench.reproduce.PLANS), as a test wants them (the plans say 1-3)."""
     def card(name, real=rp.recipe_card):
         c = real(name)
         c["target"]["seeds"] = per_recipe.get(name, c["target"]["seeds"])
