@@ -37,9 +37,9 @@ def resume_configs(run_dir) -> List[Path]:
 
 def load_run_config(run_dir, latest: bool = False):
     """A run directory's config.yaml over the current schema (keys added since the run get their defaults, keys
-    removed since are dropped); a missing, empty or unreadable one is one ConfigError naming it. `latest`: the config its last process ran
-    with (a resume writes config.resume-N.yaml beside config.yaml, with the keys it may change, such as
-    trainer.epochs, as it ran)."""
+    removed since are dropped); a missing, empty or unreadable one is one ConfigError naming it. `latest`: the
+    config its last process ran with (a resume writes config.resume-N.yaml beside config.yaml, with the keys it
+    may change, such as trainer.epochs, as it ran)."""
     path = Path(run_dir) / "config.yaml"
     if latest and path.is_file():
         path = (resume_configs(run_dir) or [path])[-1]

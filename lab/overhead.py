@@ -12,8 +12,8 @@ with a bootstrap 95% interval. A second bare network, run in the same blocks (or
 A/A ratio: the noise floor of the measurement, which is what "within 2%" has to be read against.
 
 Pairing block by block matters on a shared machine, where whole runs of the same code a minute apart differ
-by more than the overhead measured (docs/benchmarks.md, "Our driver against bare MindSpore"). Bare MindSpore accepts only a fixed loss scale without overflow
-skipping (or none) on CPU, so the recipe must use one of those.
+by more than the overhead measured (docs/benchmarks.md, "Our driver against bare MindSpore"). Bare MindSpore
+accepts only a fixed loss scale without overflow skipping (or none) on CPU, so the recipe must use one of those.
 """
 import statistics
 import sys

@@ -29,10 +29,10 @@ Step = Callable[[np.ndarray, int, np.ndarray], Tuple[np.ndarray, np.ndarray]]
 
 
 def top_k(x, k: int, rows_per_set: int = 50):
-    """ops.topk over the last axis, faster than MindSpore's CPU TopK over a vocabulary. The columns are split into sets (column j
-    and every (width / rows_per_set)-th after it); the top k of a row lie in the k sets with the largest
-    maxima, so: one max per set (a contiguous max over a (rows_per_set, sets) grid), then topk over those
-    k sets' values only; the same result as ops.topk (docs/benchmarks.md has the timing)."""
+    """ops.topk over the last axis, faster than MindSpore's CPU TopK over a vocabulary. The columns are split
+    into sets (column j and every (width / rows_per_set)-th after it); the top k of a row lie in the k sets with
+    the largest maxima, so: one max per set (a contiguous max over a (rows_per_set, sets) grid), then topk over
+    those k sets' values only; the same result as ops.topk (docs/benchmarks.md has the timing)."""
     rows, width = x.shape
     n = rows_per_set
     if width < 4 * k * n:  # too few sets to save anything
