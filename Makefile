@@ -33,7 +33,7 @@ TEST_WORKERS ?= 3
 test: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
-# the in-process tests alone, without the end-to-end ones (tests/conftest.py E2E_FILES)
+# the in-process tests alone, without the end-to-end ones (tests/conftest.py E2E_FILES, E2E_TESTS)
 test-fast: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow and not e2e"
 
