@@ -17,19 +17,17 @@ parameter by parameter into ours (BatchNorm running statistics included), then o
 Writes bench/results/torchvision_check.json and prints a table for BENCHMARKS. PyTorch and torchvision are
 bench-only dependencies (pip install torch==2.14.1 torchvision==0.29.1).
 """
-from zoo.entry import prepare
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
-prepare()  # before MindSpore is imported
+import sys
+from typing import Dict, List
 
-import sys  # noqa: E402
-from typing import Dict, List  # noqa: E402
+import mindspore as ms
+import mindspore.nn as nn
+import numpy as np
 
-import mindspore as ms  # noqa: E402
-import mindspore.nn as nn  # noqa: E402
-import numpy as np  # noqa: E402
-
-from bench.common import pop_option, save_result  # noqa: E402
-from models import create_model  # noqa: E402
+from bench.common import pop_option, save_result
+from models import create_model
 
 BN = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
 
