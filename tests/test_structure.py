@@ -216,7 +216,7 @@ def test_only_the_entry_helper_sets_up_mindspore():
 
 
 def test_no_import_waits_for_a_start_up_trick():
-    """No `noqa: E402` anywhere: a command imports what it needs at the top, zoo.entry first (its import is the
+    """No E402 exemption anywhere: a command imports what it needs at the top, zoo.entry first (its import is the
     start-up), and nothing has to run between imports."""
     marker = "noqa: " + "E402"  # spelled apart so this file does not hold it
     offenders = [str(path.relative_to(ROOT)) for path in ROOT.rglob("*.py")
