@@ -9,7 +9,7 @@ PyTorch does. The pooling (pool.cc) and BatchNorm (norm.cc) loops replace MindSp
 times PyTorch's time; docs/configuration.md has the measurements.
 
 The blocked layout: between these kernels a tensor of C channels is kept in oneDNN's blocked layout when the
-block (`BLOCK`: 16 channels a vector on AVX-512, 8 on AVX2) divides C, as a (N, C/B, H, W, B) tensor with channel
+block (`block()`: 16 channels a vector on AVX-512, 8 on AVX2) divides C, as a (N, C/B, H, W, B) tensor with channel
 c at block c // B, lane c % B (`block_for`). Every layer of C channels reads and writes that layout, so no reorder
 runs into or out of each kernel: the convolutions read their input's layout from its rank, CpuBatchNorm2d runs on
 the blocks, CpuMaxPool3x3 reorders around its NCHW loops, and element-wise ops (ReLU, the residual sum) and a
