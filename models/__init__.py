@@ -1,6 +1,6 @@
 """Models: `build_model(cfg)` (or `create_model("lenet5", num_classes=10)`) is the only way the driver meets one.
 
-A new model is one file here with `@MODELS.register()` on its constructor (zoo/registry.py), imported below,
+A new model is one file here with `@MODELS.register()` on its constructor (zoo/registry.py), imported in this file,
 and one recipe; or a module of your own named in AMP_ZOO_PLUGINS (recipes/README.md). A constructor checks
 its own hyper-parameters and raises ConfigError naming the bad one, before anything compiles.
 """
@@ -14,9 +14,9 @@ import traceback
 import warnings
 from typing import Callable, List
 
+from models import layers, lenet, resnet, transformer  # noqa: F401  (the models register themselves)
 from zoo.errors import ConfigError, choices_hint
 from zoo.registry import MODELS
-from models import layers, lenet, resnet, transformer  # noqa: F401  (the models register themselves)
 from zoo.runtime import cap_onednn_isa
 
 
