@@ -4,23 +4,19 @@
 Builds the recipe's network under its precision policy, loads the weights, and prints and writes top-1,
 top-5 and loss as JSON (default: next to the checkpoint, <checkpoint>.eval.json).
 """
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+
+import json
 import sys
+from pathlib import Path
 
-from zoo.entry import prepare, run
+from mindspore.train import Model
 
-prepare()  # before MindSpore is imported
-
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from mindspore.train import Model  # noqa: E402
-
-from data import create_dataset, task  # noqa: E402
-from engine.checkpoint import inference_network  # noqa: E402
-from engine.metrics import NetWithEval, create_loss, metrics  # noqa: E402
-from engine.weights import checkpoint_config  # noqa: E402
-from models.decoding import translate  # noqa: E402
-
+from data import create_dataset, task
+from engine.checkpoint import inference_network
+from engine.metrics import NetWithEval, create_loss, metrics
+from engine.weights import checkpoint_config
+from models.decoding import translate
 
 
 def evaluate(cfg) -> dict:

@@ -6,26 +6,22 @@ Builds the recipe's network under its precision policy, loads the weights, optio
 writes it with `mindspore.export`; the input shapes are those of one real test batch (batch dimension
 `infer.batch_size`). Default output: next to the checkpoint, <checkpoint>.<format lower-case>.
 """
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+
 import sys
+from pathlib import Path
 
-from zoo.entry import prepare, run
+import mindspore as ms
 
-prepare()  # before MindSpore is imported
-
-from pathlib import Path  # noqa: E402
-
-import mindspore as ms  # noqa: E402
-
-from data import create_dataset  # noqa: E402
-from engine.checkpoint import inference_network  # noqa: E402
-from engine.weights import checkpoint_config  # noqa: E402
-from models.cpu_conv import mindspore_conv  # noqa: E402
-from zoo.errors import ConfigError  # noqa: E402
+from data import create_dataset
+from engine.checkpoint import inference_network
+from engine.weights import checkpoint_config
+from zoo.errors import ConfigError
 
 
 def export(cfg) -> Path:
-    with mindspore_conv():  # the exported graph holds MindSpore's Conv2D, not a call into this machine's .so
-        net, cfg, notes, _ = inference_network(cfg, "export.py")
+    # runtime.cpu_kernels=off: the exported graph holds MindSpore's Conv2D, not a call into this machine's .so
+    net, cfg, notes, _ = inference_network(cfg, "export.py", cpu_kernels="off")
     for note in notes:
         print(note, file=sys.stderr)
     batch = next(create_dataset(cfg.dataset, "test").create_tuple_iterator())

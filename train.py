@@ -8,47 +8,44 @@ Reads top to bottom, like the recipe it runs:
   finish     final evaluation and metrics.json
 Everything lands in the run directory.
 """
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+
+import json
+import logging
+import os
+import shutil
 import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional, Tuple
 
-from zoo.entry import prepare
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from mindspore.train import Model
+from omegaconf import OmegaConf
+from tensorboardX import SummaryWriter
 
-ONEDNN_NOTE = prepare()  # must run before MindSpore (and its oneDNN) is imported
-
-import json  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, List, Optional, Tuple  # noqa: E402
-
-import hydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from mindspore.train import Model  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from tensorboardX import SummaryWriter  # noqa: E402
-
-from amp.fallback import DivergenceWatch, describe, ladder  # noqa: E402
-from amp.precision import precision_report, write_report  # noqa: E402
-from amp.profile import ProfileSteps  # noqa: E402
-from amp.telemetry import AmpTelemetry  # noqa: E402
-from data import create_dataset, task  # noqa: E402
+from amp.fallback import DivergenceWatch, describe, ladder
+from amp.precision import precision_report, write_report
+from amp.profile import ProfileSteps
+from amp.telemetry import AmpTelemetry
+from data import create_dataset, task
 from engine.callbacks import (EpochLog, Evaluator, GracefulStop, ProgressBar, SafeWriter, StepOffset, StepTimer,
-                              StopAtStep, TensorBoardLogger, planned_epochs)  # noqa: E402
+                              StopAtStep, TensorBoardLogger, planned_epochs)
 from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, last_good_checkpoint,
-                               RUN_TIMES, read_checkpoint, restore_weights, resume_point)  # noqa: E402
-from engine.load import load_config, user_keys, validate  # noqa: E402
-from engine.metrics import NetWithEval, metrics  # noqa: E402
-from engine.optim import lr_schedule, scaled_lr, schedule_moved  # noqa: E402
-from engine.rundir import claim, refuse_fresh_start, resume_config  # noqa: E402
-from engine.step import build_train_step  # noqa: E402
-from models.decoding import translate  # noqa: E402
-from zoo.compose import compose  # noqa: E402
-from zoo.config import register_schema  # noqa: E402
-from zoo.errors import ConfigError, TracedError, WriteError, fail, write_error  # noqa: E402
-from zoo.runtime import (any_rank, init_distributed, onednn_note, parameter_checksum,  # noqa: E402
+                               RUN_TIMES, read_checkpoint, restore_weights, resume_point)
+from engine.load import load_config, user_keys, validate
+from engine.metrics import NetWithEval, metrics
+from engine.optim import lr_schedule, scaled_lr, schedule_moved
+from engine.rundir import claim, refuse_fresh_start, resume_config
+from engine.step import build_train_step
+from models.decoding import translate
+from zoo.compose import compose
+from zoo.config import register_schema
+from zoo.errors import ConfigError, TracedError, WriteError, fail, write_error
+from zoo.runtime import (any_rank, init_distributed, onednn_note, parameter_checksum,
                          seed_everything, set_context, sink_mode, source_commit)
 
 log = logging.getLogger("amp_zoo")
@@ -230,7 +227,6 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     t_start = time.perf_counter()
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
-    log.info(ONEDNN_NOTE)
     if smoke_note:
         log.warning(smoke_note)
     device = set_context(cfg.runtime)
@@ -470,7 +466,7 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
         "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
-        "onednn": onednn_note(ONEDNN_NOTE), "smoke": run.smoke_note,
+        "onednn": onednn_note(), "smoke": run.smoke_note,
         "commit": source_commit(),
     }
     log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net))

@@ -31,11 +31,11 @@ PRIMITIVE_TO_CELL = {
 }
 # Subclasses that precision reports name, where a network builds them on some devices only -> the mindspore.nn
 # class to name instead (it matches the subclass too, on every device), and what the subclass is
-DEVICE_CELLS = {"CpuConv2d": ("Conv2d", "the CPU build of Conv2d (models/cpu_conv.py)"),
-                "CpuMaxPool2x2": ("MaxPool2d", "the CPU build of MaxPool2d (models/cpu_conv.py)"),
-                "CpuMaxPool3x3": ("MaxPool2d", "the CPU build of MaxPool2d (models/cpu_conv.py)"),
-                "CpuBatchNorm2d": ("BatchNorm2d", "the CPU build of BatchNorm2d (models/cpu_conv.py)"),
-                "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (models/lenet.py)")}
+DEVICE_CELLS = {"CpuConv2d": ("Conv2d", "the CPU build of Conv2d (cpu_kernels)"),
+                "CpuMaxPool2x2": ("MaxPool2d", "the CPU build of MaxPool2d (cpu_kernels)"),
+                "CpuMaxPool3x3": ("MaxPool2d", "the CPU build of MaxPool2d (cpu_kernels)"),
+                "CpuBatchNorm2d": ("BatchNorm2d", "the CPU build of BatchNorm2d (cpu_kernels)"),
+                "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (models/layers.py)")}
 
 
 def portable(class_name: str) -> str:

@@ -9,8 +9,8 @@ from amp.policy import check_paths
 from amp.precision import units as unit_cells
 from zoo.errors import ConfigError
 
-EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool2x2", "CpuMaxPool2x2", "CpuMaxPool3x3", "MaxPool3d",
-         "Flatten", "Dropout", "Identity")
+# Cells that only select or move values, exact in any dtype (by the class a keep-list names: CpuMaxPool2x2 is MaxPool2d)
+EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Flatten", "Dropout", "Identity")
 TIERS = ("overflow", "constant", "error", "underflow")  # the audit's flags, most serious first
 
 
@@ -41,7 +41,7 @@ def rank(units: List[Unit]) -> List[Unit]:
     def key(u: Unit):
         tier = next((i for i, t in enumerate(TIERS) if t in u.flags), len(TIERS))
         return tier, -u.local_rel_err
-    return sorted((u for u in units if u.cls not in EXACT), key=key)
+    return sorted((u for u in units if portable(u.cls) not in EXACT), key=key)
 
 
 def matching(names: List[str], units: List[Unit], net, key: str) -> List[str]:

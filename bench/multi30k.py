@@ -12,22 +12,20 @@ RUN_DIR is a `train.py recipe=transformer_tiny_multi30k_*` run directory (its co
 --curve-every K scores every K-th epoch and the last (each score is a greedy pass over val).
 Decoding is incremental (models/decoding.py); sentences/s and tokens/s are in each record.
 """
-from zoo.entry import prepare, run
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
-prepare([], recipe="transformer_tiny_multi30k_o0")  # the recipe's setting, before MindSpore loads
+import json
+from pathlib import Path
 
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
+from omegaconf import OmegaConf
 
-from omegaconf import OmegaConf  # noqa: E402
-
-from bench.common import trained_network  # noqa: E402
-from data import create_dataset  # noqa: E402
-from engine.checkpoint import average_checkpoints, epoch_checkpoints, load_weights  # noqa: E402
-from engine.rundir import load_run_config  # noqa: E402
-from models.decoding import translate  # noqa: E402
-from zoo.cli import pop_flag, pop_option  # noqa: E402
-from zoo.errors import fail  # noqa: E402
+from bench.common import trained_network
+from data import create_dataset
+from engine.checkpoint import average_checkpoints, epoch_checkpoints, load_weights
+from engine.rundir import load_run_config
+from models.decoding import translate
+from zoo.cli import pop_flag, pop_option
+from zoo.errors import fail
 
 
 def split_cfg(cfg, prefix: str):

@@ -8,33 +8,31 @@ scores that file on the full test split, and writes its entry in weights/MANIFES
 parameter count, recipe and overrides, the commit that trained it, MindSpore version and machine, the metric
 with its scorer, the published anchor, and the command that re-evaluates it (bench.verify runs them all).
 """
-from zoo.entry import prepare, run
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
-prepare()  # before MindSpore is imported
+import json
+import shutil
+from pathlib import Path
+from typing import List
 
-import json  # noqa: E402
-import shutil  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import List  # noqa: E402
+import mindspore as ms
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 
-import mindspore as ms  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from bench.machine import machine, machine_kind  # noqa: E402
-from bench.reproduce import training_wall_time  # noqa: E402
-from bench.verify import score  # noqa: E402
-from data import task  # noqa: E402
-from data.translation import tokenizer_file  # noqa: E402
-from engine.checkpoint import average_checkpoints, checkpoints, epoch_checkpoints, read_checkpoint  # noqa: E402
-from engine.load import flatten, load_config  # noqa: E402
-from engine.rundir import load_run_config, resume_configs  # noqa: E402
-from engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256  # noqa: E402
-from models import build_model  # noqa: E402
-from zoo.cli import pop_flag  # noqa: E402
-from zoo.compose import compose  # noqa: E402
-from zoo.errors import ConfigError, fail  # noqa: E402
-from zoo.runtime import set_context  # noqa: E402
+from bench.machine import machine, machine_kind
+from bench.reproduce import training_wall_time
+from bench.verify import score
+from data import task
+from data.translation import tokenizer_file
+from engine.checkpoint import average_checkpoints, checkpoints, epoch_checkpoints, read_checkpoint
+from engine.load import flatten, load_config
+from engine.rundir import load_run_config, resume_configs
+from engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256
+from models import build_model
+from zoo.cli import pop_flag
+from zoo.compose import compose
+from zoo.errors import ConfigError, fail
+from zoo.runtime import set_context
 
 SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
         "logger", "runtime.device_id", "dataset.path")  # groups, or keys: where a run ran and how it was watched

@@ -13,7 +13,7 @@ machine cancels, with its 95% bootstrap interval over the rounds (`_95ci`): on a
 adds where each step spends its time: our ops (MindSpore's profiler) beside PyTorch's (torch.profiler), by op
 type (the library's kernels by Cell and direction), and "(outside ops)": the step's median less its ops' sum.
 
-A ResNet on the CPU runs CpuConv2d and CpuBatchNorm2d (models/cpu_conv.py: oneDNN's direct kernels, our BatchNorm
+A ResNet on the CPU runs CpuConv2d and CpuBatchNorm2d (cpu_kernels: oneDNN's direct kernels, our BatchNorm
 loops); the same O0 step built with MindSpore's own Conv2D and BatchNorm takes turns too ("MindSpore's kernels"), in a
 process of its own: its convolutions need the AVX2 oneDNN cap (zoo.runtime.cap_onednn_isa), which ours, with
 no MindSpore convolution, lifts. So the gain is measured in the same run, each side at the ISA a user gets.
@@ -25,32 +25,29 @@ gets on this machine.
 
 PyTorch (and torchvision) are bench-only dependencies: pip install torch==2.14.1 torchvision==0.29.1.
 """
-from zoo.entry import prepare
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
-import sys  # noqa: E402
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
 
-ISA_NOTE = prepare()  # before MindSpore loads
+import mindspore as ms
+import numpy as np
+from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
-import os  # noqa: E402
-import re  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections import defaultdict  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Callable, Dict, List, Tuple  # noqa: E402
-
-import mindspore as ms  # noqa: E402
-import numpy as np  # noqa: E402
-from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler  # noqa: E402
-
-from amp.profile import op_times  # noqa: E402
-from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,  # noqa: E402
+from amp.profile import op_times
+from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,
                           train_step)
-from bench.machine import machine  # noqa: E402
-from models.cpu_conv import WHY_NOT, CpuConv2d, library, mindspore_conv  # noqa: E402
-from zoo.runtime import AUTO_CAP, onednn_note  # noqa: E402
+from bench.machine import machine
+from cpu_kernels import has_ops, library, why_not
+from zoo.runtime import AUTO_CAP, onednn_note
 
 
 def shape_of(cfg, batch: int, size: int):
@@ -61,12 +58,12 @@ def shape_of(cfg, batch: int, size: int):
 
 
 def our_step(cfg, shape) -> Tuple[Callable[[], float], bool]:
-    """The step, and whether its network runs CpuConv2d (models/cpu_conv.py)."""
+    """The step, and whether its network runs CpuConv2d (cpu_kernels)."""
     cell = train_step(cfg, 100, 1000)
     rng = np.random.RandomState(0)
     x = ms.Tensor(rng.randn(*shape).astype(np.float32))
     y = ms.Tensor(rng.randint(0, cfg.model.num_classes, shape[0]).astype(np.int32))
-    fast = any(isinstance(c, CpuConv2d) for _, c in cell.cells_and_names())
+    fast = any(type(c).__name__ == "CpuConv2d" for _, c in cell.cells_and_names())
     return (lambda: float(cell(x, y)[0].asnumpy())), fast
 
 
@@ -124,8 +121,8 @@ def worker(kind: str, argv: List[str]) -> None:
     else:
         ms.set_device("CPU")
         ms.set_context(mode=ms.GRAPH_MODE)
-        with mindspore_conv():
-            step = our_step(cfg, shape)[0]
+        cfg.runtime.cpu_kernels = "off"
+        step = our_step(cfg, shape)[0]
     step()
     print("ready", flush=True)
     for _ in sys.stdin:
@@ -251,13 +248,12 @@ def main(argv: List[str]) -> dict:
                 rows[name][f"{key}_95ci"] = ratio_ci(times[peer_name], times[name])
     mach = machine()
     # a number measured without our CPU kernels (no g++ or headers in this environment) must say so
-    lib = library()
-    kernels = f"built: {lib.name}" if lib else f"not used: {'; '.join(WHY_NOT)}"
+    kernels = f"built: {library().name}" if has_ops() else f"not used: {why_not()}"
     result = {"recipe": cfg.recipe_name, "model": cfg.model.name, "stem": cfg.model.params.get("stem"),
               "shape": list(shape), "rounds": rounds, "steps_per_round": steps, "peer": peer,
-              "onednn": onednn_note(ISA_NOTE), "cpu_kernels": kernels, "machine": mach, "rows": rows}
+              "onednn": onednn_note(), "cpu_kernels": kernels, "machine": mach, "rows": rows}
     print(f"{cfg.recipe_name} ({cfg.model.name}, input {'x'.join(map(str, shape))}) on {describe(mach)}; {peer}; "
-          f"CPU kernels (models/cpu_conv.py) {kernels}")
+          f"CPU kernels (cpu_kernels) {kernels}")
     for name, row in rows.items():
         print(f"  {name}: {row}")
     if want_profile:

@@ -6,22 +6,19 @@ eval.py's own evaluation on the full test split, and compare with the manifest. 
 on one machine; across CPUs (oneDNN picks other kernels) a few borderline test images may flip, so a
 classification result agrees when within TOLERANCE (2 images in 10,000). Prints a table; exit 1 on a mismatch.
 """
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+
 import sys
+from pathlib import Path
+from typing import Dict, List, Optional
 
-from zoo.entry import prepare, run
+from hydra.core.hydra_config import HydraConfig
 
-prepare()  # before MindSpore is imported
-
-from pathlib import Path  # noqa: E402
-from typing import Dict, List, Optional  # noqa: E402
-
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-
-from bench.reproduce import data_option, find_data  # noqa: E402
-from engine.load import load_config  # noqa: E402
-from engine.weights import WEIGHTS, checkpoint_config, read_manifest  # noqa: E402
-from zoo.cli import pop_all  # noqa: E402
-from zoo.errors import choices_hint, fail  # noqa: E402
+from bench.reproduce import data_option, find_data
+from engine.load import load_config
+from engine.weights import WEIGHTS, checkpoint_config, read_manifest
+from zoo.cli import pop_all
+from zoo.errors import choices_hint, fail
 
 TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu": 0.01}
 

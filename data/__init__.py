@@ -6,6 +6,7 @@ on-disk format at `path`.
 """
 from typing import Optional, Tuple
 
+from data import images, mnist, translation  # noqa: F401  (the datasets register themselves)
 from zoo.registry import DATASETS
 
 
@@ -20,5 +21,3 @@ def task(cfg) -> str:
     """What the recipe's data is for: "classification" or "translation" (how it is evaluated)."""
     return DATASETS.meta(cfg.dataset.name).get("task", "classification")
 
-
-from data import images, mnist, translation  # noqa: E402,F401  (registers their datasets)

@@ -3,7 +3,6 @@ import logging
 import os
 import re
 import shutil
-from contextlib import nullcontext
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -16,7 +15,6 @@ from amp.policy import apply_policy, check_device_dtype
 from amp.telemetry import crossed
 from engine.fuse import fuse_conv_bn
 from models import build_model
-from models.cpu_conv import mindspore_conv
 from zoo.errors import ConfigError, write_error
 from zoo.runtime import set_context
 
@@ -271,17 +269,17 @@ def last_good_checkpoint(ckpt_dir: Path, remove: bool = True) -> Tuple[Optional[
     return None, None
 
 
-def inference_network(cfg, script: str):
+def inference_network(cfg, script: str, cpu_kernels: Optional[str] = None):
     """eval.py and export.py: the recipe's network under its policy, in eval mode, with the checkpoint's
-    weights (averaged over decode.average_last checkpoints, Conv+BN folded when infer.fuse_conv_bn).
-    Returns (network, the effective config, notes for the user, fused pairs or None)."""
+    weights (averaged over decode.average_last checkpoints, Conv+BN folded when infer.fuse_conv_bn), built with
+    runtime.cpu_kernels or `cpu_kernels` (models.build_model). Returns (network, the effective config, notes
+    for the user, fused pairs or None)."""
     if not cfg.checkpoint:
         raise ConfigError(f"checkpoint is not set; run: python {script} recipe=NAME checkpoint=PATH/TO/model.ckpt")
     notes = []
     check_device_dtype(set_context(cfg.runtime), cfg.amp)
     # folding makes Conv2d with a bias, over NCHW: then MindSpore's own layers throughout
-    with mindspore_conv() if cfg.infer.fuse_conv_bn else nullcontext():
-        net = build_model(cfg)
+    net = build_model(cfg, "off" if cfg.infer.fuse_conv_bn else cpu_kernels)
     averaged = None
     if cfg.decode.average_last > 1:
         paths = last_checkpoints(cfg.checkpoint, cfg.decode.average_last)

@@ -10,24 +10,22 @@ Transformer-Tiny), with BLEU; and, on the first `--check` test sentences, whethe
 hypotheses equal the full-recompute reference's (models/decoding.py) at beam 1 and beam 4. Written to
 bench/results/decode.json.
 """
-from zoo.entry import prepare
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
-prepare([], recipe="transformer_tiny_multi30k_o0")  # the recipe's setting, before MindSpore loads
+import sys
+import time
+from pathlib import Path
 
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import mindspore as ms
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-import mindspore as ms  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
-
-from bench.common import pop_option, save_result, trained_network  # noqa: E402
-from data.translation import encode_pairs, params  # noqa: E402
-from engine.rundir import load_run_config  # noqa: E402
-from models.decoding import (IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate)  # noqa: E402
-from zoo.compose import one_line  # noqa: E402
-from zoo.errors import fail  # noqa: E402
+from bench.common import pop_option, save_result, trained_network
+from data.translation import encode_pairs, params
+from engine.rundir import load_run_config
+from models.decoding import (IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate)
+from zoo.compose import one_line
+from zoo.errors import fail
 
 
 def main(argv) -> dict:

@@ -9,25 +9,22 @@ fp32 at O0). Each runs as its own compiled graph, alternating with the others; a
 is both cores). The default shape is ResNet-18's first-stage activation on Fashion-MNIST at batch 128.
 Writes bench/results/fp16_ops.json (--out: another file).
 """
-from zoo.entry import prepare, run
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
-if __name__ == "__main__":
-    prepare()
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
 
-import resource  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import mindspore as ms
+import mindspore.nn as nn
+import mindspore.ops as ops
+import numpy as np
 
-import mindspore as ms  # noqa: E402
-import mindspore.nn as nn  # noqa: E402
-import mindspore.ops as ops  # noqa: E402
-import numpy as np  # noqa: E402
-
-from bench.common import save_result  # noqa: E402
-from zoo.cli import pop_option  # noqa: E402
-from zoo.errors import fail  # noqa: E402
+from bench.common import save_result
+from zoo.cli import pop_option
+from zoo.errors import fail
 
 
 class Cast(nn.Cell):

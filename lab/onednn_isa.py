@@ -25,7 +25,7 @@ import os, sys, time, json
 sys.path.insert(0, ROOT)
 if MODE == "in-process":
     from zoo.runtime import cap_onednn_isa
-    cap_onednn_isa()
+    cap_onednn_isa("auto", needs_cap=True)
 import numpy as np, mindspore as ms, mindspore.nn as nn
 ms.set_device("CPU"); ms.set_context(mode=ms.GRAPH_MODE)
 from models import create_model

@@ -15,6 +15,8 @@ Pairing block by block matters on a shared machine, where whole runs of the same
 by more than the overhead measured (docs/benchmarks.md, "Our driver against bare MindSpore"). Bare MindSpore
 accepts only a fixed loss scale without overflow skipping (or none) on CPU, so the recipe must use one of those.
 """
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+
 import statistics
 import sys
 import tempfile
@@ -22,21 +24,17 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from zoo.entry import prepare
+import mindspore as ms
+import mindspore.nn as nn
+from mindspore.amp import FixedLossScaleManager
+from mindspore.train import Callback, Model
 
-prepare()  # before MindSpore is imported
-
-import mindspore as ms  # noqa: E402
-import mindspore.nn as nn  # noqa: E402
-from mindspore.amp import FixedLossScaleManager  # noqa: E402
-from mindspore.train import Callback, Model  # noqa: E402
-
-from bench.common import bench_config, bootstrap_ci, pop_option, save_result  # noqa: E402
-from data import create_dataset  # noqa: E402
-from engine.callbacks import StepOffset  # noqa: E402
-from engine.optim import create_optimizer, lr_schedule, scaled_lr  # noqa: E402
-from models import build_model  # noqa: E402
-from zoo.errors import fail  # noqa: E402
+from bench.common import bench_config, bootstrap_ci, pop_option, save_result
+from data import create_dataset
+from engine.callbacks import StepOffset
+from engine.optim import create_optimizer, lr_schedule, scaled_lr
+from models import build_model
+from zoo.errors import fail
 
 
 class StepTimes(Callback):

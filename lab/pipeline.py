@@ -10,18 +10,16 @@ and kept as Tensors. The ratio of steps per second is the pipeline's efficiency;
 falls short, the pipeline alone (iterated with no training) says whether it is too slow to produce batches
 (its rate is below the training step rate) or competes with training for the cores.
 """
-from zoo.entry import prepare
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
-prepare()  # before MindSpore is imported
+import statistics
+import sys
+import time
 
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import mindspore as ms
 
-import mindspore as ms  # noqa: E402
-
-from bench.common import bench_config, pop_option, save_result, train_step  # noqa: E402
-from data import create_dataset  # noqa: E402
+from bench.common import bench_config, pop_option, save_result, train_step
+from data import create_dataset
 
 
 def main(argv) -> dict:

@@ -9,19 +9,17 @@ process-wide are measured elsewhere: the oneDNN ISA cap (lab.onednn_isa), datase
 (lab.pipeline dataset.num_workers=N); graph-kernel fusion (`enable_graph_kernel=True`) is not offered: on the CPU
 build it did not finish compiling LeNet (docs/benchmarks.md, "Speed settings on this machine").
 """
-from zoo.entry import prepare
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
-prepare()  # before MindSpore is imported
+import statistics
+import sys
+import time
 
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import mindspore as ms
+from mindspore import JitConfig
 
-import mindspore as ms  # noqa: E402
-from mindspore import JitConfig  # noqa: E402
-
-from bench.common import bench_config, pop_option, save_result, train_step  # noqa: E402
-from data import create_dataset  # noqa: E402
+from bench.common import bench_config, pop_option, save_result, train_step
+from data import create_dataset
 
 
 def main(argv) -> dict:

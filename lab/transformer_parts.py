@@ -9,22 +9,20 @@ the median over rounds of its time relative to the kept step in the same round. 
 than alone because a part's cost there (memory traffic, what MindSpore fuses or copies around it) is what
 counts. Results go to bench/results/transformer_parts.json.
 """
-from zoo.entry import prepare
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
-prepare([], recipe="transformer_tiny_multi30k_o0")  # the recipe's setting, before MindSpore loads
+import contextlib
+import statistics
+import sys
 
-import contextlib  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
+import mindspore as ms
+import mindspore.nn as nn
+import mindspore.ops as ops
+import numpy as np
 
-import mindspore as ms  # noqa: E402
-import mindspore.nn as nn  # noqa: E402
-import mindspore.ops as ops  # noqa: E402
-import numpy as np  # noqa: E402
-
-import engine.metrics as M  # noqa: E402
-import models.transformer as T  # noqa: E402
-from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step  # noqa: E402
+import engine.metrics as M
+import models.transformer as T
+from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step
 
 
 def replaced_forms():

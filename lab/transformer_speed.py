@@ -13,20 +13,19 @@ compiled graphs (about 3 GB each at 128 x 32), so a run with every setting holds
 PyTorch alone (`--settings 0`) for the headline ratio, then the AMP settings. PyTorch is a bench-only dependency
 (`pip install torch`); without it the peer rows say so.
 """
-from zoo.entry import prepare
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
-ISA_NOTE = prepare([], recipe="transformer_tiny_multi30k_o0")  # the recipe's setting, before MindSpore loads
+import statistics
+import sys
+import time
 
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
+import mindspore as ms
+import numpy as np
 
-import mindspore as ms  # noqa: E402
-import numpy as np  # noqa: E402
-
-from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step  # noqa: E402
-from lab.torch_multi30k import build_peer  # noqa: E402
-from zoo.errors import fail  # noqa: E402
+from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step
+from lab.torch_multi30k import build_peer
+from zoo.errors import fail
+from zoo.runtime import onednn_note
 
 SHAPES = [(128, 16), (128, 32)]
 # (name, recipe, overrides): the recipe settings, and what MindSpore offers to shrink O2's cost on a CPU
@@ -89,7 +88,7 @@ def main(argv) -> dict:
         peer_note = f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads, fp32, eager"
     except ImportError:
         torch, peer_note = None, "PyTorch is not installed (pip install torch): no peer measured"
-    result = {"rounds": rounds, "steps_per_round": steps, "peer": peer_note, "onednn": ISA_NOTE, "shapes": {}}
+    result = {"rounds": rounds, "steps_per_round": steps, "peer": peer_note, "onednn": onednn_note(), "shapes": {}}
     for batch, length in [(128, t) for t in lengths]:
         variants = {SETTINGS[i][0]: our_step(SETTINGS[i][1], SETTINGS[i][2], batch, length) for i in chosen}
         if torch is not None:

@@ -10,24 +10,22 @@ share of the fp32 gradient's non-zero values that come back as exactly zero (und
 error of the whole gradient. bench.run's matrix trains the same recipe at O3 with no scale and with a dynamic
 one, for the outcome; BENCHMARKS.md shows both.
 """
-from zoo.entry import prepare
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
-prepare()  # before MindSpore is imported
+import sys
+from pathlib import Path
 
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+import mindspore as ms
+import mindspore.ops as ops
+import numpy as np
+from omegaconf import OmegaConf
 
-import mindspore as ms  # noqa: E402
-import mindspore.ops as ops  # noqa: E402
-import numpy as np  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from amp.policy import apply_policy  # noqa: E402
-from bench.common import bench_config, pop_option, save_result  # noqa: E402
-from data import create_dataset  # noqa: E402
-from engine.checkpoint import read_checkpoint  # noqa: E402
-from engine.metrics import NetWithLoss, create_loss  # noqa: E402
-from models import build_model  # noqa: E402
+from amp.policy import apply_policy
+from bench.common import bench_config, pop_option, save_result
+from data import create_dataset
+from engine.checkpoint import read_checkpoint
+from engine.metrics import NetWithLoss, create_loss
+from models import build_model
 
 
 def gradients(cfg, level: str, scale: float, params, batch) -> dict:

@@ -1,6 +1,6 @@
 """Models: `build_model(cfg)` (or `create_model("lenet5", num_classes=10)`) is the only way the driver meets one.
 
-A new model is one file here with `@MODELS.register()` on its constructor (zoo/registry.py), imported below,
+A new model is one file here with `@MODELS.register()` on its constructor (zoo/registry.py), imported in this file,
 and one recipe; or a module of your own named in AMP_ZOO_PLUGINS (recipes/README.md). A constructor checks
 its own hyper-parameters and raises ConfigError naming the bad one, before anything compiles.
 """
@@ -14,9 +14,10 @@ import traceback
 import warnings
 from typing import Callable, List
 
+from models import layers, lenet, resnet, transformer  # noqa: F401  (the models register themselves)
 from zoo.errors import ConfigError, choices_hint
 from zoo.registry import MODELS
-from zoo.runtime import settle_onednn_isa
+from zoo.runtime import cap_onednn_isa
 
 
 def check_model_params(name: str, params: dict) -> None:
@@ -56,14 +57,14 @@ def create_model(name: str, num_classes: int, **params):
     return MODELS.get(name, "model.name")(num_classes=num_classes, **params)
 
 
-def build_model(cfg):
-    """The recipe's model: `cfg.model` (name, num_classes, params), built in fp32. Settles the oneDNN cap for it
-    (zoo.runtime.settle_onednn_isa): lifted when no MindSpore convolution is in it."""
+def build_model(cfg, cpu_kernels=None):
+    """The recipe's model: `cfg.model` (name, num_classes, params), built in fp32 from the layers
+    `runtime.cpu_kernels` picks (models.layers; `cpu_kernels` overrides it: "off" for export and Conv+BN
+    folding). Then sets oneDNN's ISA cap for it before its first step (zoo.runtime.cap_onednn_isa)."""
+    layers.set_cpu_kernels(cpu_kernels or cfg.runtime.cpu_kernels)
+    layers.use_cpu_kernels()  # runtime.cpu_kernels=on where they cannot run: the error comes before the build
     net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
-    from models.cpu_conv import runs_mindspore_conv
-    note = settle_onednn_isa(runs_mindspore_conv(net))
-    if note:
-        logging.getLogger("amp_zoo").info(note)
+    logging.getLogger("amp_zoo").info(cap_onednn_isa(cfg.runtime.onednn_isa, layers.runs_mindspore_conv(net)))
     return net
 
 
@@ -114,5 +115,3 @@ def plugins_hint() -> str:
 
 
 MODELS.missing_hint = plugins_hint
-
-from models import lenet, resnet, transformer  # noqa: E402,F401  (registers their models)

@@ -1,31 +1,10 @@
 """LeNet-5 (LeCun et al. 1998) for 32x32 single-channel images, as in MindSpore's model zoo."""
 import mindspore.nn as nn
-import mindspore.ops as ops
 from mindspore.common.initializer import Normal
 
-from models.cpu_conv import CpuMaxPool2x2, runs_here
+from models.layers import max_pool2d
 from zoo.errors import ConfigError
 from zoo.registry import MODELS
-
-
-class MaxPool2x2(nn.MaxPool2d):
-    """2x2 max-pooling with stride 2 (still an nn.MaxPool2d for keep-lists), its backward written out: the
-    gradient goes to the first maximum of each window, as MindSpore's kernel and PyTorch's do. MindSpore's CPU
-    MaxPoolGrad kernel took 4.4 of a LeNet step's 10 ms of op time (PyTorch's pooling backward: 0.12 ms;
-    bench.speed --profile); this backward is a few reshapes, an argmax and a one-hot (2.2 ms). On the CPU,
-    CpuMaxPool2x2 (models/cpu_pool.cc) does both directions in one pass; this one serves other devices and
-    exports."""
-
-    def __init__(self):
-        super().__init__(kernel_size=2, stride=2)
-
-    def bprop(self, x, out, dout):
-        n, c, h, w = x.shape
-        windows = x.reshape(n, c, h // 2, 2, w // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, c, h // 2, w // 2, 4)
-        first = ops.argmax(windows, -1)
-        mask = ops.one_hot(first, 4, ops.ones((), dout.dtype), ops.zeros((), dout.dtype))
-        dx = (mask * dout.expand_dims(-1)).reshape(n, c, h // 2, w // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5)
-        return (dx.reshape(n, c, h, w),)
 
 
 class LeNet5(nn.Cell):
@@ -37,7 +16,7 @@ class LeNet5(nn.Cell):
         self.fc2 = nn.Dense(120, 84, weight_init=Normal(0.02))
         self.fc3 = nn.Dense(84, num_classes, weight_init=Normal(0.02))
         self.relu = nn.ReLU()
-        self.pool = CpuMaxPool2x2() if runs_here() else MaxPool2x2()
+        self.pool = max_pool2d(2, 2)
         self.flatten = nn.Flatten()
 
     def construct(self, x):

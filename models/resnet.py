@@ -10,32 +10,31 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
-from models.cpu_conv import activation_block, batch_norm2d, conv2d, relayout_ops, stem_max_pool
+from models.layers import batch_norm2d, conv2d, max_pool2d
 from zoo.errors import ConfigError
 from zoo.registry import MODELS
 
 
-# `block`: the activations' layout between layers on the CPU (models.cpu_conv.activation_block; 0 is NCHW)
-def conv(in_ch, out_ch, k, stride=1, input_grad=True, block=0):
+def conv(in_ch, out_ch, k, stride=1, input_grad=True):
     return conv2d(in_ch, out_ch, k, stride, k // 2, weight_init=HeNormal(mode="fan_out", nonlinearity="relu"),
-                  input_grad=input_grad, out_block=block)
+                  input_grad=input_grad)
 
 
-def bn(ch, zero=False, block=0):
-    return batch_norm2d(ch, eps=1e-5, momentum=0.9, gamma_init="zeros" if zero else "ones", block=block)
+def bn(ch, zero=False):
+    return batch_norm2d(ch, eps=1e-5, momentum=0.9, gamma_init="zeros" if zero else "ones")
 
 
 class BasicBlock(nn.Cell):
     expansion = 1
 
-    def __init__(self, in_ch, ch, stride=1, zero_init_residual=False, block=0):
+    def __init__(self, in_ch, ch, stride=1, zero_init_residual=False):
         super().__init__()
-        self.conv1, self.bn1 = conv(in_ch, ch, 3, stride, block=block), bn(ch, block=block)
-        self.conv2, self.bn2 = conv(ch, ch, 3, block=block), bn(ch, zero_init_residual, block)
+        self.conv1, self.bn1 = conv(in_ch, ch, 3, stride), bn(ch)
+        self.conv2, self.bn2 = conv(ch, ch, 3), bn(ch, zero_init_residual)
         self.relu = nn.ReLU()
         self.down = None
         if stride != 1 or in_ch != ch:
-            self.down = nn.SequentialCell([conv(in_ch, ch, 1, stride, block=block), bn(ch, block=block)])
+            self.down = nn.SequentialCell([conv(in_ch, ch, 1, stride), bn(ch)])
 
     def construct(self, x):
         identity = x if self.down is None else self.down(x)
@@ -47,16 +46,16 @@ class BasicBlock(nn.Cell):
 class Bottleneck(nn.Cell):
     expansion = 4
 
-    def __init__(self, in_ch, ch, stride=1, zero_init_residual=False, block=0):
+    def __init__(self, in_ch, ch, stride=1, zero_init_residual=False):
         super().__init__()
         out_ch = ch * self.expansion
-        self.conv1, self.bn1 = conv(in_ch, ch, 1, block=block), bn(ch, block=block)
-        self.conv2, self.bn2 = conv(ch, ch, 3, stride, block=block), bn(ch, block=block)
-        self.conv3, self.bn3 = conv(ch, out_ch, 1, block=block), bn(out_ch, zero_init_residual, block)
+        self.conv1, self.bn1 = conv(in_ch, ch, 1), bn(ch)
+        self.conv2, self.bn2 = conv(ch, ch, 3, stride), bn(ch)
+        self.conv3, self.bn3 = conv(ch, out_ch, 1), bn(out_ch, zero_init_residual)
         self.relu = nn.ReLU()
         self.down = None
         if stride != 1 or in_ch != out_ch:
-            self.down = nn.SequentialCell([conv(in_ch, out_ch, 1, stride, block=block), bn(out_ch, block=block)])
+            self.down = nn.SequentialCell([conv(in_ch, out_ch, 1, stride), bn(out_ch)])
 
     def construct(self, x):
         identity = x if self.down is None else self.down(x)
@@ -81,22 +80,17 @@ class ResNet(nn.Cell):
         super().__init__()
         check_resnet({"stem": stem, "width": width, "num_classes": num_classes, "in_channels": in_channels})
         chans = [width, width * 2, width * 4, width * 8]
-        # On the CPU the activations stay in oneDNN's blocked layout from the stem to the mean-pool (no reorder
-        # around each convolution); the input, the ImageNet stem's max-pool and the weights stay NCHW
-        self.block = activation_block([width] + [ch * block.expansion for ch in chans])
-        self.to_blocked = None
+        # the stem's input is the data: its convolution computes no input gradient
         if stem == "imagenet":
             self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2, input_grad=False), bn(width), nn.ReLU(),
-                                           stem_max_pool()])  # torchvision's: 3x3/2, padding 1
-            self.to_blocked = relayout_ops(self.block)[0] if self.block else None  # after the max-pool
+                                           max_pool2d(3, 2, padding=1)])
         else:
-            self.stem = nn.SequentialCell([conv(in_channels, width, 3, input_grad=False, block=self.block),
-                                           bn(width, block=self.block), nn.ReLU()])
+            self.stem = nn.SequentialCell([conv(in_channels, width, 3, input_grad=False), bn(width), nn.ReLU()])
         in_ch, stages = width, []
         for i, (ch, n) in enumerate(zip(chans, layers)):
             blocks = []
             for j in range(n):
-                blocks.append(block(in_ch, ch, 2 if (j == 0 and i > 0) else 1, zero_init_residual, self.block))
+                blocks.append(block(in_ch, ch, 2 if (j == 0 and i > 0) else 1, zero_init_residual))
                 in_ch = ch * block.expansion
             stages.append(nn.SequentialCell(blocks))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
@@ -106,12 +100,8 @@ class ResNet(nn.Cell):
 
     def construct(self, x):
         x = self.stem(x)
-        if self.to_blocked is not None:
-            x = self.to_blocked(x)
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        x = ops.mean(x, (2, 3), keep_dims=False)
-        if self.block:
-            x = x.reshape(x.shape[0], -1)  # (N, C/B, B) -> (N, C): channel c at c // B, c % B
+        x = self.flatten(ops.mean(x, (2, 3), keep_dims=True))  # any layout the layers keep (cpu_kernels.cells)
         return self.fc(x)
 
 

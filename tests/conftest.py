@@ -1,21 +1,21 @@
-"""Shared fixtures. The process is prepared first (the oneDNN cap only works before MindSpore is imported)."""
+"""Shared fixtures. The suite starts as a command does (zoo.entry first: MindSpore's C++ log lines off)."""
+import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from zoo.entry import prepare
-from zoo.runtime import AUTO_CAP
+import mindspore as ms
+import pytest
 
-prepare([])
-# The suite builds networks in any order, so the provisional cap stays fixed: no network lifts it (the lift is
-# tested in processes of their own, test_cpu_conv.py), and the commands the tests start inherit it as the user's.
-os.environ.pop(AUTO_CAP, None)
+from zoo.runtime import cap_onednn_isa
 
-import mindspore as ms  # noqa: E402
-import pytest  # noqa: E402
-
+# The suite builds networks in any order, MindSpore's convolutions among them: one fixed AVX2 cap, before the
+# first kernel runs, which the commands the tests start inherit as the user's (the auto cap is tested in
+# processes of their own, test_cpu_conv.py)
+cap_onednn_isa("AVX2", needs_cap=True)
 ms.set_device("CPU")  # once, before any kernel runs: MindSpore refuses to set it later
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +27,16 @@ def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600, env=None) -> 
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])), HYDRA_FULL_ERROR="0")
     return subprocess.run([sys.executable, *script.split(), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def built_with(cpu_kernels: str, build):
+    """build() with runtime.cpu_kernels set to `cpu_kernels` (models.layers), then back to the default, auto."""
+    from models import layers
+    layers.set_cpu_kernels(cpu_kernels)
+    try:
+        return build()
+    finally:
+        layers.set_cpu_kernels("auto")
 
 
 def finished_run_dir(tmp_path_factory, name: str, *args: str) -> Path:

@@ -1,4 +1,4 @@
-"""CpuConv2d (models/cpu_conv.py): oneDNN's direct convolution kernels as MindSpore custom ops on the CPU.
+"""CpuConv2d (cpu_kernels/cells.py): oneDNN's direct convolution kernels as MindSpore custom ops on the CPU.
 Its forward and both gradients equal MindSpore's own nn.Conv2d within fp32 rounding, for every stride, kernel
 and padding ResNet uses; under fp16 it rounds as nn.Conv2d does; ResNet builds it and a checkpoint moves
 between the two; and where it cannot run, ResNet gets nn.Conv2d. The ImageNet stem's max-pool (CpuMaxPool3x3)
@@ -10,13 +10,14 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from models import cpu_conv, create_model
-from models.cpu_conv import CpuConv2d
-from tests.conftest import pool_grad, run_cli
+from cpu_kernels import check, has_ops, why_not
+from cpu_kernels import cells as cpu_conv
+from cpu_kernels.build import build
+from cpu_kernels.cells import CpuConv2d
+from models import create_model
+from tests.conftest import built_with, pool_grad, run_cli
 
-pytestmark = pytest.mark.skipif(cpu_conv.library() is None,
-                                reason=f"the CPU convolution library is not built ({'; '.join(cpu_conv.WHY_NOT)}); "
-                                       f"make install builds it (needs g++)")
+pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
 
 
 class Loss(nn.Cell):
@@ -107,34 +108,40 @@ def test_under_fp16_it_rounds_as_mindspores_conv2d(mode):
     ms.set_context(mode=ms.GRAPH_MODE)
 
 
-def test_resnet_uses_it_and_checkpoints_move_between_the_two(graph_mode):
+def test_resnet_uses_it_and_checkpoints_move_between_the_two(graph_mode, tmp_path):
+    """runtime.cpu_kernels=auto builds the CPU kernels' Cells, off MindSpore's; a checkpoint saved from either
+    loads into the other (the same parameter names) and gives the same outputs."""
     fast = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8)
     convs = [c for _, c in fast.cells_and_names() if isinstance(c, nn.Conv2d)]
     assert convs and all(isinstance(c, CpuConv2d) for c in convs)
-    assert convs[0].conv is cpu_conv.conv_op(1, 1, False, fast.block)  # the stem: its input takes no gradient
-    assert all(c.conv is cpu_conv.conv_op(c.stride[0], c.padding, True, fast.block) for c in convs[1:])
-    with cpu_conv.mindspore_conv():
-        plain = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8)
-    assert not any(isinstance(c, CpuConv2d) for _, c in plain.cells_and_names())
+    block = cpu_conv.block_for
+    assert convs[0].conv is cpu_conv.conv_op(1, 1, False, block(8))  # the stem: its input takes no gradient
+    assert all(c.conv is cpu_conv.conv_op(c.stride[0], c.padding, True, block(c.out_channels)) for c in convs[1:])
+    plain = built_with("off", lambda: create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8))
+    assert not any(type(c).__name__.startswith("Cpu") for _, c in plain.cells_and_names())
     assert [p.name for p in fast.get_parameters()] == [p.name for p in plain.get_parameters()]
-    ms.load_param_into_net(plain, {p.name: p for p in fast.get_parameters()})
-    fast.set_train(False)
-    plain.set_train(False)
     x = ms.Tensor(np.random.RandomState(2).randn(2, 1, 12, 12).astype(np.float32))
-    assert rel(plain(x), fast(x)) < 1e-5
+    for source, target in ((fast, plain), (plain, fast)):
+        ms.save_checkpoint(source, str(tmp_path / "one.ckpt"))
+        assert ms.load_param_into_net(target, ms.load_checkpoint(str(tmp_path / "one.ckpt")), strict_load=True)[0] == []
+        source.set_train(False)
+        target.set_train(False)
+        assert rel(source(x), target(x)) < 1e-5
+        for p in source.get_parameters():  # a different start for the other direction
+            p.set_data(p.value() * 0.5)
 
 
-def test_off_by_environment(monkeypatch):
-    monkeypatch.setenv("AMP_ZOO_CPU_CONV", "0")
-    cpu_conv.library.cache_clear()
-    try:
-        assert cpu_conv.library() is None and not cpu_conv.usable(1, 1)
-        assert type(cpu_conv.conv2d(4, 4, 3, 1, 1)) is nn.Conv2d
-    finally:
-        monkeypatch.delenv("AMP_ZOO_CPU_CONV")
-        cpu_conv.library.cache_clear()
-        cpu_conv.WHY_NOT.clear()
-    assert cpu_conv.library() is not None
+def test_off_builds_mindspores_own_layers():
+    """runtime.cpu_kernels=off: MindSpore's Conv2d, BatchNorm2d and MaxPool2d (LeNet's written-out
+    MaxPool2x2), where auto builds the CPU kernels' Cells."""
+    from models import layers
+    made = [layers.conv2d(4, 8, 3, 1, 1), layers.batch_norm2d(8), layers.max_pool2d(3, 2, 1), layers.max_pool2d(2, 2)]
+    assert [type(c).__name__ for c in made] == ["CpuConv2d", "CpuBatchNorm2d", "CpuMaxPool3x3", "CpuMaxPool2x2"]
+    made = built_with("off", lambda: [layers.conv2d(4, 8, 3, 1, 1), layers.batch_norm2d(8), layers.max_pool2d(3, 2, 1),
+                                      layers.max_pool2d(2, 2)])
+    assert [type(c) for c in made] == [nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, layers.MaxPool2x2]
+    lenet = built_with("off", lambda: create_model("lenet5", num_classes=10))
+    assert not any(type(c).__name__.startswith("Cpu") for _, c in lenet.cells_and_names())
 
 
 @pytest.mark.parametrize("recipe,model", [("resnet34_o0", "resnet34"), ("lenet_o0", "lenet5")])
@@ -147,13 +154,15 @@ def test_export_writes_mindspores_own_conv2d(tmp_path, recipe, model):
     exported = run_cli("export.py", f"recipe={recipe}", f"checkpoint={ckpt}", f"output={out}")
     assert exported.returncode == 0, exported.stderr[-2000:]
     data = out.read_bytes()
-    assert b"Conv2D" in data and b"cpu_conv" not in data and b"Custom" not in data
+    assert b"Conv2D" in data and b"cpu_kernels" not in data and b"Custom" not in data
 
 
 def test_builds_from_source(tmp_path):
-    """What make install does on a fresh machine: compile cpu_conv.cc against MindSpore's libdnnl."""
-    out = cpu_conv.build(tmp_path / "cpu_conv.so")
+    """What make install does on a fresh machine: compile the kernels against MindSpore's libdnnl, warnings as
+    errors (as under CI), with a record of what they were built against that loading accepts."""
+    out = build(tmp_path, werror=True)
     assert out.is_file() and out.stat().st_size > 10_000
+    assert check(tmp_path) == (out, "")
 
 
 @pytest.mark.parametrize("size", [(9, 9), (8, 10), (112, 112), (1, 2)])
@@ -200,10 +209,9 @@ def test_stem_maxpool_keeps_a_nan(graph_mode):
 
 
 def test_resnet_stem_pools_on_the_cpu_kernel():
-    """ResNet's ImageNet stem builds CpuMaxPool3x3 here, and nn.MaxPool2d for an export (mindspore_conv)."""
+    """ResNet's ImageNet stem builds CpuMaxPool3x3 here, and nn.MaxPool2d for an export (cpu_kernels=off)."""
     assert type(create_model("resnet18", num_classes=10, width=8).stem[3]) is cpu_conv.CpuMaxPool3x3
-    with cpu_conv.mindspore_conv():
-        assert type(create_model("resnet18", num_classes=10, width=8).stem[3]) is nn.MaxPool2d
+    assert type(built_with("off", lambda: create_model("resnet18", num_classes=10, width=8)).stem[3]) is nn.MaxPool2d
 
 
 class NormGrads(nn.Cell):
@@ -264,21 +272,21 @@ def test_batchnorm_runs_mindspores_own_op_in_fp16(graph_mode):
     net = create_model("resnet18", num_classes=10, width=8)
     norms = [c for _, c in net.cells_and_names() if isinstance(c, nn.BatchNorm2d)]
     assert len(norms) == 20 and all(type(c) is cpu_conv.CpuBatchNorm2d for c in norms)
-    with cpu_conv.mindspore_conv():
-        assert type(create_model("resnet18", num_classes=10, width=8).stem[1]) is nn.BatchNorm2d
+    assert type(built_with("off", lambda: create_model("resnet18", num_classes=10, width=8)).stem[1]) is nn.BatchNorm2d
 
 
 LIFT_PROBE = """
 import os, sys
-from zoo.entry import prepare
-print("note:", prepare([]))
 import mindspore as ms, numpy as np
 from omegaconf import OmegaConf
 ms.set_device("CPU")
 from models import build_model
+from zoo.runtime import onednn_note
 model = {"resnet18": {"stem": "cifar", "in_channels": 1}, "lenet5": {"in_channels": 1}}[sys.argv[1]]
-net = build_model(OmegaConf.create({"model": {"name": sys.argv[1], "num_classes": 10, "params": model}}))
+net = build_model(OmegaConf.create({"model": {"name": sys.argv[1], "num_classes": 10, "params": model},
+                                    "runtime": {"cpu_kernels": "auto", "onednn_isa": "auto"}}))
 print("isa:", os.environ.get("ONEDNN_MAX_CPU_ISA"))
+print("note:", onednn_note())
 net.set_train(False)
 net(ms.Tensor(np.ones((2, 1, 32, 32), np.float32))).asnumpy()
 """
@@ -286,10 +294,11 @@ net(ms.Tensor(np.ones((2, 1, 32, 32), np.float32))).asnumpy()
 
 @pytest.mark.parametrize("model, lifted", [("resnet18", True), ("lenet5", False)])
 def test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutions(model, lifted):
-    """Every command caps oneDNN at AVX2 before MindSpore loads (its own convolutions take a 20-130x slower
-    kernel above it); once the network is built, a ResNet, whose convolutions all run CpuConv2d, lifts the cap
-    and its kernels run at the CPU's full ISA, while LeNet (MindSpore's Conv2D) keeps it. A cap inherited from
-    an amp-zoo parent is decided afresh; one the user set stays."""
+    """build_model sets oneDNN's cap after MindSpore is imported and before the first kernel, and oneDNN obeys
+    it (ONEDNN_VERBOSE names the kernels that ran): LeNet (MindSpore's Conv2D, 20-130x slower above AVX2) gets
+    AVX2 and the gemm kernel, never the reference one; a ResNet, whose convolutions all run CpuConv2d, gets the
+    CPU's full ISA (AVX-512 kernels where the CPU has them). A cap inherited from an amp-zoo parent is decided
+    afresh; one the user set stays."""
     import os
     import platform
     import subprocess
@@ -336,25 +345,26 @@ class NetGrads(nn.Cell):
         return self.loss_of(x, y), self.grad(self.loss_of, self.weights)(x, y)
 
 
-@pytest.mark.parametrize("block", [16, 8])
-@pytest.mark.parametrize("model,stem,size", [("resnet18", "cifar", 12), ("resnet18", "imagenet", 64),
-                                             ("resnet50", "imagenet", 64)])
-def test_a_resnet_in_the_blocked_layout_trains_as_mindspores(graph_mode, monkeypatch, block, model, stem, size):
+@pytest.mark.parametrize("block,model,stem,size,width", [
+    *[(b, m, s, n, 16) for b in (16, 8) for m, s, n in [("resnet18", "cifar", 12), ("resnet18", "imagenet", 64),
+                                                         ("resnet50", "imagenet", 64)]],
+    (16, "resnet18", "imagenet", 64, 8),  # 8 channels stay NCHW (the stem, its max-pool, layer1), 16 and up blocked
+    (8, "resnet18", "cifar", 12, 12)])    # 12 channels NCHW, 24 and up blocked
+def test_a_resnet_in_the_blocked_layout_trains_as_mindspores(graph_mode, monkeypatch, block, model, stem, size,
+                                                             width):
     """On the CPU a ResNet keeps its activations in oneDNN's blocked layout (nChw16c on AVX-512, nChw8c on AVX2)
     between its kernels: its loss, every weight's gradient, the moving statistics after two steps and the
-    evaluation output equal the same network's built from MindSpore's own Conv2d and BatchNorm (NCHW), and a
-    width that no block divides stays NCHW. Compiled (train.py's mode): MindSpore keeps one gradient per custom
-    op name, so two convolutions sharing one would get each other's. ResNet-50's gradients are left out: at
+    evaluation output equal the same network's built from MindSpore's own Conv2d and BatchNorm (NCHW), where a
+    layer of a channel count that the block does not divide stays NCHW. Compiled (train.py's mode): MindSpore
+    keeps one gradient per custom op name, so two convolutions sharing one would get each other's. ResNet-50's gradients are left out: at
     these sizes a random Bottleneck network's are chaotic (a 1e-6 change to the input moves them by 20%, in
     MindSpore's own network too), so only its forward numbers compare."""
     monkeypatch.setattr(cpu_conv, "onednn_runs_avx512", lambda: block == 16)
     ms.set_seed(0)
-    net = create_model(model, num_classes=10, stem=stem, in_channels=3, width=16)
-    assert net.block == block
-    assert create_model(model, num_classes=10, stem=stem, in_channels=3, width=12).block == 0
-    with cpu_conv.mindspore_conv():
-        plain = create_model(model, num_classes=10, stem=stem, in_channels=3, width=16)
-    assert plain.block == 0
+    net = create_model(model, num_classes=10, stem=stem, in_channels=3, width=width)
+    norms = [c for _, c in net.cells_and_names() if isinstance(c, cpu_conv.CpuBatchNorm2d)]
+    assert norms and all(c.block == (block if c.num_features % block == 0 else 0) for c in norms)
+    plain = built_with("off", lambda: create_model(model, num_classes=10, stem=stem, in_channels=3, width=width))
     ms.load_param_into_net(plain, {p.name: p.clone() for p in net.get_parameters()})
     rng = np.random.RandomState(3)
     x = ms.Tensor(rng.randn(8, 3, size, size).astype(np.float32))

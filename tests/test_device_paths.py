@@ -280,17 +280,19 @@ def test_only_rank_0_removes_checkpoints_from_a_shared_folder(tmp_path):
 
 @pytest.mark.parametrize("device", ["Ascend", "GPU"])
 def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
-    """The CPU kernels (models/cpu_conv.py) are custom ops built for the CPU: on Ascend and GPU, ResNet must get
+    """The CPU kernels (cpu_kernels/) are custom ops built for the CPU: on Ascend and GPU, ResNet must get
     nn.Conv2d, nn.BatchNorm2d (and nn.MaxPool2d in the ImageNet stem) and LeNet its written-out MaxPool2x2,
-    whatever the library does here."""
-    import models.cpu_conv as cpu_conv
-    from models import create_model
-    from models.cpu_conv import CpuBatchNorm2d, CpuConv2d, CpuMaxPool2x2, CpuMaxPool3x3
+    whatever the extension does here (runtime.cpu_kernels=auto); `on` there is one error naming the device."""
+    from models import create_model, layers
+    from tests.conftest import built_with
+    from zoo.errors import ConfigError
     real = ms.get_context
-    monkeypatch.setattr(cpu_conv.ms, "get_context", lambda key: device if key == "device_target" else real(key))
+    monkeypatch.setattr(layers.ms, "get_context", lambda key: device if key == "device_target" else real(key))
     resnet = create_model("resnet18", num_classes=10, stem="imagenet", width=8)
     lenet = create_model("lenet5", num_classes=10)
     cells = [c for net in (resnet, lenet) for _, c in net.cells_and_names()]
-    assert not any(isinstance(c, (CpuConv2d, CpuMaxPool2x2, CpuMaxPool3x3, CpuBatchNorm2d)) for c in cells)
+    assert not any(type(c).__name__.startswith("Cpu") for c in cells)
+    with pytest.raises(ConfigError, match=f"run on the CPU only \\(the device is {device}\\)"):
+        built_with("on", lambda: create_model("lenet5", num_classes=10))
     assert type(resnet.stem[3]) is ms.nn.MaxPool2d
     assert type(lenet.pool).__name__ == "MaxPool2x2"

@@ -1,5 +1,5 @@
 """LeNet-5's two max-pools against MindSpore's own MaxPool2d: the written-out backward (other devices, exports)
-and CpuMaxPool2x2 (models/cpu_pool.cc, on the CPU) give the same values and gradients, ties included (the
+and CpuMaxPool2x2 (cpu_kernels/pool.cc, on the CPU) give the same values and gradients, ties included (the
 gradient goes to each window's first maximum), in fp32 and fp16."""
 import numpy as np
 import pytest
@@ -7,14 +7,13 @@ import pytest
 import mindspore as ms
 import mindspore.nn as nn
 
-from models import cpu_conv
-from models.cpu_conv import CpuMaxPool2x2
-from models.lenet import MaxPool2x2
-from tests.conftest import pool_grad
+from cpu_kernels import has_ops, why_not
+from cpu_kernels.cells import CpuMaxPool2x2
+from models.layers import MaxPool2x2
+from tests.conftest import built_with, pool_grad
 
-
-POOLS = [MaxPool2x2, pytest.param(CpuMaxPool2x2, marks=pytest.mark.skipif(
-    not cpu_conv.runs_here(), reason="the CPU kernel library is not built; make install builds it (needs g++)"))]
+built = pytest.mark.skipif(not has_ops(), reason=why_not())
+POOLS = [MaxPool2x2, pytest.param(CpuMaxPool2x2, marks=built)]
 
 
 @pytest.mark.parametrize("pool", POOLS)
@@ -33,7 +32,7 @@ def test_maxpool_backward_matches_mindspores(graph_mode, pool, dtype, ties):
     assert isinstance(ours, nn.MaxPool2d)  # keep_fp32 / force_fp16 lists naming MaxPool2d still reach it
 
 
-@pytest.mark.skipif(not cpu_conv.runs_here(), reason="the CPU kernel library is not built")
+@built
 def test_cpu_maxpool_odd_sizes_and_nan(graph_mode):
     """An odd last row and column are dropped, as MindSpore's "valid" pooling does. A NaN stays the window's
     maximum and takes its gradient, as in PyTorch (MindSpore's CPU kernel drops it), so the loss turns NaN
@@ -51,12 +50,10 @@ def test_cpu_maxpool_odd_sizes_and_nan(graph_mode):
 
 
 def test_lenet_pools_on_the_cpu_kernels_where_they_run(graph_mode):
-    """The training network pools with CpuMaxPool2x2 on the CPU; an export (mindspore_conv) with MaxPool2x2."""
+    """The training network pools with CpuMaxPool2x2 on the CPU; an export (cpu_kernels=off) with MaxPool2x2."""
     from models import create_model
-    with cpu_conv.mindspore_conv():
-        plain = create_model("lenet5", num_classes=10)
-    assert type(plain.pool) is MaxPool2x2
-    if cpu_conv.runs_here():
+    assert type(built_with("off", lambda: create_model("lenet5", num_classes=10)).pool) is MaxPool2x2
+    if has_ops():
         assert type(create_model("lenet5", num_classes=10).pool) is CpuMaxPool2x2
 
 
@@ -77,7 +74,7 @@ def first_max_pool(x, g):
     return y, dx
 
 
-@pytest.mark.skipif(not cpu_conv.runs_here(), reason="the CPU kernel library is not built")
+@built
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("shape, nans", [
     ((3, 5, 11, 37), [(0, 0, 0, 5), (1, 2, 4, 30), (2, 4, 9, 35), (2, 1, 7, 16)]),  # 18 windows a row

@@ -14,13 +14,14 @@ from engine.load import check_command_line, load_config
 from zoo.config import Config, RANGES
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("zoo", "engine", "amp", "models", "data", "tools", "bench", "lab")
+PACKAGES = ("zoo", "engine", "amp", "models", "data", "cpu_kernels", "tools", "bench", "lab")
 
 # The architecture, bottom up. A module may import its own layer and the layers below it, never one above.
 # A module belongs to the layer of the longest prefix that names it.
 LAYERS = [
     ("core: errors, registry, config schema, composition, options, MindSpore set-up", ["zoo"]),
-    ("networks and data: the model zoo's Cells, decoding, the readers and pipelines", ["models", "data"]),
+    ("networks and data: the model zoo's Cells, decoding, the readers and pipelines, the CPU kernels extension",
+     ["models", "data", "cpu_kernels"]),
     ("the AMP library: policy, loss scaling, telemetry, divergence watch, profiler", ["amp"]),
     ("the engine: config loading, loss and optimizer, checkpoints, callbacks, run directories, weights",
      ["engine"]),
@@ -210,15 +211,15 @@ def test_every_entry_point_loads_its_config_through_load_config():
 
 
 def test_only_the_entry_helper_sets_up_mindspore():
-    """zoo.entry.prepare is the one place a command caps oneDNN and quiets MindSpore, and importing any library
-    module leaves the process as it was."""
+    """zoo.entry, which every command imports first, is the one place that quiets MindSpore, and build_model the
+    one that caps oneDNN; importing any library module leaves the process as it was."""
     callers = sorted(name for name, path in project_modules().items()
                      for node in ast.walk(ast.parse(path.read_text()))
                      if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("cap_onednn_isa",
                                                                                         "quiet_mindspore"))
-    assert callers == ["zoo.entry", "zoo.entry"]
+    assert callers == ["models", "zoo.entry"]
     libraries = [m for m in project_modules() if m.split(".")[0] in ("zoo", "engine", "amp", "models", "data")
-                 and not m.endswith("__main__")]
+                 and m != "zoo.entry" and not m.endswith("__main__")]
     code = ("import os, importlib\n"
             f"for m in {libraries!r}:\n    importlib.import_module(m)\n"
             "print(os.environ.get('ONEDNN_MAX_CPU_ISA'), os.environ.get('GLOG_v'))")
@@ -246,3 +247,18 @@ def test_the_configuration_doc_names_every_key():
         return any(f"`{key}`" in row or (group and row.split("|")[1].count(f"`{group}.") and f"`{leaf}`" in row)
                    for row in rows)
     assert [k for k in schema_keys() if not named(k)] == []
+
+
+def test_no_import_waits_for_a_start_up_trick():
+    """No E402 exemption anywhere: a command imports what it needs at the top, zoo.entry first (its import is the
+    start-up), and nothing has to run between imports."""
+    marker = "noqa: " + "E402"  # spelled apart so this file does not hold it
+    offenders = [str(path.relative_to(ROOT)) for path in ROOT.rglob("*.py")
+                 if ".venv" not in path.parts and marker in path.read_text()]
+    assert offenders == []
+
+
+def test_the_cpu_kernels_live_outside_the_models():
+    """The C++ of the CPU kernels is an extension of its own (cpu_kernels/), not part of the model zoo."""
+    assert not [p.name for p in (ROOT / "models").rglob("*") if p.suffix in (".cc", ".cpp", ".h", ".hpp")]
+    assert sorted(p.name for p in (ROOT / "cpu_kernels").glob("*.cc")) == ["conv.cc", "norm.cc", "pool.cc"]

@@ -15,14 +15,10 @@ Without its data: a recipe with a smoke block audits the smoke data, as train.py
 recipe whose own data path is not on this machine (Fashion-MNIST before its package is installed) audits one
 batch of the embedded MNIST digits, the same 28x28 grey format, and says so.
 """
-import sys
-
-from zoo.entry import prepare, run
-
-if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
-    prepare()
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import json
+import sys
 from pathlib import Path
 from typing import Dict, List
 

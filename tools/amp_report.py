@@ -5,19 +5,16 @@
 The compute dtype is read from the flags `Cell.to_float` set on the built network (what MindSpore's
 compiler casts by), not from the recipe; the reason comes from the policy that set them.
 """
-from zoo.entry import prepare, run
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
-if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
-    prepare()
+from typing import Dict, List
 
-from typing import Dict, List  # noqa: E402
-
-from amp.policy import apply_policy  # noqa: E402
-from amp.precision import diff, precision_report, to_markdown  # noqa: E402
-from engine.load import load_config  # noqa: E402
-from models import build_model  # noqa: E402
-from zoo.config import LEVELS  # noqa: E402
-from zoo.errors import fail  # noqa: E402
+from amp.policy import apply_policy
+from amp.precision import diff, precision_report, to_markdown
+from engine.load import load_config
+from models import build_model
+from zoo.config import LEVELS
+from zoo.errors import fail
 
 
 def build_report(overrides: List[str]) -> Dict:

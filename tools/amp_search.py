@@ -28,32 +28,28 @@ Resumable: each training run is a train.py run directory (runs/o0-s1, runs/keep-
 resume=auto; finished ones are read, not trained again. On CPU low precision is slower than fp32: the search
 maximises the share that pays off on Ascend and GPU.
 """
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+
+import hashlib
+import json
 import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
 
-from zoo.entry import prepare, run
+import mindspore as ms
+from omegaconf import OmegaConf
 
-if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before MindSpore is imported (not on import)
-    prepare()
-
-import hashlib  # noqa: E402
-import json  # noqa: E402
-import time  # noqa: E402
-from dataclasses import asdict  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Dict, List, Optional, Tuple  # noqa: E402
-
-import mindspore as ms  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from tools.amp_audit import audit  # noqa: E402
-from amp.ranking import Candidate, Unit, bisect, candidate, matching, rank  # noqa: E402
-from data import create_dataset, task  # noqa: E402
-from engine import train_run  # noqa: E402
-from engine.load import load_config  # noqa: E402
-from engine.rundir import claim  # noqa: E402
-from models import build_model  # noqa: E402
-from zoo.errors import ConfigError, fail  # noqa: E402
-from zoo.runtime import set_context  # noqa: E402
+from tools.amp_audit import audit
+from amp.ranking import Candidate, Unit, bisect, candidate, matching, rank
+from data import create_dataset, task
+from engine import train_run
+from engine.load import load_config
+from engine.rundir import claim
+from models import build_model
+from zoo.errors import ConfigError, fail
+from zoo.runtime import set_context
 
 METRICS = {"top1": 100.0, "top5": 100.0, "loss": -1.0, "bleu": 1.0, "bleu_lowercase": 1.0}  # reported unit, sign
 SET_BY_SEARCH = {  # keys the search sets for every run -> what to give instead
@@ -61,7 +57,6 @@ SET_BY_SEARCH = {  # keys the search sets for every run -> what to give instead
     "amp.force_fp16": "search.pin_low", "amp.fallback.enabled": "nothing (the search judges divergence itself)",
     "runtime.seed": "search.seeds", "hydra.run.dir": "search.out", "resume": "nothing (a search always resumes)",
     "trainer.max_steps": "search.budget_steps", "trainer.epochs": "search.budget_epochs"}
-
 
 # --- evidence and ranking -------------------------------------------------------------------------------------
 

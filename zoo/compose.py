@@ -1,6 +1,5 @@
 """Hydra composition of conf/ and recipes/ over the schema, outside @hydra.main too, and the one line a Hydra or
-OmegaConf error is shown as. Imports Hydra, never MindSpore: zoo/runtime.py reads runtime.onednn_isa with it
-before MindSpore loads."""
+OmegaConf error is shown as. Imports Hydra, never MindSpore."""
 import dataclasses
 import os
 from typing import List

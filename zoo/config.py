@@ -60,6 +60,12 @@ class Mode(StrEnum):
     pynative = "pynative"
 
 
+class CpuKernels(StrEnum):  # models/layers.py
+    auto = "auto"  # the cpu_kernels extension on the CPU where it is built, else MindSpore's kernels (one warning)
+    on = "on"      # the extension, or an error where it cannot run
+    off = "off"    # MindSpore's own kernels
+
+
 class OptimizerName(StrEnum):
     momentum = "momentum"
     sgd = "sgd"
@@ -201,6 +207,7 @@ class RuntimeConfig:
     mode: Mode = Mode.graph
     seed: int = 1
     deterministic: bool = False
+    cpu_kernels: CpuKernels = CpuKernels.auto  # conv, batch norm and max-pool: the cpu_kernels extension or not
     onednn_isa: str = "auto"          # auto: cap oneDNN at AVX2 on x86 CPUs unless the network has no MindSpore
                                       # convolution (see README); "none": leave it; or an ISA name (AVX2, ...)
     distributed: bool = False

@@ -1,34 +1,24 @@
 """The start of every command: train.py, eval.py, export.py, `python -m amp.report | amp.audit | amp.search`
-and the benchmarks.
+and the benchmarks. A command imports it first, before anything imports MindSpore:
 
-    from zoo.entry import prepare
-    ONEDNN = prepare()                 # a script: first, before anything imports MindSpore
-    if __name__ == "__main__":         # a module that is a library too (amp.report): only when run as one
-        prepare()
+    from zoo.entry import run          # first: a command's start-up
+    import mindspore ...
     ...
     if __name__ == "__main__":
         run(main)                      # main(argv); a ConfigError is one `error:` line and exit 2
 
-`prepare` caps oneDNN's ISA as the command line's recipe asks (runtime.onednn_isa; zoo.runtime.cap_onednn_isa
-says why) and keeps MindSpore's C++ log lines off the console. Both must happen before `import mindspore`, which
-is why nothing else in the project does either at import time.
+Importing it is the start-up: it keeps MindSpore's C++ log lines off the console (zoo.runtime.quiet_mindspore),
+which works only before MindSpore loads. Only commands import it; importing a library module leaves the process
+as it was. oneDNN's ISA cap needs no such place: it is set when a network is built (models.build_model).
 """
 import os
 import sys
 from typing import Callable, List, Optional
 
 from zoo.errors import ConfigError, fail
-from zoo.runtime import cap_onednn_isa, quiet_mindspore
+from zoo.runtime import quiet_mindspore
 
-
-def prepare(argv: Optional[List[str]] = None, recipe: Optional[str] = None) -> str:
-    """Set up the process for MindSpore from the command line (default sys.argv[1:]; only its key=value
-    overrides are read); `recipe`: the recipe a benchmark always runs. Returns the oneDNN note a run records."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    note = cap_onednn_isa([f"recipe={recipe}", *overrides] if recipe else overrides)
-    quiet_mindspore()
-    return note
+quiet_mindspore()
 
 
 def run(main: Callable[[List[str]], object], argv: Optional[List[str]] = None) -> None:

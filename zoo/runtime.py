@@ -1,85 +1,58 @@
-"""Process set-up: the oneDNN cap (before MindSpore is imported), device choice, context, seeds."""
+"""Process set-up: MindSpore's log level, the oneDNN cap, device choice, context, seeds."""
 import logging
 import os
 import platform
 import random
-from typing import Optional
 
 log = logging.getLogger("amp_zoo")
 
 
-def configured_isa(argv) -> str:
-    """runtime.onednn_isa of the run the command line asks for ("auto" when it cannot be composed yet: the
-    entry point reports the bad input itself)."""
-    if not argv:
-        return "auto"
-    try:
-        from zoo.compose import compose
-        return str(compose([a for a in argv if not a.startswith("-")]).runtime.onednn_isa)
-    except Exception:  # noqa: BLE001  (composition errors are reported by the entry point)
-        return "auto"
+AUTO_CAP = "AMP_ZOO_ONEDNN_AUTO"  # the process id that set ONEDNN_MAX_CPU_ISA itself (runtime.onednn_isa=auto)
 
 
-AUTO_CAP = "AMP_ZOO_ONEDNN_AUTO"  # set beside ONEDNN_MAX_CPU_ISA when the cap is amp-zoo's own (auto)
-
-
-def cap_onednn_isa(argv=None) -> str:
-    """On x86, MindSpore's own CPU convolutions hand oneDNN plain NCHW tensors, for which oneDNN picks a
-    reference kernel on AVX-512/AMX CPUs that is 20-130x slower than its AVX2 gemm kernel. Capping the ISA fixes
-    them; it must happen before oneDNN first runs a kernel, so call this before `import mindspore`. With
-    runtime.onednn_isa=auto the cap is provisional: `settle_onednn_isa` lifts it once the network is built if
-    no MindSpore convolution is in it (the library's CpuConv2d runs oneDNN's AVX-512 kernels as fast as
-    PyTorch's; the Transformer has no convolutions). A value the user set is left alone; "none" sets nothing.
-    `argv`: the entry point's Hydra overrides, read to find the recipe's setting."""
-    if os.environ.pop(AUTO_CAP, None):  # inherited from an amp-zoo parent process: decide afresh
+def cap_onednn_isa(choice: str, needs_cap: bool) -> str:
+    """Set oneDNN's ISA cap for a network just built, before its first step, and return the note a run records.
+    On x86, MindSpore's own CPU convolutions hand oneDNN plain NCHW tensors, for which oneDNN picks a reference
+    kernel on AVX-512/AMX CPUs that is 20-130x slower than its AVX2 gemm kernel; capping the ISA fixes them.
+    oneDNN reads ONEDNN_MAX_CPU_ISA when it creates its first primitive, not when MindSpore is imported, so the
+    networks built before the first step decide (`needs_cap`: this one runs a MindSpore convolution,
+    models.layers.runs_mindspore_conv). `choice` is runtime.onednn_isa: auto caps at AVX2 while any network
+    built in this process needs it and sets ALL otherwise (the CPU kernels and matmuls run oneDNN's AVX-512
+    kernels as fast as PyTorch's); an ISA name sets that; "none" sets nothing. A value the user set is left
+    alone."""
+    ours = os.environ.get(AUTO_CAP)
+    if ours and ours != str(os.getpid()):  # inherited from an amp-zoo parent process: decide afresh
+        os.environ.pop(AUTO_CAP)
         os.environ.pop("ONEDNN_MAX_CPU_ISA", None)
-    if "ONEDNN_MAX_CPU_ISA" in os.environ:
+        ours = None
+    if "ONEDNN_MAX_CPU_ISA" in os.environ and not ours:
         return f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']} (set by the user)"
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return "ONEDNN_MAX_CPU_ISA not set (not an x86 CPU)"
-    choice = configured_isa(argv)
-    if choice.lower() == "none":
-        return "ONEDNN_MAX_CPU_ISA not set (runtime.onednn_isa=none: no convolutions, the full ISA is faster)"
-    if choice.lower() != "auto":
-        os.environ["ONEDNN_MAX_CPU_ISA"] = choice
+    if str(choice).lower() == "none":
+        return "ONEDNN_MAX_CPU_ISA not set (runtime.onednn_isa=none)"
+    if str(choice).lower() != "auto":
+        os.environ["ONEDNN_MAX_CPU_ISA"] = str(choice)
         return f"ONEDNN_MAX_CPU_ISA={choice} (runtime.onednn_isa)"
-    os.environ["ONEDNN_MAX_CPU_ISA"], os.environ[AUTO_CAP] = "AVX2", "1"
-    _NOTE[0] = ("ONEDNN_MAX_CPU_ISA=AVX2 (set by amp-zoo until the network is built: oneDNN's AVX-512 path for "
-                "MindSpore's own convolutions is 20-130x slower)")
-    return _NOTE[0]
-
-
-_NOTE = [""]  # the auto cap's current state, for the run's records
-_NEEDS_CAP = [False]  # whether a network built in this process runs a MindSpore convolution
-
-
-def settle_onednn_isa(needs_cap: bool) -> Optional[str]:
-    """The auto cap, once a network is built (`needs_cap`: it runs one of MindSpore's own convolutions): kept
-    (AVX2) if any network built in this process needs it, lifted (ALL) otherwise. oneDNN reads the variable
-    when it runs its first kernel, so the networks built before then decide. Returns the new note when the
-    setting changed, else None (the user's setting, or no auto cap, are left alone)."""
-    if not os.environ.get(AUTO_CAP):
-        return None
-    _NEEDS_CAP[0] = _NEEDS_CAP[0] or needs_cap
-    want = "AVX2" if _NEEDS_CAP[0] else "ALL"
-    if os.environ.get("ONEDNN_MAX_CPU_ISA") == want:
-        return None
-    os.environ["ONEDNN_MAX_CPU_ISA"] = want
-    _NOTE[0] = (f"ONEDNN_MAX_CPU_ISA={want} (set by amp-zoo: " + (
+    want = "AVX2" if needs_cap or os.environ.get("ONEDNN_MAX_CPU_ISA") == "AVX2" else "ALL"
+    os.environ["ONEDNN_MAX_CPU_ISA"], os.environ[AUTO_CAP] = want, str(os.getpid())
+    return f"ONEDNN_MAX_CPU_ISA={want} (set by amp-zoo: " + (
         "a network runs MindSpore's own convolutions, whose AVX-512 path is 20-130x slower)" if want == "AVX2" else
-        "no MindSpore convolution in the network, so oneDNN runs at the CPU's full ISA)"))
-    return _NOTE[0]
+        "no MindSpore convolution in the network, so oneDNN runs at the CPU's full ISA)")
 
 
-def onednn_note(default: str) -> str:
-    """What the auto cap settled on (`default`: prepare's note, when there is no auto cap)."""
-    return _NOTE[0] if os.environ.get(AUTO_CAP) and _NOTE[0] else default
+def onednn_note() -> str:
+    """The oneDNN cap in force, for a run's records."""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    if isa is None:
+        return "ONEDNN_MAX_CPU_ISA not set"
+    return f"ONEDNN_MAX_CPU_ISA={isa} ({'set by amp-zoo' if os.environ.get(AUTO_CAP) else 'set by the user'})"
 
 
 def quiet_mindspore() -> None:
     """MindSpore's C++ [WARNING] and [ERROR] lines drown the console (a compile error prints its whole trace
     there; the driver reports it in one line and keeps the trace in train.log); GLOG_v=3 (or lower) brings
-    them back."""
+    them back. MindSpore reads GLOG_v once, when it loads: zoo.startup calls this before."""
     os.environ.setdefault("GLOG_v", "4")
 
 

@@ -1,5 +1,5 @@
-// Max-pooling for MindSpore's CPU backend, forward and backward, as AOT custom ops (models/cpu_conv.py builds
-// it into one library with cpu_conv.cc): LeNet's 2x2 with stride 2, and the ImageNet stem's 3x3 with stride 2
+// Max-pooling for MindSpore's CPU backend, forward and backward, as AOT custom ops (cpu_kernels/cells.py;
+// built into one library with conv.cc): LeNet's 2x2 with stride 2, and the ImageNet stem's 3x3 with stride 2
 // and padding 1 (ResNet).
 //
 // MindSpore 2.10's CPU MaxPoolGrad took 4.4 of a LeNet step's 10 ms of op time, and the gradient written out in
@@ -325,7 +325,7 @@ void Dispatch(int nparam, void **params, bool backward, bool k3, int64_t planes,
 }
 
 // Return codes (MindSpore reports them): 1 a rank or dtype these ops do not take (shapes come from the
-// op's shape function, cpu_conv.py). Forward x -> y; backward x, dy -> dx (2x2) or x, y, dy -> dx (3x3)
+// op's shape function, cells.py). Forward x -> y; backward x, dy -> dx (2x2) or x, y, dy -> dx (3x3)
 int Run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool backward, bool k3) {
   if (nparam != (backward ? (k3 ? 4 : 3) : 2) || ndims[0] != 4) return 1;
   for (int i = 1; i < nparam; ++i)

@@ -1,4 +1,4 @@
-// Convolution forward and backward for MindSpore's CPU backend, as AOT custom ops (models/cpu_conv.py).
+// Convolution forward and backward for MindSpore's CPU backend, as AOT custom ops (cpu_kernels/cells.py).
 //
 // MindSpore 2.10's own CPU Conv2D kernels hand oneDNN plain NCHW memory, so oneDNN can only run its im2col +
 // sgemm path (x64:gemm:jit). Given `any` layouts, the same oneDNN library picks its direct blocked kernels
@@ -53,7 +53,6 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
   int get_num_threads() const override { return n_; }
   bool get_in_parallel() const override { return in_parallel_; }
   uint64_t get_flags() const override { return 0; }  // synchronous: parallel_for returns when all is done
-  void wait() override {}  // newer headers than MindSpore's oneDNN 3.10 add it after the four it calls
   void parallel_for(int n, const std::function<void(int, int)> &fn) override {
     if (n <= 1 || n_ == 1 || in_parallel_) {
       for (int i = 0; i < n; ++i) fn(i, n);
@@ -348,7 +347,7 @@ int Reorder(int nparam, void **params, int *ndims, int64_t **shapes, const char 
 
 }  // namespace
 
-// The pool, for the loops of cpu_norm.cc: fn(t, n) for t < n, on n threads at most
+// The pool, for the loops of norm.cc: fn(t, n) for t < n, on n threads at most
 void AmpZooParallel(int n, const std::function<void(int, int)> &fn) { RT().pool.parallel_for(n, fn); }
 int AmpZooThreads() { return RT().pool.get_num_threads(); }
 

@@ -1,13 +1,13 @@
-// Training-mode BatchNorm for MindSpore's CPU backend, forward and backward, as AOT custom ops (models/cpu_conv.py
-// builds it into one library with cpu_conv.cc and cpu_pool.cc).
+// Training-mode BatchNorm for MindSpore's CPU backend, forward and backward, as AOT custom ops (cpu_kernels/cells.py;
+// cpu_kernels/build.py builds it into one library with conv.cc and pool.cc).
 //
 // MindSpore 2.10's CPU BatchNorm and BatchNormGrad took 153 ms of a ResNet-34 CIFAR-stem step at batch 32, where
-// PyTorch's took 75 ms. These loops work a channel at a time, on the pool of cpu_conv.cc's threads: a channel's
+// PyTorch's took 75 ms. These loops work a channel at a time, on the pool of conv.cc's threads: a channel's
 // slice (batch x H x W floats, at most 128 KB in ResNet-34 at that shape) is read once from memory and stays in
 // the core's cache for the passes after the first.
 //
 // BatchNormFwd (x, gamma, beta, moving_mean, moving_var, hyper -> y, mean, invstd, new_mean, new_var): float32
-// x in NCHW or blocked (N, C/B, H, W, B), B 8 or 16 (cpu_conv.cc's layouts); hyper = (momentum, eps).
+// x in NCHW or blocked (N, C/B, H, W, B), B 8 or 16 (conv.cc's layouts); hyper = (momentum, eps).
 // y = gamma (x - mean) invstd + beta with the batch's mean and biased variance, invstd = 1 / sqrt(var + eps).
 // new_* = momentum moving + (1 - momentum) batch, with the unbiased variance: what MindSpore's BatchNorm writes
 // into its moving statistics.
@@ -19,7 +19,7 @@
 #include <cstring>
 #include <functional>
 
-void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // cpu_conv.cc: its thread pool
+void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc: its thread pool
 int AmpZooThreads();
 
 namespace {

@@ -1,0 +1,122 @@
+"""CPU kernels for MindSpore: oneDNN's direct convolutions, max-pooling and a training BatchNorm as AOT custom ops
+(conv.cc, pool.cc, norm.cc; their Cells in cpu_kernels.cells). An optional extension: `make install` builds it
+(`python -m cpu_kernels.build`) into this environment, never into the sources and never on import.
+
+    from cpu_kernels import has_ops, why_not
+    has_ops()    # True: built for this environment, and the oneDNN it links is one its headers fit
+    why_not()    # otherwise, why, in one line
+
+The library links MindSpore's bundled oneDNN (libdnnl.so.3) and is compiled against oneDNN headers of a release
+not newer than it: oneDNN keeps its ABI backward compatible within a major version, so headers newer than the
+runtime are what breaks (a virtual function the runtime's thread-pool interface lacks, enum values it does not
+know). The build records what it was built against (build.json beside the library); loading reads the runtime's
+version through dnnl_version() and refuses a mismatch. models.layers decides whether a network uses these
+kernels (runtime.cpu_kernels); nothing here imports MindSpore.
+"""
+import ctypes
+import hashlib
+import importlib.util
+import json
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional, Tuple
+
+SOURCES = [Path(__file__).with_name(f"{name}.cc") for name in ("conv", "pool", "norm")]
+LIBRARY, RECORD = "libcpu_kernels.so", "build.json"
+THREADPOOL = 0x8  # dnnl_runtime_threadpool: the CPU runtime MindSpore's oneDNN is built with, and Pool implements
+
+
+def build_dir() -> Path:
+    """Where make install puts the library: inside this environment (the venv), outside the sources."""
+    return Path(sys.prefix) / "lib" / "amp-zoo-cpu-kernels"
+
+
+def mindspore_lib() -> Optional[Path]:
+    """MindSpore's lib folder (its bundled libdnnl.so.3), found without importing MindSpore."""
+    spec = importlib.util.find_spec("mindspore")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).resolve() / "lib"
+
+
+class _Version(ctypes.Structure):  # dnnl_version_t
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
+                ("hash", ctypes.c_char_p), ("cpu_runtime", ctypes.c_uint), ("gpu_runtime", ctypes.c_uint)]
+
+
+def runtime_version() -> Tuple[Tuple[int, int, int], int]:
+    """((major, minor, patch), cpu runtime) of MindSpore's bundled oneDNN, from its dnnl_version();
+    raises OSError when the library is not there."""
+    lib_dir = mindspore_lib()
+    if lib_dir is None:
+        raise OSError("MindSpore is not installed")
+    dnnl = ctypes.CDLL(str(lib_dir / "libdnnl.so.3"))
+    dnnl.dnnl_version.restype = ctypes.POINTER(_Version)
+    v = dnnl.dnnl_version().contents
+    return (v.major, v.minor, v.patch), v.cpu_runtime
+
+
+def version_text(version) -> str:
+    return ".".join(map(str, version))
+
+
+def mismatch(headers, runtime, cpu_runtime: int = THREADPOOL) -> Optional[str]:
+    """Why a library compiled against oneDNN `headers` (major, minor, patch) cannot run on the oneDNN `runtime`
+    MindSpore bundles, or None: the same major version, headers not newer, and the thread-pool runtime."""
+    headers, runtime = tuple(headers), tuple(runtime)
+    if headers[0] != runtime[0] or headers > runtime:
+        return (f"built against oneDNN {version_text(headers)} headers, but MindSpore's oneDNN is "
+                f"{version_text(runtime)}: rebuild with headers of {runtime[0]}.x not newer than "
+                f"{version_text(runtime)} (make install)")
+    if cpu_runtime != THREADPOOL:
+        return f"MindSpore's oneDNN uses CPU runtime {cpu_runtime:#x}, not the thread pool these kernels drive"
+    return None
+
+
+def sources_digest() -> str:
+    return hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES)).hexdigest()[:16]
+
+
+def check(directory: Path) -> Tuple[Optional[Path], str]:
+    """(the library in `directory`, "") when it can run here, else (None, why in one line)."""
+    library, record = directory / LIBRARY, directory / RECORD
+    if not library.is_file() or not record.is_file():
+        return None, f"the CPU kernels are not built (no {library}); make install builds them (needs g++)"
+    try:
+        built = json.loads(record.read_text())
+        headers = tuple(int(x) for x in str(built["onednn_headers"]).split("."))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"{record} is not a build record of the CPU kernels; make install rebuilds them"
+    if built.get("sources") != sources_digest():
+        return None, f"the CPU kernels in {directory} were built from other sources; make install rebuilds them"
+    try:
+        runtime, cpu_runtime = runtime_version()
+    except (OSError, AttributeError) as e:
+        return None, f"MindSpore's oneDNN (libdnnl.so.3) cannot be read: {e}"
+    reason = mismatch(headers, runtime, cpu_runtime)
+    return (None, f"the CPU kernels are off: {reason}") if reason else (library, "")
+
+
+@lru_cache(maxsize=1)
+def _installed() -> Tuple[Optional[Path], str]:
+    return check(build_dir())
+
+
+def has_ops() -> bool:
+    """Whether the extension is built for this environment and fits MindSpore's oneDNN (torchvision's
+    extension.py has the same probe)."""
+    return _installed()[0] is not None
+
+
+def why_not() -> str:
+    """Why has_ops() is False, in one line ("" when it is True)."""
+    return _installed()[1]
+
+
+def library() -> Path:
+    """The built library, for ops.Custom; raises RuntimeError (with why_not) when there is none."""
+    path, reason = _installed()
+    if path is None:
+        raise RuntimeError(reason)
+    return path

@@ -1,0 +1,223 @@
+"""The Cells of the CPU kernels: CpuConv2d, CpuBatchNorm2d, CpuMaxPool2x2 and CpuMaxPool3x3, each a subclass of the
+MindSpore Cell it replaces (the same parameters, so the same checkpoint), whose forward and backward are AOT custom
+ops from the extension's library (cpu_kernels.library()). models.layers builds them where runtime.cpu_kernels lets
+it; nothing else should.
+
+MindSpore 2.10 hands oneDNN plain NCHW tensors for Conv2D and its two gradients, which leaves oneDNN only its
+im2col + sgemm path; PyTorch lets oneDNN pick a blocked layout and run its direct kernels. CpuConv2d does what
+PyTorch does. The pooling (pool.cc) and BatchNorm (norm.cc) loops replace MindSpore kernels that took several
+times PyTorch's time; docs/configuration.md has the measurements.
+
+The blocked layout: between these kernels a tensor of C channels is kept in oneDNN's blocked layout when the
+block (`block()`: 16 channels a vector on AVX-512, 8 on AVX2) divides C, as a (N, C/B, H, W, B) tensor with channel
+c at block c // B, lane c % B (`block_for`). Every layer of C channels reads and writes that layout, so no reorder
+runs into or out of each kernel: the convolutions read their input's layout from its rank, CpuBatchNorm2d runs on
+the blocks, CpuMaxPool3x3 reorders around its NCHW loops, and element-wise ops (ReLU, the residual sum) and a
+mean over (H, W) followed by a flatten do not care. The input and the weights stay NCHW and OIHW.
+"""
+from functools import lru_cache
+
+import mindspore as ms
+import mindspore.nn as nn
+import mindspore.ops as ops
+
+from cpu_kernels import library
+from zoo.runtime import onednn_runs_avx512
+
+STRIDES, PADDINGS = (1, 2), (0, 1, 2, 3)  # the variants conv.cc exports
+
+
+def supports_conv(stride: int, padding: int) -> bool:
+    """Whether CpuConv2d runs this stride and padding (the variants conv.cc exports)."""
+    return stride in STRIDES and padding in PADDINGS
+
+
+def block() -> int:
+    """The channels of one block of the layout between the kernels: 16 where oneDNN runs AVX-512, else 8."""
+    return 16 if onednn_runs_avx512() else 8
+
+
+def block_for(channels: int) -> int:
+    """The layout of a tensor of `channels` channels between the kernels: block() when it divides them, else 0
+    (plain NCHW)."""
+    return block() if channels % block() == 0 else 0
+
+
+def _out_size(size: int, k: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - k) // stride + 1
+
+
+@lru_cache(maxsize=None)
+def conv_op(stride: int, padding: int, input_grad: bool = True, out_block: int = 0):
+    """The forward custom op (x, w -> y) for one stride and padding, with its backward (x, w, dy -> dx, dw).
+    x is plain NCHW or blocked (see block_for; the kernel reads which from its rank); y is blocked by
+    `out_block` channels, or plain (0).
+    input_grad=False: a network's first layer. Its input is data and takes no gradient, so the backward computes
+    dw alone (dx is zeros that the graph drops). That is what MindSpore's own Conv2D does when its dx goes unused;
+    it took the 224x224 stem's forward and backward from 248 to 117 ms."""
+    lib = library()
+    if input_grad:
+        backward = ops.Custom(f"{lib}:ConvBwd_s{stride}_p{padding}", out_shape=lambda x, w, dy: (x, w),
+                              out_dtype=lambda x, w, dy: (x, w), func_type="aot")
+
+        def bprop(x, w, out, dout):
+            dx, dw = backward(x, w, dout)
+            return dx, dw
+    else:
+        weights_only = ops.Custom(f"{lib}:ConvBwdW_s{stride}_p{padding}", out_shape=lambda x, w, dy: w,
+                                  out_dtype=lambda x, w, dy: w, func_type="aot")
+
+        def bprop(x, w, out, dout):
+            return ops.zeros_like(x), weights_only(x, w, dout)
+
+    def shape(x, w):
+        h, w_ = _out_size(x[2], w[2], stride, padding), _out_size(x[3], w[3], stride, padding)
+        return [x[0], w[0] // out_block, h, w_, out_block] if out_block else [x[0], w[0], h, w_]
+
+    # one name per variant: MindSpore's graph mode gave two custom ops of one name one gradient (conv.cc)
+    name = f"ConvFwd{'' if input_grad else 'First'}{'B' if out_block else ''}_s{stride}_p{padding}"
+    return ops.Custom(f"{lib}:{name}", out_shape=shape, out_dtype=lambda x, w: x, func_type="aot", bprop=bprop)
+
+
+class CpuConv2d(nn.Conv2d):
+    """nn.Conv2d (pad_mode "pad" or "valid", no bias) whose forward and backward run oneDNN's direct kernels.
+    It computes in fp32 like MindSpore's CPU Conv2D, with casts around the kernel as MindSpore has around its
+    own: under fp16 its input is widened and its output rounded to fp16. out_block: its output in the blocked
+    layout (block_for), else plain NCHW; its input may be either."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None,
+                 input_grad=True, out_block=0):
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride,
+                         pad_mode="pad" if padding else "valid", padding=padding, has_bias=False,
+                         weight_init=weight_init)
+        self.conv = conv_op(stride, padding, input_grad, out_block)
+
+    def construct(self, x):
+        channels = x.shape[1] * x.shape[4] if x.ndim == 5 else x.shape[1]  # NCHW, or blocked (block_for)
+        if channels != self.in_channels:  # the kernel's own answer would be an error code
+            raise ValueError(f"CpuConv2d: the input has {channels} channels, but this layer takes "
+                             f"in_channels={self.in_channels} (input shape {x.shape})")
+        if x.dtype == ms.float32 and self.weight.dtype == ms.float32:
+            return self.conv(x, self.weight)
+        # fp16 (AMP): MindSpore's Cast kernels widen far faster than oneDNN's f16 reorders on AVX2. In PyNative
+        # MindSpore casts every op's inputs back to fp16; the kernel widens those itself (amp.audit's path)
+        return self.conv(x.astype(ms.float32), self.weight.astype(ms.float32)).astype(x.dtype)
+
+
+@lru_cache(maxsize=None)
+def relayout_ops(block: int):
+    """(to_blocked, to_plain): NCHW -> (N, C/block, H, W, block) and back (oneDNN reorders, fp32 or fp16), each
+    the other's gradient."""
+    lib = library()
+
+    def blocked(x):
+        return [x[0], x[1] // block, x[2], x[3], block]
+
+    def plain(x):
+        return [x[0], x[1] * x[4], x[2], x[3]]
+
+    def op(name, shape, bprop=None):  # one name a direction: graph mode gives each name one gradient (conv_op)
+        return ops.Custom(f"{lib}:{name}", out_shape=shape, out_dtype=lambda x: x, func_type="aot", bprop=bprop)
+
+    back_to_plain, back_to_blocked = op("ToPlain", plain), op("ToBlocked", blocked)
+
+    def to_blocked_bprop(x, out, dout):
+        return (back_to_plain(dout),)
+
+    def to_plain_bprop(x, out, dout):
+        return (back_to_blocked(dout),)
+
+    return op("ToBlocked", blocked, to_blocked_bprop), op("ToPlain", plain, to_plain_bprop)
+
+
+def _pooled(size: int, k: int) -> int:
+    return size // 2 if k == 2 else (size - 1) // 2 + 1  # 2x2/2 "valid"; 3x3/2 with padding 1
+
+
+@lru_cache(maxsize=None)
+def max_pool_op(k: int = 2):
+    """k x k max-pooling with stride 2 (x -> y; k=3 pads by 1) with its backward from pool.cc: x, dy -> dx
+    (2x2), or x, y, dy -> dx (3x3: y locates each window's maximum)."""
+    lib = library()
+    if k == 2:
+        backward = ops.Custom(f"{lib}:MaxPool2x2Bwd", out_shape=lambda x, dy: x, out_dtype=lambda x, dy: x,
+                              func_type="aot")
+
+        def bprop(x, out, dout):
+            return (backward(x, dout),)
+    else:
+        backward = ops.Custom(f"{lib}:MaxPool3x3Bwd", out_shape=lambda x, y, dy: x, out_dtype=lambda x, y, dy: x,
+                              func_type="aot")
+
+        def bprop(x, out, dout):
+            return (backward(x, out, dout),)
+
+    return ops.Custom(f"{lib}:MaxPool{k}x{k}Fwd", out_shape=lambda x: [x[0], x[1], _pooled(x[2], k), _pooled(x[3], k)],
+                      out_dtype=lambda x: x, func_type="aot", bprop=bprop)
+
+
+class CpuMaxPool2x2(nn.MaxPool2d):
+    """nn.MaxPool2d(2, 2) (for keep-lists and reports) running pool.cc's loops, in fp32 or fp16."""
+
+    def __init__(self):
+        super().__init__(kernel_size=2, stride=2)
+        self.pool = max_pool_op(2)
+
+    def construct(self, x):
+        return self.pool(x)
+
+
+class CpuMaxPool3x3(nn.MaxPool2d):
+    """nn.MaxPool2d(3, 2, padding 1), the ImageNet stem's, running pool.cc's loops, in fp32 or fp16. Its loops
+    run NCHW: a blocked input (block_for) is reordered to NCHW and the output back to blocks."""
+
+    def __init__(self):
+        super().__init__(kernel_size=3, stride=2, pad_mode="pad", padding=1)
+        self.pool = max_pool_op(3)
+        self.to_blocked, self.to_plain = relayout_ops(block())
+
+    def construct(self, x):
+        if x.ndim == 5:
+            return self.to_blocked(self.pool(self.to_plain(x)))
+        return self.pool(x)
+
+
+@lru_cache(maxsize=1)
+def batch_norm_op():
+    """Training BatchNorm from norm.cc: x, gamma, beta, moving mean, moving var, (momentum, eps) -> y, mean,
+    invstd, new moving mean, new moving var; its backward x, gamma, mean, invstd, dy -> dx, dgamma, dbeta (and
+    zeros for the moving statistics and hyper, which take no gradient)."""
+    lib = library()
+    backward = ops.Custom(f"{lib}:BatchNormBwd", out_shape=lambda x, g, m, i, dy: (x, g, g, g, g, [2]),
+                          out_dtype=lambda x, g, m, i, dy: (x, g, g, g, g, g), func_type="aot")
+
+    def bprop(x, gamma, beta, moving_mean, moving_var, hyper, out, dout):
+        dx, dgamma, dbeta, dmean, dvar, dhyper = backward(x, gamma, out[1], out[2], dout[0])
+        return dx, dgamma, dbeta, dmean, dvar, dhyper
+
+    return ops.Custom(f"{lib}:BatchNormFwd", out_shape=lambda x, g, b, mm, mv, h: (x, g, g, g, g),
+                      out_dtype=lambda x, g, b, mm, mv, h: (x, g, g, g, g), func_type="aot", bprop=bprop)
+
+
+class CpuBatchNorm2d(nn.BatchNorm2d):
+    """nn.BatchNorm2d (the same parameters and checkpoint) whose training forward and backward run norm.cc's
+    loops and write the moving statistics as MindSpore's BatchNorm does. In fp32 only; evaluation, and fp16 input
+    (O3: BatchNorm in low precision), run MindSpore's own BatchNorm, so their numbers are MindSpore's. `block`:
+    its input and output are in that blocked layout (block_for), which MindSpore's BatchNorm gets as NCHW."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.9, gamma_init="ones", block=0):
+        super().__init__(num_features, eps=eps, momentum=momentum, gamma_init=gamma_init)
+        self.norm = batch_norm_op()
+        self.hyper = ms.Tensor([momentum, eps], ms.float32)
+        self.block = block
+        self.to_blocked, self.to_plain = relayout_ops(block) if block else (None, None)
+
+    def construct(self, x):
+        if not self.training or x.dtype != ms.float32 or self.gamma.dtype != ms.float32:
+            if self.block:
+                return self.to_blocked(super().construct(self.to_plain(x)))
+            return super().construct(x)
+        y, _, _, mean, var = self.norm(x, self.gamma, self.beta, self.moving_mean, self.moving_variance, self.hyper)
+        ops.assign(self.moving_mean, mean)
+        ops.assign(self.moving_variance, var)
+        return y

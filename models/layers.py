@@ -1,0 +1,125 @@
+"""The layers the zoo's convolutional networks are built from (convolution, batch norm, max-pool), each from the
+implementation `runtime.cpu_kernels` picks, as timm's layers/config.py picks its layers:
+
+    auto  the CPU kernels of the cpu_kernels extension on the CPU where they are built; MindSpore's own kernels
+          elsewhere, and where they are not built (one warning says why)
+    on    the CPU kernels; without them (not built, a oneDNN mismatch, not the CPU) an error
+    off   MindSpore's own kernels (export.py, and Conv+BN folding, whose Conv2d takes a bias)
+
+Either way a layer is the MindSpore Cell (the CPU kernels' Cells subclass nn.Conv2d, nn.BatchNorm2d and
+nn.MaxPool2d), with the same parameters, so a checkpoint of one loads into the other. build_model sets the
+switch from the config before it builds a network (set_cpu_kernels); a network built outside a command gets
+`auto`.
+"""
+import logging
+from functools import lru_cache
+
+import mindspore as ms
+import mindspore.nn as nn
+import mindspore.ops as ops
+
+from zoo.errors import ConfigError
+
+log = logging.getLogger("amp_zoo")
+CHOICES = ("auto", "on", "off")
+_cpu_kernels = "auto"  # runtime.cpu_kernels of the networks built next (set_cpu_kernels)
+
+
+def set_cpu_kernels(mode: str) -> None:
+    """runtime.cpu_kernels for the layers built from now on: auto, on or off."""
+    global _cpu_kernels
+    if str(mode) not in CHOICES:
+        raise ConfigError(f"runtime.cpu_kernels={mode} is not valid; valid: {', '.join(CHOICES)}")
+    _cpu_kernels = str(mode)
+
+
+@lru_cache(maxsize=1)
+def _warn_fallback(reason: str) -> None:  # cached: the warning comes once a process
+    log.warning("runtime.cpu_kernels=auto: MindSpore's own CPU kernels are used (slower): %s", reason)
+
+
+def use_cpu_kernels() -> bool:
+    """Whether the layers built now are the CPU kernels' (see the module's docstring); raises ConfigError for
+    `on` where they cannot run."""
+    if _cpu_kernels == "off":
+        return False
+    device = ms.get_context("device_target")
+    from cpu_kernels import has_ops, why_not
+    if _cpu_kernels == "on":
+        if device != "CPU":
+            raise ConfigError(f"runtime.cpu_kernels=on, but the CPU kernels run on the CPU only (the device is "
+                              f"{device}); set runtime.cpu_kernels=auto or off")
+        if not has_ops():
+            raise ConfigError(f"runtime.cpu_kernels=on, but {why_not()}; or set runtime.cpu_kernels=auto or off")
+        return True
+    if device != "CPU":
+        return False
+    if not has_ops():
+        _warn_fallback(why_not())
+    return has_ops()
+
+
+def conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None,
+           input_grad=True) -> nn.Conv2d:
+    """A bias-free square convolution. input_grad=False: a network's first layer, whose input is the data and takes
+    no gradient (the CPU kernel then computes the weight gradient alone; MindSpore's Conv2D finds that out by
+    itself)."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import CpuConv2d, block_for, supports_conv
+        if supports_conv(stride, padding):
+            return CpuConv2d(in_channels, out_channels, kernel_size, stride, padding, weight_init, input_grad,
+                             block_for(out_channels))
+    return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, pad_mode="pad" if padding else "valid",
+                     padding=padding, has_bias=False, weight_init=weight_init)
+
+
+def batch_norm2d(num_features, eps=1e-5, momentum=0.9, gamma_init="ones") -> nn.BatchNorm2d:
+    if use_cpu_kernels():
+        from cpu_kernels.cells import CpuBatchNorm2d, block_for
+        return CpuBatchNorm2d(num_features, eps, momentum, gamma_init, block_for(num_features))
+    return nn.BatchNorm2d(num_features, eps=eps, momentum=momentum, gamma_init=gamma_init)
+
+
+class MaxPool2x2(nn.MaxPool2d):
+    """2x2 max-pooling with stride 2 (still an nn.MaxPool2d for keep-lists), its backward written out: the
+    gradient goes to the first maximum of each window, as MindSpore's kernel and PyTorch's do. MindSpore's CPU
+    MaxPoolGrad kernel took 4.4 of a LeNet step's 10 ms of op time (PyTorch's pooling backward: 0.12 ms;
+    bench.speed --profile); this backward is a few reshapes, an argmax and a one-hot (2.2 ms). Where the CPU
+    kernels run, CpuMaxPool2x2 does both directions in one pass each; this one serves other devices and exports."""
+
+    def __init__(self):
+        super().__init__(kernel_size=2, stride=2)
+
+    def bprop(self, x, out, dout):
+        n, c, h, w = x.shape
+        windows = x.reshape(n, c, h // 2, 2, w // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, c, h // 2, w // 2, 4)
+        first = ops.argmax(windows, -1)
+        mask = ops.one_hot(first, 4, ops.ones((), dout.dtype), ops.zeros((), dout.dtype))
+        dx = (mask * dout.expand_dims(-1)).reshape(n, c, h // 2, w // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5)
+        return (dx.reshape(n, c, h, w),)
+
+
+def max_pool2d(kernel_size: int, stride: int, padding: int = 0) -> nn.MaxPool2d:
+    """Max-pooling: 2x2/2 (LeNet's) and 3x3/2 with padding 1 (ResNet's ImageNet stem) run the CPU kernels' loops
+    where they are used; other shapes are nn.MaxPool2d."""
+    window = (kernel_size, stride, padding)
+    if window in ((2, 2, 0), (3, 2, 1)) and use_cpu_kernels():
+        from cpu_kernels.cells import CpuMaxPool2x2, CpuMaxPool3x3
+        return CpuMaxPool2x2() if kernel_size == 2 else CpuMaxPool3x3()
+    if window == (2, 2, 0):
+        return MaxPool2x2()
+    return nn.MaxPool2d(kernel_size, stride, pad_mode="pad" if padding else "valid", padding=padding)
+
+
+def runs_mindspore_conv(net: nn.Cell) -> bool:
+    """Whether `net` runs one of MindSpore's own convolutions (a Conv Cell other than the CPU kernels', or a Cell
+    holding a Conv primitive), which oneDNN runs far slower above AVX2 (zoo.runtime.cap_onednn_isa). A model that
+    calls ops.conv2d inside construct is not seen: give it runtime.onednn_isa=AVX2."""
+    from mindspore.nn.layer.conv import _Conv
+    for _, cell in net.cells_and_names():
+        if type(cell).__name__ == "CpuConv2d":
+            continue
+        if isinstance(cell, _Conv) or any("conv" in type(p).__name__.lower()
+                                          for p in getattr(cell, "_primitives", {}).values() if p is not None):
+            return True
+    return False
