@@ -3,6 +3,7 @@ whole sink to cur_step_num before a host step's callbacks run), the device and s
 under msrun, saturation-mode overflow checks, and bf16 on a 910A. What only a device can confirm is listed in
 the README's "Ascend and GPU" section."""
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -294,3 +295,56 @@ def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
     assert not any(isinstance(c, (CpuConv2d, CpuMaxPool2x2, CpuMaxPool3x3, CpuBatchNorm2d)) for c in cells)
     assert type(resnet.stem[3]) is ms.nn.MaxPool2d
     assert type(lenet.pool).__name__ == "MaxPool2x2"
+
+
+def tokenizer_data(cache_dir):
+    from zoo.compose import compose
+    cfg = compose(["recipe=transformer_tiny_multi30k_o0"])
+    data = OmegaConf.create(OmegaConf.to_container(OmegaConf.merge(cfg.dataset, cfg.smoke.dataset)))
+    data.params.cache_dir = str(cache_dir)
+    return data
+
+
+def test_ranks_build_the_shared_tokenizer_once_and_all_use_it(tmp_path, monkeypatch):
+    """msrun starts every rank at once with an empty ~/.cache/amp_zoo: one builds the sentencepiece model
+    under the lock beside it, the others wait and read the same file; nothing half-built is left behind."""
+    import multiprocessing
+
+    import sentencepiece as spm
+
+    from data.translation import tokenizer_file
+    builds = tmp_path / "builds.txt"
+    real = spm.SentencePieceTrainer.train
+
+    def counted(**kw):
+        with open(builds, "a") as f:
+            f.write("built\n")
+        return real(**kw)
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", counted)
+    data, results = tokenizer_data(tmp_path / "cache"), tmp_path / "results"
+    results.mkdir()
+    ready = multiprocessing.get_context("fork").Barrier(3)
+
+    def rank(i):
+        ready.wait()
+        (results / str(i)).write_text(str(tokenizer_file(data)))
+
+    procs = [multiprocessing.get_context("fork").Process(target=rank, args=(i,)) for i in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    paths = {(results / str(i)).read_text() for i in range(3)}
+    assert len(paths) == 1 and builds.read_text() == "built\n"
+    model = Path(paths.pop())
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [model.name, model.name + ".lock"]
+
+
+def test_an_unwritable_tokenizer_cache_names_the_cache_not_the_checkpoints(tmp_path):
+    from data.translation import tokenizer_file
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    with pytest.raises(ConfigError, match=r"could not write the tokenizer cache .*cache.*set dataset.params.cache_dir") as e:
+        tokenizer_file(tokenizer_data(tmp_path / "cache"))
+    assert "checkpoint" not in str(e.value)
