@@ -42,7 +42,7 @@ from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, 
 from engine.load import load_config, user_keys, validate  # noqa: E402
 from engine.metrics import NetWithEval, metrics  # noqa: E402
 from engine.optim import lr_schedule, scaled_lr, schedule_moved  # noqa: E402
-from engine.rundir import claim, refuse_fresh_start, resume_config  # noqa: E402
+from engine.rundir import claim, claim_by_rank0, refuse_fresh_start, resume_config  # noqa: E402
 from engine.step import build_train_step  # noqa: E402
 from models.decoding import translate  # noqa: E402
 from zoo.compose import compose  # noqa: E402
@@ -235,8 +235,8 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
         log.warning(smoke_note)
     device = set_context(cfg.runtime)
     rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
-    if cfg.runtime.distributed and rank == 0:
-        claim(run_dir)
+    if cfg.runtime.distributed:
+        claim_by_rank0(run_dir, rank, any_rank)
     if rank == 0:
         config_file = run_dir / "config.yaml"
         if start.checkpoint and config_file.exists():  # a resume: keep the first config, add this one beside it

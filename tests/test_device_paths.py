@@ -348,3 +348,45 @@ def test_an_unwritable_tokenizer_cache_names_the_cache_not_the_checkpoints(tmp_p
     with pytest.raises(ConfigError, match=r"could not write the tokenizer cache .*cache.*set dataset.params.cache_dir") as e:
         tokenizer_file(tokenizer_data(tmp_path / "cache"))
     assert "checkpoint" not in str(e.value)
+
+
+@pytest.mark.parametrize("role", ["MS_WORKER", "MS_SCHED"])
+def test_msrun_without_distributed_is_refused_on_every_process(tmp_path, role):
+    """msrun's workers and its scheduler run the same command: without runtime.distributed=true each would train
+    as rank 0 of 1 into one directory. Each refuses with one line and exit 2, before Hydra makes the directory."""
+    from tests.conftest import run_cli
+    env = {"MS_ROLE": role, "MS_WORKER_NUM": "2", "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "8118"}
+    result = run_cli("train.py", "recipe=lenet_o0", f"hydra.run.dir={tmp_path / 'run'}", env=env, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: msrun started this process (MS_ROLE={role}, MS_WORKER_NUM=2, MS_SCHED_HOST=127.0.0.1, "
+        f"MS_SCHED_PORT=8118) but runtime.distributed=false: every worker (and msrun's scheduler) would train alone "
+        f"as rank 0 of 1 into the same run directory; add runtime.distributed=true"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_held_run_directory_ends_every_rank_under_msrun(tmp_path):
+    """Rank 0 holds the run directory for the run; when another run holds it, every rank ends with one line
+    (agreed by an all-reduce, stood in for here), none waits alone in a collective."""
+    import fcntl
+    import os
+
+    from engine.rundir import claim_by_rank0
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    other = os.open(run_dir, os.O_RDONLY)  # another run's hold
+    fcntl.flock(other, fcntl.LOCK_EX)
+    flags = []
+    try:
+        with pytest.raises(ConfigError, match=f"run directory {run_dir} is in use by"):
+            claim_by_rank0(run_dir, 0, lambda flag: flags.append(flag) or flag)
+        with pytest.raises(ConfigError, match="in use by another run \\(rank 0's log names the process\\)"):
+            claim_by_rank0(run_dir, 1, lambda flag: flags.append(flag) or True)  # rank 0 reported it
+    finally:
+        os.close(other)
+    assert flags == [True, False]
+    claim_by_rank0(run_dir, 1, lambda flag: flag)  # a free directory: rank 1 holds nothing and goes on
+    claim_by_rank0(run_dir, 0, lambda flag: flag)
+    from engine.rundir import HELD, release
+    assert run_dir.resolve() in HELD
+    release(run_dir)

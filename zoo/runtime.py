@@ -156,6 +156,16 @@ def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps
                   f"the divergence watch, a stop signal) act at epoch ends")
 
 
+# What msrun exports to every process it starts (mindspore/parallel/cluster/process_entity/_api.py, 2.10): its
+# workers and its scheduler, which runs the same command with MS_ROLE=MS_SCHED.
+MSRUN_VARIABLES = ("MS_ROLE", "MS_WORKER_NUM", "MS_SCHED_HOST", "MS_SCHED_PORT")
+
+
+def msrun_env() -> dict:
+    """msrun's variables in this process's environment: empty when msrun did not start it."""
+    return {k: os.environ[k] for k in MSRUN_VARIABLES if k in os.environ}
+
+
 def init_distributed():
     """Data parallel across the processes msrun started: gradients averaged over ranks, each rank reading its
     own shard. Returns (rank, world size)."""
