@@ -390,3 +390,87 @@ def test_a_held_run_directory_ends_every_rank_under_msrun(tmp_path):
     from engine.rundir import HELD, release
     assert run_dir.resolve() in HELD
     release(run_dir)
+
+
+class NpuStatus:
+    """Stand-ins for the NPU float-status ops (no CPU kernel): a register that a saturating forward or backward
+    sets, that NPUGetFloatStatusV2 reads and NPUClearFloatStatusV2 clears; `events` records their order."""
+
+    def __init__(self):
+        self.register, self.events = 0, []
+
+    def get(self):
+        outer = self
+
+        class Get:
+            def __call__(self, status):
+                outer.events.append("read")
+                return ms.Tensor([outer.register] * 8, ms.int32)
+        return Get
+
+    def clear(self):
+        outer = self
+
+        class Clear:
+            def __call__(self, status):
+                outer.events.append("clear")
+                outer.register = 0
+                return status
+        return Clear
+
+
+def saturating_net(npu):
+    """LeNet-sized stand-in whose forward pass saturates (as fp16 overflow on a 910A): it sets the register."""
+    class Saturating(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dense = ms.nn.Dense(4, 2)
+
+        def construct(self, x, y):
+            npu.events.append("forward")
+            npu.register = 1
+            return ms.ops.cross_entropy(self.dense(x), y)
+    return Saturating()
+
+
+@pytest.mark.parametrize("loss_scale", ["dynamic", "none"])
+def test_saturation_mode_reads_the_npu_status_where_mindspores_own_step_does(monkeypatch, loss_scale):
+    """On a 910A, MindSpore 2.10's TrainOneStepWithLossScaleCell reads the status after the backward and clears it
+    after the read; clearing it after the forward (start_overflow_check) would hide a saturated forward pass.
+    The step's order of forward/read/clear must be MindSpore's own, and a forward that saturates counts: the
+    step is skipped and the scale halves (dynamic), or a non-finite update is counted (no skipping)."""
+    import numpy as np
+    import mindspore.nn.wrap.loss_scale as ms_loss_scale
+
+    from amp.loss_scale import AmpTrainStep, plan_loss_scale
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # the stand-ins are Python: they run only op by op
+    npu = NpuStatus()
+    monkeypatch.setattr(ms_loss_scale, "NPUGetFloatStatusV2", npu.get())
+    monkeypatch.setattr(ms_loss_scale, "NPUClearFloatStatusV2", npu.clear())
+    x, y = ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.array([0, 1], np.int32))
+    ls = OmegaConf.create({"type": loss_scale, "init_scale": 1024.0, "factor": 2.0, "window": 1000,
+                           "scale": 1024.0, "drop_overflow_update": False, "min_scale": 1.0})
+
+    def on_910a(cell):
+        cell.gpu_target, cell.ascend_910a_target, cell.ascend_910b_target = False, True, False
+        return cell
+
+    try:
+        net = saturating_net(npu)
+        reference = on_910a(ms.nn.TrainOneStepWithLossScaleCell(
+            net, ms.nn.SGD(net.trainable_params(), 0.1), ms.Tensor(1024.0, ms.float32)))
+        reference(x, y)
+        theirs, npu.events = npu.events, []
+        net = saturating_net(npu)
+        step = on_910a(AmpTrainStep(net, ms.nn.SGD(net.trainable_params(), 0.1), plan_loss_scale(ls), "Ascend"))
+        step.on_cpu, step.saturation_mode = False, True
+        before = net.dense.weight.asnumpy().copy()
+        _, overflow, _ = step(x, y)
+        assert npu.events == theirs and theirs[-2:] == ["read", "clear"] and "clear" not in theirs[:-1], theirs
+        if loss_scale == "dynamic":
+            assert bool(overflow.asnumpy()) and np.array_equal(net.dense.weight.asnumpy(), before)
+            assert float(step.scale_sense.asnumpy()) == 512.0 and int(step.amp_overflow_steps.asnumpy()) == 1
+        else:
+            assert int(step.amp_nonfinite_updates.asnumpy()) == 1
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
