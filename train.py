@@ -250,7 +250,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
             logging.root.removeHandler(handler)
     seed_everything(cfg.runtime.seed)
     sink, sink_note = sink_mode(device, cfg.trainer.sink, shapes_vary=task(cfg) == "translation",
-                                max_steps=cfg.trainer.max_steps)
+                                max_steps=cfg.trainer.max_steps, profile=cfg.runtime.profile)
     log.info("device %s, %s mode; %s", device, cfg.runtime.mode, sink_note)
 
     shard = (world, rank) if world > 1 else None
@@ -388,8 +388,9 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
         callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every, epochs))
     if t.max_steps > 0:
         callbacks.append(StopAtStep(t.max_steps))
-    if cfg.runtime.profile and run.is_main and number == 0:
-        callbacks.append(ProfileSteps(run.run_dir, report, run.device, start=start.step + 2))
+    if cfg.runtime.profile and number == 0:  # every rank: they stop to parse at the same step
+        callbacks.append(ProfileSteps(run.run_dir, report, run.device, start=start.step + 2,
+                                      rank=run.rank if run.world > 1 else None))
     callbacks.extend(extra_callbacks)
 
     for first_epoch, skip_batches, end_epoch in passes(start.step, run.steps_per_epoch, t.epochs):

@@ -162,7 +162,7 @@ def test_profile_window_is_real_steps_after_the_compile_step(monkeypatch, tmp_pa
     monkeypatch.setattr(profiler, "profile", lambda **kw: SimpleNamespace(start=lambda: started.append(1),
                                                                          stop=lambda: None))
     monkeypatch.setattr(profiler, "tensorboard_trace_handler", lambda path: None)
-    monkeypatch.setattr(amp_profile, "op_times", lambda d: [("Default/optimizer-Momentum/ApplyMomentum-op1",
+    monkeypatch.setattr(amp_profile, "op_times", lambda d, device: [("Default/optimizer-Momentum/ApplyMomentum-op1",
                                                              "ApplyMomentum", 1.0)])
     report = {"cells": [{"path": "(root)", "compute_dtype": "float32"}]}
     for size, window in [(1, [2, 6]), (100, [101, 200])]:
@@ -242,6 +242,7 @@ def test_sinking_is_off_where_it_cannot_be_right():
     assert "change shape" in sink_mode("Ascend", True, shapes_vary=True)[1]
     assert "trainer.max_steps=50" in sink_mode("Ascend", True, max_steps=50)[1]
     assert sink_mode("CPU", True)[0] is False and sink_mode("Ascend", False)[0] is False
+    assert "runtime.profile=true profiles a few steps" in sink_mode("Ascend", True, profile=True)[1]
 
 
 def test_device_detection_uses_the_device_context_api(monkeypatch):
@@ -474,3 +475,40 @@ def test_saturation_mode_reads_the_npu_status_where_mindspores_own_step_does(mon
             assert int(step.amp_nonfinite_updates.asnumpy()) == 1
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def test_the_profile_reader_prefers_the_devices_kernel_file(tmp_path):
+    """A device run profiles the host too: its CPU op file must not stand in for the device's kernels."""
+    from amp.profile import op_times
+    host = tmp_path / "host" / "FRAMEWORK"
+    host.mkdir(parents=True)
+    (host / "cpu_op_detail_info_0.csv").write_text("full_op_name,op_type,op_total_time(ms)\nDefault/GetNext-op1,GetNext,9.0\n")
+    ascend = tmp_path / "rank" / "ASCEND_PROFILER_OUTPUT"
+    ascend.mkdir(parents=True)
+    (ascend / "kernel_details.csv").write_text(
+        "Step Id,Name,Type,Duration(us)\n1,Default/network-NetWithLoss/net-LeNet5/conv1-Conv2d/Conv2D-op3,Conv2D,250.0\n")
+    assert op_times(tmp_path, "Ascend") == [("Default/network-NetWithLoss/net-LeNet5/conv1-Conv2d/Conv2D-op3",
+                                             "Conv2D", 0.25)]
+    assert op_times(tmp_path, "CPU") == [("Default/GetNext-op1", "GetNext", 9.0)]
+    assert op_times(tmp_path, "GPU") == [("Default/GetNext-op1", "GetNext", 9.0)]  # none of its own: the host's
+
+
+def test_every_rank_profiles_the_same_window_and_rank_0_alone_writes_the_summary(monkeypatch, tmp_path):
+    import mindspore.profiler as profiler
+
+    from amp import profile as amp_profile
+    stopped, folders = [], []
+    monkeypatch.setattr(profiler, "profile", lambda **kw: SimpleNamespace(start=lambda: None,
+                                                                         stop=lambda: stopped.append(ctx.args.cur_step_num)))
+    monkeypatch.setattr(profiler, "tensorboard_trace_handler", lambda path: folders.append(path))
+    monkeypatch.setattr(amp_profile, "op_times", lambda d, device: [("Default/net-LeNet5/fc1-Dense/MatMul-op1",
+                                                                     "MatMul", 1.0)])
+    report = {"cells": [{"path": "(root)", "compute_dtype": "float32"}]}
+    for rank in (1, 0):
+        cb = amp_profile.ProfileSteps(tmp_path, report, "Ascend", start=2, rank=rank)
+        ctx = Context()
+        cb.on_train_begin(ctx)
+        drive([cb], Counters(), ctx, 10, 1)
+        assert not (tmp_path / "profile.md").exists() or rank == 0
+    assert stopped == [6, 6] and folders == [str(tmp_path / "profiler" / "rank-1"), str(tmp_path / "profiler" / "rank-0")]
+    assert (tmp_path / "profile.md").exists()

@@ -133,14 +133,15 @@ def seed_everything(seed: int) -> None:
     msds.config.set_seed(seed)
 
 
-def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps: int = 0):
+def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps: int = 0, profile: bool = False):
     """Whether to sink, and the one log line that says why. A sink is always a whole epoch (trainer.sink_size
     -1; engine.load refuses other sizes), so an epoch stays a pass over the data. Sinking stays off where it
     cannot be right:
     - on CPU, MindSpore silently runs non-sink when asked to sink, and still reports sink_size to callbacks;
     - for data whose batches change shape (translation buckets): a sink graph's GetNext is compiled for the
       first batch's shapes (MindSpore's own Transformer trains without sinking);
-    - with trainer.max_steps, which stops mid-epoch: a sink returns to the host only at the epoch's end."""
+    - with trainer.max_steps, which stops mid-epoch: a sink returns to the host only at the epoch's end;
+    - with runtime.profile, which profiles a few steps: a sink would make the profiled window a whole epoch."""
     if not requested:
         return False, "data sinking off (trainer.sink=false)"
     if device == "CPU":
@@ -152,6 +153,9 @@ def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps
     if max_steps:
         return False, (f"data sinking off on {device}: trainer.max_steps={max_steps} stops mid-epoch, and a sink "
                        f"returns to the host only at an epoch's end; steps are fed one by one")
+    if profile:
+        return False, (f"data sinking off on {device}: runtime.profile=true profiles a few steps, and a sink is a "
+                       f"whole epoch; steps are fed one by one")
     return True, (f"data sinking on ({device}): one sink per epoch, so step callbacks (logging, AMP telemetry, "
                   f"the divergence watch, a stop signal) act at epoch ends")
 
