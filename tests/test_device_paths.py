@@ -512,3 +512,12 @@ def test_every_rank_profiles_the_same_window_and_rank_0_alone_writes_the_summary
         assert not (tmp_path / "profile.md").exists() or rank == 0
     assert stopped == [6, 6] and folders == [str(tmp_path / "profiler" / "rank-1"), str(tmp_path / "profiler" / "rank-0")]
     assert (tmp_path / "profile.md").exists()
+
+
+def test_bf16_is_refused_on_gpu_before_anything_runs(monkeypatch):
+    """MindSpore 2.10's GPU plugin has no bfloat16 kernels: the run would fail at its first step."""
+    monkeypatch.setattr(ms.device_context.gpu, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match="amp.dtype=bfloat16 is not supported on GPU: MindSpore has no GPU bfloat16 "
+                                          "kernel for Conv2D, MatMul, BatchNorm or LayerNorm"):
+        load_config(["recipe=lenet_o2", "runtime.device=GPU", "amp.dtype=bfloat16"])
+    load_config(["recipe=lenet_o2", "runtime.device=GPU", "amp.dtype=float16"])
