@@ -47,9 +47,10 @@ from engine.step import build_train_step  # noqa: E402
 from models.decoding import translate  # noqa: E402
 from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
-from zoo.errors import ConfigError, TracedError, WriteError, fail, write_error  # noqa: E402
-from zoo.runtime import (any_rank, init_distributed, machine, onednn_note, parameter_checksum,  # noqa: E402
-                         seed_everything, set_context, sink_mode, source_commit)
+from zoo.errors import (ConfigError, DeviceError, TracedError, WriteError, device_failure, fail,  # noqa: E402
+                         write_error)
+from zoo.runtime import (any_rank, init_distributed, machine, mindspore_log, onednn_note,  # noqa: E402
+                         parameter_checksum, seed_everything, set_context, sink_mode, source_commit)
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -75,6 +76,8 @@ def main(cfg) -> Optional[float]:
     except ConfigError as e:
         abandon(run_dir, e)
         fail(str(e))
+    except DeviceError as e:  # not bad input: the device or its software
+        fail(str(e), code=1)
     except OSError as e:  # WriteError (a checkpoint, metrics.json, the eval history) or any other file of the run
         where = e if isinstance(e, WriteError) else f"could not write {e.filename or run_dir}: {e.strerror or e}"
         fail(f"{where}; every complete checkpoint is intact: free space (or fix the permission), then continue "
@@ -414,17 +417,36 @@ def step_error(run: Run, error: Exception, ran_before: bool) -> str:
     any step ran, a model that does not compile. Anything else is raised as it is."""
     if "dataset pipeline" in str(error):
         return pipeline_error(run, error)
+    if run.device != "CPU" and device_failure(str(error)):
+        raise DeviceError(device_error(run, error)) from error
     if ran_before:
         raise error
     return compile_error(run, error)
 
 
 def log_trace(error: Exception) -> None:
-    """The full trace of an error reported in one line, into train.log only."""
+    """The full trace of an error reported in one line, into train.log only; a rank without one (under msrun,
+    ranks other than 0) prints it into its own worker log, msrun's file of its output."""
     trace = "".join(traceback.format_exception(error))
-    for handler in logging.root.handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "%s", (trace,), None))
+    files = [h for h in logging.root.handlers if isinstance(h, logging.FileHandler)]
+    for handler in files:
+        handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "%s", (trace,), None))
+    if not files:
+        print(trace, file=sys.stderr, flush=True)
+
+
+def trace_file(run: Run) -> str:
+    return str(run.run_dir / "train.log") if run.is_main else f"rank {run.rank}'s msrun worker log"
+
+
+def device_error(run: Run, error: Exception) -> str:
+    """One line for a failure of the device or the software under it (driver, CANN/CUDA, collectives, device
+    memory), told apart from a model that does not compile by the words only a device runtime uses."""
+    log_trace(error)
+    step = run.timer.steps[-1] if run.timer.steps else 0
+    return (f"the {run.device} failed {f'after step {step}' if step else 'in the first step'} (rank {run.rank} of "
+            f"{run.world}): {device_failure(str(error))}; this is the device or its software, not the recipe: run "
+            f"make doctor on this machine; MindSpore's own log: {mindspore_log()} (full trace in {trace_file(run)})")
 
 
 def pipeline_error(run: Run, error: Exception) -> str:
@@ -437,7 +459,7 @@ def pipeline_error(run: Run, error: Exception) -> str:
     then = (f"continue with python train.py hydra.run.dir={run.run_dir} resume=auto" if step else
             "run the command again")
     return (f"the data pipeline failed at step {step}: {reason}; fix or remove that file, then {then} (full trace "
-            f"in {run.run_dir / 'train.log'})")
+            f"in {trace_file(run)})")
 
 
 def compile_error(run: Run, error: Exception) -> str:
@@ -447,7 +469,7 @@ def compile_error(run: Run, error: Exception) -> str:
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and not ln.strip().startswith("-")]
     reason = next((ln for ln in lines if ln.startswith("For ")), lines[0] if lines else type(error).__name__)
     return (f"model {run.cfg.model.name!r} (recipe {run.cfg.recipe_name}) does not compile or fails its first "
-            f"step: {reason} (full trace in {run.run_dir / 'train.log'})")
+            f"step: {reason} (full trace in {trace_file(run)})")
 
 
 def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:

@@ -521,3 +521,72 @@ def test_bf16_is_refused_on_gpu_before_anything_runs(monkeypatch):
                                           "kernel for Conv2D, MatMul, BatchNorm or LayerNorm"):
         load_config(["recipe=lenet_o2", "runtime.device=GPU", "amp.dtype=bfloat16"])
     load_config(["recipe=lenet_o2", "runtime.device=GPU", "amp.dtype=float16"])
+
+
+ACL_FAILURE = ("Call aclrtMalloc failed, ret: 207001.\n"
+               "EL0004: [PID: 4127] 2026-11-27 Failed to allocate memory.\n"
+               "        Possible Cause: Available memory is insufficient.\n"
+               "----------------------------------------------------\n- C++ Call Stack:\n")
+
+
+def stand_in_run(device, rank, tmp_path):
+    timer = SimpleNamespace(steps=[])
+    cfg = OmegaConf.create({"model": {"name": "resnet34"}, "recipe_name": "resnet34_o2"})
+    return SimpleNamespace(device=device, rank=rank, world=2, is_main=rank == 0, run_dir=tmp_path, timer=timer, cfg=cfg)
+
+
+def test_a_device_failure_is_reported_as_one_not_as_a_model_that_does_not_compile(tmp_path, capsys, monkeypatch):
+    """An Ascend memory failure in the first step: one line naming the device and its error, exit 1 (DeviceError,
+    not the bad-input code), and a rank without train.log (under msrun, rank 1) keeps the trace in its own log."""
+    import train
+    from zoo.errors import DeviceError, TracedError
+    run = stand_in_run("Ascend", 1, tmp_path)
+    monkeypatch.setattr(logging.root, "handlers", [])  # as on rank 1: setup removed its train.log handler
+    with pytest.raises(DeviceError) as e:
+        train.step_error(run, RuntimeError(ACL_FAILURE), ran_before=False)
+    message = str(e.value)
+    assert message.startswith("the Ascend failed in the first step (rank 1 of 2): Call aclrtMalloc failed")
+    assert "make doctor" in message and "does not compile" not in message
+    assert "rank 1's msrun worker log" in message and "RuntimeError: Call aclrtMalloc failed" in capsys.readouterr().err
+    run.timer.steps = [5005]
+    with pytest.raises(DeviceError, match="the Ascend failed after step 5005"):  # mid-run: no raw traceback
+        train.step_error(run, RuntimeError(ACL_FAILURE), ran_before=True)
+    shape_bug = "For 'MatMul' the input dimensions must be equal, but got 'x1_col': 1024 and 'x2_row': 32."
+    run.timer.steps = []
+    assert "does not compile" in train.step_error(run, ValueError(shape_bug), ran_before=False)
+    assert "does not compile" in train.step_error(stand_in_run("CPU", 0, tmp_path), RuntimeError(ACL_FAILURE), False)
+    assert issubclass(TracedError, ConfigError) and not issubclass(DeviceError, ConfigError)
+
+
+def test_auto_says_why_it_fell_back_to_the_cpu_and_where_mindspores_log_is(caplog, monkeypatch):
+    from zoo import runtime
+    monkeypatch.setattr(ms, "set_device", lambda *args: None)
+    monkeypatch.setattr(ms, "set_context", lambda **kw: None)
+    monkeypatch.setattr(runtime, "plugin_errors", lambda: "Load dynamic library: libmindspore_ascend.so.2 failed. "
+                                                          "libge_runner.so: cannot open shared object file")
+    monkeypatch.setenv("GLOG_logtostderr", "0")
+    monkeypatch.setenv("GLOG_log_dir", "/x/runs/mindspore_log")
+    runtime_cfg = OmegaConf.create({"device": "auto", "device_id": None, "mode": "graph", "deterministic": False})
+    with caplog.at_level(logging.INFO, logger="amp_zoo"):
+        assert set_context(runtime_cfg) == "CPU"
+    assert ("runtime.device=auto: CPU, as neither Ascend nor GPU is usable in this MindSpore "
+            f"{ms.__version__} (Load dynamic library: libmindspore_ascend.so.2 failed.") in caplog.text
+    assert "MindSpore's own warnings and errors: /x/runs/mindspore_log/rank_0/logs" in caplog.text
+
+
+def test_mindspores_own_lines_go_to_its_log_files_not_nowhere(tmp_path):
+    """Without a GLOG_v of the user's, entry points keep MindSpore's warnings and errors (GLOG_v=2) in files under
+    runs/mindspore_log/rank_N/logs, and off the console; a GLOG_v the user set is left alone."""
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import ROOT
+    code = ("from zoo.entry import prepare; prepare([]); import os\n"
+            "print(*(os.environ.get(k) for k in ('GLOG_v', 'GLOG_logtostderr', 'GLOG_stderrthreshold', 'GLOG_log_dir')))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLOG_")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True)
+    assert out.stdout.split() == ["2", "0", "4", str(tmp_path / "runs" / "mindspore_log")], out.stderr
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT), "GLOG_v": "1"},
+                         capture_output=True, text=True)
+    assert out.stdout.split() == ["1", "None", "None", "None"], out.stderr

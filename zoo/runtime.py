@@ -77,10 +77,32 @@ def onednn_note(default: str) -> str:
 
 
 def quiet_mindspore() -> None:
-    """MindSpore's C++ [WARNING] and [ERROR] lines drown the console (a compile error prints its whole trace
-    there; the driver reports it in one line and keeps the trace in train.log); GLOG_v=3 (or lower) brings
-    them back."""
-    os.environ.setdefault("GLOG_v", "4")
+    """MindSpore's C++ and Python log lines go to files, not the console: a compile error prints its whole trace
+    there (the driver reports it in one line and keeps the trace in train.log), and under msrun every rank would.
+    Its warnings and errors are kept (GLOG_v=2), not dropped: a device's own error lines, and why
+    runtime.device=auto fell back to the CPU, are in mindspore_log() (rank_N/logs/ under runs/mindspore_log).
+    A GLOG_v the user set leaves MindSpore's logging to them (GLOG_v=3 with the console default shows errors)."""
+    if "GLOG_v" in os.environ:
+        return
+    os.environ.update(GLOG_v="2", GLOG_logtostderr="0", GLOG_stderrthreshold="4",
+                      GLOG_log_dir=os.path.abspath(os.path.join("runs", "mindspore_log")))
+
+
+def mindspore_log() -> str:
+    """Where MindSpore writes its own log lines, for a message that sends the user there."""
+    if os.environ.get("GLOG_logtostderr", "1") == "0" and os.environ.get("GLOG_log_dir"):
+        return os.path.join(os.environ["GLOG_log_dir"], f"rank_{os.environ.get('RANK_ID', '0')}", "logs")
+    return "the console (GLOG_logtostderr=1)"
+
+
+def plugin_errors() -> str:
+    """Why MindSpore could not load its device plugins ('' when it loaded them all): a missing CANN or CUDA
+    library, typically. MindSpore records it at import (MSContext.load_plugin_error)."""
+    try:
+        from mindspore._c_expression import MSContext
+        return " ".join(MSContext.get_instance().load_plugin_error().split())
+    except Exception:  # noqa: BLE001  (an older or partial build without the probe)
+        return ""
 
 
 def pick_device(requested: str) -> str:
@@ -97,8 +119,10 @@ def pick_device(requested: str) -> str:
         return next(t for t in ("Ascend", "GPU", "CPU") if available(t))
     if not available(requested):
         have = [t for t in ("Ascend", "GPU", "CPU") if available(t)]
+        why = plugin_errors()
         raise ConfigError(f"runtime.device={requested} is not available in this MindSpore build "
-                          f"(mindspore {ms.__version__}); available here: {', '.join(have)} or auto")
+                          f"(mindspore {ms.__version__}{': ' + why if why else ''}); available here: "
+                          f"{', '.join(have)} or auto")
     return requested
 
 
@@ -111,6 +135,10 @@ def set_context(runtime_cfg) -> str:
     import mindspore as ms
 
     device = pick_device(str(runtime_cfg.device))
+    if device == "CPU" and str(runtime_cfg.device) == "auto":
+        log.info("runtime.device=auto: CPU, as neither Ascend nor GPU is usable in this MindSpore %s (%s)",
+                 ms.__version__, plugin_errors() or "a CPU-only build")
+    log.info("MindSpore's own warnings and errors: %s", mindspore_log())
     mode = str(runtime_cfg.mode)
     if runtime_cfg.device_id is None:
         ms.set_device(device)
