@@ -446,7 +446,7 @@ def device_error(run: Run, error: Exception) -> str:
     step = run.timer.steps[-1] if run.timer.steps else 0
     return (f"the {run.device} failed {f'after step {step}' if step else 'in the first step'} (rank {run.rank} of "
             f"{run.world}): {device_failure(str(error))}; this is the device or its software, not the recipe: run "
-            f"make doctor on this machine; MindSpore's own log: {mindspore_log()} (full trace in {trace_file(run)})")
+            f"make doctor on this machine; MindSpore's own error lines: {mindspore_log()} (full trace in {trace_file(run)})")
 
 
 def pipeline_error(run: Run, error: Exception) -> str:

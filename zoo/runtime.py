@@ -77,22 +77,20 @@ def onednn_note(default: str) -> str:
 
 
 def quiet_mindspore() -> None:
-    """MindSpore's C++ and Python log lines go to files, not the console: a compile error prints its whole trace
-    there (the driver reports it in one line and keeps the trace in train.log), and under msrun every rank would.
-    Its warnings and errors are kept (GLOG_v=2), not dropped: a device's own error lines, and why
-    runtime.device=auto fell back to the CPU, are in mindspore_log() (rank_N/logs/ under runs/mindspore_log).
-    A GLOG_v the user set leaves MindSpore's logging to them (GLOG_v=3 with the console default shows errors)."""
-    if "GLOG_v" in os.environ:
-        return
-    os.environ.update(GLOG_v="2", GLOG_logtostderr="0", GLOG_stderrthreshold="4",
-                      GLOG_log_dir=os.path.abspath(os.path.join("runs", "mindspore_log")))
+    """MindSpore's C++ [WARNING] and [ERROR] lines drown the console (a compile error prints its whole trace
+    there; the driver reports it in one line and keeps the trace in train.log), so a single process sets GLOG_v=4.
+    An msrun worker's console is its own log file (msrun's worker_N.log): there MindSpore's error lines are kept
+    (GLOG_v=3), so a device failure on any rank leaves MindSpore's own account beside the driver's line. MindSpore
+    writes a CRITICAL line to a log file's stderr as well, so GLOG_log_dir cannot keep the console clean instead.
+    A GLOG_v the user set is left alone."""
+    os.environ.setdefault("GLOG_v", "3" if msrun_env() else "4")
 
 
 def mindspore_log() -> str:
-    """Where MindSpore writes its own log lines, for a message that sends the user there."""
-    if os.environ.get("GLOG_logtostderr", "1") == "0" and os.environ.get("GLOG_log_dir"):
-        return os.path.join(os.environ["GLOG_log_dir"], f"rank_{os.environ.get('RANK_ID', '0')}", "logs")
-    return "the console (GLOG_logtostderr=1)"
+    """Where MindSpore's own error lines are, for a message that sends the user there."""
+    if os.environ.get("GLOG_v", "2") in ("0", "1", "2", "3"):
+        return "this process's console" + (" (msrun's worker log)" if msrun_env() else "")
+    return "hidden by GLOG_v=4: run again with GLOG_v=3 to see them"
 
 
 def plugin_errors() -> str:
@@ -138,7 +136,7 @@ def set_context(runtime_cfg) -> str:
     if device == "CPU" and str(runtime_cfg.device) == "auto":
         log.info("runtime.device=auto: CPU, as neither Ascend nor GPU is usable in this MindSpore %s (%s)",
                  ms.__version__, plugin_errors() or "a CPU-only build")
-    log.info("MindSpore's own warnings and errors: %s", mindspore_log())
+    log.info("MindSpore's own error lines: %s", mindspore_log())
     mode = str(runtime_cfg.mode)
     if runtime_cfg.device_id is None:
         ms.set_device(device)
