@@ -231,13 +231,15 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
 def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
     t_start = time.perf_counter()
+    device = set_context(cfg.runtime)
+    rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
+    if rank != 0:  # first: the lines below are rank 0's to write
+        rank_logging()
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
     log.info(ONEDNN_NOTE)
     if smoke_note:
         log.warning(smoke_note)
-    device = set_context(cfg.runtime)
-    rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
     if cfg.runtime.distributed:
         claim_by_rank0(run_dir, rank, any_rank)
     if rank == 0:
@@ -248,9 +250,6 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
             config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
         except OSError as e:
             raise write_error(config_file, e) from None
-    else:
-        for handler in [h for h in logging.root.handlers if isinstance(h, logging.FileHandler)]:
-            logging.root.removeHandler(handler)
     seed_everything(cfg.runtime.seed)
     sink, sink_note = sink_mode(device, cfg.trainer.sink, shapes_vary=task(cfg) == "translation",
                                 max_steps=cfg.trainer.max_steps, profile=cfg.runtime.profile)
@@ -285,6 +284,17 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
                           start.step if start.checkpoint else None)
     return Run(cfg, run_dir, device, rank, world, sink, steps_per_epoch, per_step, test_ds, writer, lr, StepTimer(),
                evaluator, t_start, smoke_note)
+
+
+def rank_logging() -> None:
+    """A rank other than 0 (under msrun): no train.log (rank 0 writes it), and on its console, which msrun keeps
+    as its worker log and tails to the user's terminal, only warnings, errors and the lines every rank must say
+    (`extra={"every_rank": True}`, such as its parameter checksum): not every line once per rank."""
+    for handler in list(logging.root.handlers):
+        if isinstance(handler, logging.FileHandler):
+            logging.root.removeHandler(handler)
+        else:
+            handler.addFilter(lambda r: r.levelno >= logging.WARNING or getattr(r, "every_rank", False))
 
 
 def resume_start(cfg, ckpt_dir: Path) -> Start:
@@ -497,7 +507,8 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "onednn": onednn_note(ONEDNN_NOTE), "smoke": run.smoke_note, "machine": machine(),
         "commit": source_commit(),
     }
-    log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net))
+    log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net),
+             extra={"every_rank": True})
     if run.is_main:
         try:
             (run.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))

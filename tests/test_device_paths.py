@@ -587,3 +587,22 @@ def test_an_msrun_worker_keeps_mindspores_own_error_lines_in_its_log(tmp_path):
         out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**env, **extra}, capture_output=True,
                              text=True)
         assert out.stdout.split() == [want], (extra, out.stderr)
+
+
+def test_under_msrun_other_ranks_print_warnings_and_their_checksum_not_every_line(monkeypatch, capsys):
+    """msrun tails every worker's log to the terminal: rank 1 prints no info lines rank 0 already prints, but
+    keeps its warnings and the line every rank must say (its parameter checksum)."""
+    import sys
+
+    import train
+    console, file_log = logging.StreamHandler(sys.stderr), logging.FileHandler("/dev/null")
+    monkeypatch.setattr(logging.root, "handlers", [console, file_log])
+    monkeypatch.setattr(logging.root, "level", logging.INFO)
+    train.rank_logging()
+    assert logging.root.handlers == [console]
+    log = logging.getLogger("amp_zoo")
+    log.info("epoch 1/90: step 5005")
+    log.warning("by step 5005: 2 batch(es) with NaN/Inf inputs skipped")
+    log.info("rank 1 of 8: parameter checksum abc", extra={"every_rank": True})
+    assert capsys.readouterr().err.splitlines() == ["by step 5005: 2 batch(es) with NaN/Inf inputs skipped",
+                                                    "rank 1 of 8: parameter checksum abc"]
