@@ -27,7 +27,7 @@ LAYERS = [
     ("the engine: config loading, loss and optimizer, checkpoints, callbacks, run directories, weights",
      ["engine"]),
     ("commands: the drivers, the AMP tools and the benchmarks",
-     ["train", "eval", "export", "amp.report", "amp.audit", "amp.search", "bench"]),
+     ["train", "eval", "export", "doctor", "amp.report", "amp.audit", "amp.search", "bench"]),
 ]
 
 
