@@ -227,9 +227,8 @@ def check_profiler(device: str, folder: Path) -> Tuple[str, str]:
 # ---- msrun ---------------------------------------------------------------------------------------------------
 
 def check_msrun(device: str) -> Tuple[str, str]:
-    from mindspore.communication import get_group_size, get_rank, init
+    from mindspore.communication import get_group_size, get_rank
     from mindspore.ops.communication import all_gather_into_tensor, all_reduce
-    init()
     rank, world = get_rank(), get_group_size()
     value = ms.Tensor([float(rank)], ms.float32)
     out = all_reduce(value)  # (result, handle), or in place
@@ -263,10 +262,12 @@ def run(name: str, check: Callable[[], Tuple[str, str]], lines: List[str]) -> st
 
 
 def main() -> int:
-    if os.environ.get("MS_ROLE") == "MS_SCHED":  # msrun's scheduler runs this command too: it only schedules
+    if msrun_env():  # before any Tensor, as MindSpore asks; msrun's scheduler runs this command too, to schedule
         from mindspore.communication import init
+        ms.set_device(pick_device("auto"))
         init()
-        return 0
+        if os.environ.get("MS_ROLE") == "MS_SCHED":
+            return 0
     lines: List[str] = []
     device = ["CPU"]
 
@@ -279,7 +280,8 @@ def main() -> int:
         print("doctor: the device check failed: fix it first, then run make doctor again", flush=True)
         return 1
     dev, on_device = device[0], device[0] != "CPU"
-    ms.set_device(dev)
+    if not msrun_env():  # under msrun it was set before init()
+        ms.set_device(dev)
     ms.set_context(mode=ms.GRAPH_MODE)
     run("overflow", lambda: (OK, overflow_mode(dev)), lines)
     run("clean step", lambda: (OK, check_clean_step(dev)), lines)

@@ -35,8 +35,8 @@ from amp.precision import precision_report, write_report  # noqa: E402
 from amp.profile import ProfileSteps  # noqa: E402
 from amp.telemetry import AmpTelemetry  # noqa: E402
 from data import create_dataset, task  # noqa: E402
-from engine.callbacks import (EpochLog, Evaluator, GracefulStop, ProgressBar, SafeWriter, StepOffset, StepTimer,
-                              StopAtStep, TensorBoardLogger, planned_epochs)  # noqa: E402
+from engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, ProgressBar, SafeWriter,  # noqa: E402
+                              StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
 from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, last_good_checkpoint,
                                RUN_TIMES, read_checkpoint, restore_weights, resume_point)  # noqa: E402
 from engine.load import load_config, user_keys, validate  # noqa: E402
@@ -49,7 +49,7 @@ from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
 from zoo.errors import (ConfigError, DeviceError, TracedError, WriteError, device_failure, fail,  # noqa: E402
                          write_error)
-from zoo.runtime import (any_rank, init_distributed, machine, mindspore_log, onednn_note,  # noqa: E402
+from zoo.runtime import (any_rank, init_distributed, machine, mindspore_log, msrun_env, onednn_note,  # noqa: E402
                          parameter_checksum, seed_everything, set_context, sink_mode, source_commit)
 
 log = logging.getLogger("amp_zoo")
@@ -389,9 +389,10 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
     stop = GracefulStop(checkpoints.save if run.is_main else lambda network, step: None,
                         agree=any_rank if run.world > 1 else None, every=t.log_every)
     offset = StepOffset(start.step)
+    watch_msrun = LauncherWatch(os.getppid()) if msrun_env() else None  # before `stop`: it raises the SIGTERM
     epochs = planned_epochs(t.epochs, t.max_steps, run.steps_per_epoch)
     callbacks = [offset, run.timer, watch, telemetry, EpochLog(run.per_step, run.unit, epochs) if run.is_main else None,
-                 run.evaluator, stop, checkpoints if run.is_main else None]
+                 run.evaluator, watch_msrun, stop, checkpoints if run.is_main else None]
     callbacks = [c for c in callbacks if c is not None]
     if run.writer is not None:
         run.writer.add_scalar("amp/rung", number, start.step)

@@ -606,3 +606,23 @@ def test_under_msrun_other_ranks_print_warnings_and_their_checksum_not_every_lin
     log.info("rank 1 of 8: parameter checksum abc", extra={"every_rank": True})
     assert capsys.readouterr().err.splitlines() == ["by step 5005: 2 batch(es) with NaN/Inf inputs skipped",
                                                     "rank 1 of 8: parameter checksum abc"]
+
+
+def test_a_worker_whose_msrun_ended_stops_as_for_a_sigterm(monkeypatch):
+    """SIGTERM to msrun ends msrun alone (its workers run in sessions of their own): each orphaned worker sends
+    itself one SIGTERM, so GracefulStop stops the ranks together and rank 0 saves a checkpoint."""
+    import os
+    import signal
+
+    from engine.callbacks import LauncherWatch
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    parent = [4242]
+    monkeypatch.setattr(os, "getppid", lambda: parent[0])
+    watch = LauncherWatch(4242)
+    ctx = Context()
+    drive([watch], Counters(), ctx, 3, 1)
+    assert sent == []
+    parent[0] = 1  # msrun died: the worker is re-parented
+    drive([watch], Counters(), ctx, 3, 1)
+    assert sent == [(os.getpid(), signal.SIGTERM)]
