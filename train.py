@@ -488,7 +488,7 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
     cfg = run.cfg
     steps_done = run.timer.steps[-1] if run.timer.steps else 0
     final = run.evaluator.evaluate()
-    if task(cfg) == "translation":
+    if task(cfg) == "translation" and run.is_main:  # rank 0 decodes and writes hypotheses.txt; the weights agree
         final.update(translate(rung.net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty,
                                run.run_dir / "hypotheses.txt"))
     run.evaluator.record(round(steps_done / run.steps_per_epoch, 2), steps_done, final)

@@ -626,3 +626,18 @@ def test_a_worker_whose_msrun_ended_stops_as_for_a_sigterm(monkeypatch):
     parent[0] = 1  # msrun died: the worker is re-parented
     drive([watch], Counters(), ctx, 3, 1)
     assert sent == [(os.getpid(), signal.SIGTERM)]
+
+
+def test_the_rank_checksum_covers_the_weights_not_batchnorms_per_rank_statistics():
+    """Data-parallel ResNet: gradients are all-reduced, BatchNorm's moving mean and variance are not, so each
+    rank's differ; the checksum every rank prints must agree when the weights do."""
+    import numpy as np
+
+    from zoo.runtime import parameter_checksum
+    net = ms.nn.SequentialCell([ms.nn.Conv2d(3, 4, 3), ms.nn.BatchNorm2d(4)])
+    before = parameter_checksum(net)
+    bn = net[1]
+    bn.moving_mean.set_data(ms.Tensor(np.full(4, 0.3, np.float32)))  # another rank's shard
+    assert parameter_checksum(net) == before
+    net[0].weight.set_data(net[0].weight + 1)
+    assert parameter_checksum(net) != before
