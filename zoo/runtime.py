@@ -182,8 +182,9 @@ def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps
     if profile:
         return False, (f"data sinking off on {device}: runtime.profile=true profiles a few steps, and a sink is a "
                        f"whole epoch; steps are fed one by one")
-    return True, (f"data sinking on ({device}): one sink per epoch, so step callbacks (logging, AMP telemetry, "
-                  f"the divergence watch, a stop signal) act at epoch ends")
+    return True, (f"data sinking on ({device}): one sink per epoch, so step callbacks (logging every log_every "
+                  f"steps, TensorBoard, AMP telemetry, the divergence watch, a stop signal, save_every_steps "
+                  f"checkpoints) act at epoch ends")
 
 
 # What msrun exports to every process it starts (mindspore/parallel/cluster/process_entity/_api.py, 2.10): its
