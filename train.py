@@ -49,7 +49,7 @@ from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
 from zoo.errors import (ConfigError, DeviceError, TracedError, WriteError, device_failure, fail,  # noqa: E402
                          write_error)
-from zoo.runtime import (any_rank, init_distributed, machine, mindspore_log, msrun_env, onednn_note,  # noqa: E402
+from zoo.runtime import (any_rank, device_notes, init_distributed, machine, mindspore_log, msrun_env, onednn_note,  # noqa: E402
                          parameter_checksum, seed_everything, set_context, sink_mode, source_commit)
 
 log = logging.getLogger("amp_zoo")
@@ -212,6 +212,9 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
             return finish(run, rung, transitions, summaries)
         if rung.outcome == "stopped":
             stop = rung.stop
+            if not run.is_main:  # under msrun: rank 0 saves and tells the user how to resume
+                log.warning("%s: stopped after step %d with the other ranks", stop.signal, stop.step)
+                return None
             log.warning("%s: stopped after step %d and saved %s", stop.signal, stop.step, rung.checkpoints.latest)
             print(f"stopped by {stop.signal} at step {stop.step}; resume with: python train.py "
                   f"recipe={cfg.recipe_name} hydra.run.dir={run_dir} resume=auto", flush=True)
@@ -238,6 +241,8 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
     log.info(ONEDNN_NOTE)
+    for note in device_notes(cfg.runtime, device):
+        log.info(note)
     if smoke_note:
         log.warning(smoke_note)
     if cfg.runtime.distributed:

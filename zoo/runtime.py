@@ -133,10 +133,6 @@ def set_context(runtime_cfg) -> str:
     import mindspore as ms
 
     device = pick_device(str(runtime_cfg.device))
-    if device == "CPU" and str(runtime_cfg.device) == "auto":
-        log.info("runtime.device=auto: CPU, as neither Ascend nor GPU is usable in this MindSpore %s (%s)",
-                 ms.__version__, plugin_errors() or "a CPU-only build")
-    log.info("MindSpore's own error lines: %s", mindspore_log())
     mode = str(runtime_cfg.mode)
     if runtime_cfg.device_id is None:
         ms.set_device(device)
@@ -146,6 +142,17 @@ def set_context(runtime_cfg) -> str:
     if runtime_cfg.deterministic:
         ms.set_deterministic(True)  # set_context(deterministic=...) is deprecated
     return device
+
+
+def device_notes(runtime_cfg, device: str) -> list:
+    """The lines a run logs about its device (once its rank is known: msrun's scheduler and other ranks keep
+    them out of train.log): why runtime.device=auto fell back to the CPU, and where MindSpore's errors go."""
+    import mindspore as ms
+    notes = []
+    if device == "CPU" and str(runtime_cfg.device) == "auto":
+        notes.append(f"runtime.device=auto: CPU, as neither Ascend nor GPU is usable in this MindSpore "
+                     f"{ms.__version__} ({plugin_errors() or 'a CPU-only build'})")
+    return notes + [f"MindSpore's own error lines: {mindspore_log()}"]
 
 
 def seed_everything(seed: int) -> None:
