@@ -598,9 +598,13 @@ def test_under_msrun_other_ranks_print_warnings_and_their_checksum_not_every_lin
     console, file_log = logging.StreamHandler(sys.stderr), logging.FileHandler("/dev/null")
     monkeypatch.setattr(logging.root, "handlers", [console, file_log])
     monkeypatch.setattr(logging.root, "level", logging.INFO)
+    log = logging.getLogger("amp_zoo")
+    monkeypatch.setattr(log, "level", logging.NOTSET)  # whatever an earlier test left
+    monkeypatch.setattr(log, "disabled", False)
+    monkeypatch.setattr(logging.root.manager, "disable", logging.NOTSET)
+    log.manager._clear_cache()
     train.rank_logging()
     assert logging.root.handlers == [console]
-    log = logging.getLogger("amp_zoo")
     log.info("epoch 1/90: step 5005")
     log.warning("by step 5005: 2 batch(es) with NaN/Inf inputs skipped")
     log.info("rank 1 of 8: parameter checksum abc", extra={"every_rank": True})
