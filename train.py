@@ -49,8 +49,8 @@ from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
 from zoo.errors import (ConfigError, DeviceError, TracedError, WriteError, device_failure, fail,  # noqa: E402
                          write_error)
-from zoo.runtime import (any_rank, device_notes, init_distributed, machine, mindspore_log, msrun_env, onednn_note,  # noqa: E402
-                         parameter_checksum, seed_everything, set_context, sink_mode, source_commit)
+from zoo.runtime import (any_rank, device_notes, init_distributed, machine, mindspore_log, msrun_env,  # noqa: E402
+                         onednn_note, parameter_checksum, seed_everything, set_context, sink_mode, source_commit)
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -429,8 +429,9 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
 
 
 def step_error(run: Run, error: Exception, ran_before: bool) -> str:
-    """The one line for what model.train raised: data the pipeline cannot read (a broken image, say), or, before
-    any step ran, a model that does not compile. Anything else is raised as it is."""
+    """The one line for what model.train raised: data the pipeline cannot read (a broken image, say), a failure
+    of the device at any step (a DeviceError: exit 1), or, before any step ran, a model that does not compile.
+    Anything else is raised as it is."""
     if "dataset pipeline" in str(error):
         return pipeline_error(run, error)
     if run.device != "CPU" and device_failure(str(error)):
@@ -462,7 +463,8 @@ def device_error(run: Run, error: Exception) -> str:
     step = run.timer.steps[-1] if run.timer.steps else 0
     return (f"the {run.device} failed {f'after step {step}' if step else 'in the first step'} (rank {run.rank} of "
             f"{run.world}): {device_failure(str(error))}; this is the device or its software, not the recipe: run "
-            f"make doctor on this machine; MindSpore's own error lines: {mindspore_log()} (full trace in {trace_file(run)})")
+            f"make doctor on this machine; MindSpore's own error lines: {mindspore_log()} (full trace in "
+            f"{trace_file(run)})")
 
 
 def pipeline_error(run: Run, error: Exception) -> str:
