@@ -32,21 +32,21 @@ from amp.precision import precision_report, write_report
 from amp.profile import ProfileSteps
 from amp.telemetry import AmpTelemetry
 from data import create_dataset, task
-from engine.callbacks import (EpochLog, Evaluator, GracefulStop, ProgressBar, SafeWriter, StepOffset, StepTimer,
-                              StopAtStep, TensorBoardLogger, planned_epochs)
+from engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, ProgressBar, SafeWriter,
+                              StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
 from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, last_good_checkpoint,
                                RUN_TIMES, read_checkpoint, restore_weights, resume_point)
 from engine.load import load_config, user_keys, validate
 from engine.metrics import NetWithEval, metrics
 from engine.optim import lr_schedule, scaled_lr, schedule_moved
-from engine.rundir import claim, refuse_fresh_start, resume_config
+from engine.rundir import claim, claim_by_rank0, refuse_fresh_start, resume_config
 from engine.step import build_train_step
 from models.decoding import translate
 from zoo.compose import compose
 from zoo.config import register_schema
-from zoo.errors import ConfigError, TracedError, WriteError, fail, write_error
-from zoo.runtime import (any_rank, init_distributed, onednn_note, parameter_checksum,
-                         seed_everything, set_context, sink_mode, source_commit)
+from zoo.errors import ConfigError, DeviceError, TracedError, WriteError, device_failure, fail, write_error
+from zoo.runtime import (any_rank, device_notes, init_distributed, mindspore_log, msrun_env, onednn_note,
+                         parameter_checksum, seed_everything, set_context, sink_mode, source_commit)
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -72,6 +72,8 @@ def main(cfg) -> Optional[float]:
     except ConfigError as e:
         abandon(run_dir, e)
         fail(str(e))
+    except DeviceError as e:  # not bad input: the device or its software
+        fail(str(e), code=1)
     except OSError as e:  # WriteError (a checkpoint, metrics.json, the eval history) or any other file of the run
         where = e if isinstance(e, WriteError) else f"could not write {e.filename or run_dir}: {e.strerror or e}"
         fail(f"{where}; every complete checkpoint is intact: free space (or fix the permission), then continue "
@@ -206,6 +208,9 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
             return finish(run, rung, transitions, summaries)
         if rung.outcome == "stopped":
             stop = rung.stop
+            if not run.is_main:  # under msrun: rank 0 saves and tells the user how to resume
+                log.warning("%s: stopped after step %d with the other ranks", stop.signal, stop.step)
+                return None
             log.warning("%s: stopped after step %d and saved %s", stop.signal, stop.step, rung.checkpoints.latest)
             print(f"stopped by {stop.signal} at step {stop.step}; resume with: python train.py "
                   f"recipe={cfg.recipe_name} hydra.run.dir={run_dir} resume=auto", flush=True)
@@ -225,14 +230,18 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
 def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
     t_start = time.perf_counter()
-    log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
-    log.info("run directory: %s", run_dir.resolve())
-    if smoke_note:
-        log.warning(smoke_note)
     device = set_context(cfg.runtime)
     rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
-    if cfg.runtime.distributed and rank == 0:
-        claim(run_dir)
+    if rank != 0:  # first: the lines below are rank 0's to write
+        rank_logging()
+    log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
+    log.info("run directory: %s", run_dir.resolve())
+    for note in device_notes(cfg.runtime, device):
+        log.info(note)
+    if smoke_note:
+        log.warning(smoke_note)
+    if cfg.runtime.distributed:
+        claim_by_rank0(run_dir, rank, any_rank)
     if rank == 0:
         config_file = run_dir / "config.yaml"
         if start.checkpoint and config_file.exists():  # a resume: keep the first config, add this one beside it
@@ -241,12 +250,9 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
             config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
         except OSError as e:
             raise write_error(config_file, e) from None
-    else:
-        for handler in [h for h in logging.root.handlers if isinstance(h, logging.FileHandler)]:
-            logging.root.removeHandler(handler)
     seed_everything(cfg.runtime.seed)
     sink, sink_note = sink_mode(device, cfg.trainer.sink, shapes_vary=task(cfg) == "translation",
-                                max_steps=cfg.trainer.max_steps)
+                                max_steps=cfg.trainer.max_steps, profile=cfg.runtime.profile)
     log.info("device %s, %s mode; %s", device, cfg.runtime.mode, sink_note)
 
     shard = (world, rank) if world > 1 else None
@@ -278,6 +284,17 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
                           start.step if start.checkpoint else None)
     return Run(cfg, run_dir, device, rank, world, sink, steps_per_epoch, per_step, test_ds, writer, lr, StepTimer(),
                evaluator, t_start, smoke_note)
+
+
+def rank_logging() -> None:
+    """A rank other than 0 (under msrun): no train.log (rank 0 writes it), and on its console, which msrun keeps
+    as its worker log and tails to the user's terminal, only warnings, errors and the lines every rank must say
+    (`extra={"every_rank": True}`, such as its parameter checksum): not every line once per rank."""
+    for handler in list(logging.root.handlers):
+        if isinstance(handler, logging.FileHandler):
+            logging.root.removeHandler(handler)
+        else:
+            handler.addFilter(lambda r: r.levelno >= logging.WARNING or getattr(r, "every_rank", False))
 
 
 def resume_start(cfg, ckpt_dir: Path) -> Start:
@@ -372,9 +389,10 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
     stop = GracefulStop(checkpoints.save if run.is_main else lambda network, step: None,
                         agree=any_rank if run.world > 1 else None, every=t.log_every)
     offset = StepOffset(start.step)
+    watch_msrun = LauncherWatch(os.getppid()) if msrun_env() else None  # before `stop`: it raises the SIGTERM
     epochs = planned_epochs(t.epochs, t.max_steps, run.steps_per_epoch)
     callbacks = [offset, run.timer, watch, telemetry, EpochLog(run.per_step, run.unit, epochs) if run.is_main else None,
-                 run.evaluator, stop, checkpoints if run.is_main else None]
+                 run.evaluator, watch_msrun, stop, checkpoints if run.is_main else None]
     callbacks = [c for c in callbacks if c is not None]
     if run.writer is not None:
         run.writer.add_scalar("amp/rung", number, start.step)
@@ -384,8 +402,9 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
         callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every, epochs))
     if t.max_steps > 0:
         callbacks.append(StopAtStep(t.max_steps))
-    if cfg.runtime.profile and run.is_main and number == 0:
-        callbacks.append(ProfileSteps(run.run_dir, report, run.device, start=start.step + 2))
+    if cfg.runtime.profile and number == 0:  # every rank: they stop to parse at the same step
+        callbacks.append(ProfileSteps(run.run_dir, report, run.device, start=start.step + 2,
+                                      rank=run.rank if run.world > 1 else None))
 
     for first_epoch, skip_batches, end_epoch in passes(start.step, run.steps_per_epoch, t.epochs):
         if watch.reason or stop.signal or (t.max_steps and run.timer.steps and run.timer.steps[-1] >= t.max_steps):
@@ -404,21 +423,42 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
 
 
 def step_error(run: Run, error: Exception, ran_before: bool) -> str:
-    """The one line for what model.train raised: data the pipeline cannot read (a broken image, say), or, before
-    any step ran, a model that does not compile. Anything else is raised as it is."""
+    """The one line for what model.train raised: data the pipeline cannot read (a broken image, say), a failure
+    of the device at any step (a DeviceError: exit 1), or, before any step ran, a model that does not compile.
+    Anything else is raised as it is."""
     if "dataset pipeline" in str(error):
         return pipeline_error(run, error)
+    if run.device != "CPU" and device_failure(str(error)):
+        raise DeviceError(device_error(run, error)) from error
     if ran_before:
         raise error
     return compile_error(run, error)
 
 
 def log_trace(error: Exception) -> None:
-    """The full trace of an error reported in one line, into train.log only."""
+    """The full trace of an error reported in one line, into train.log only; a rank without one (under msrun,
+    ranks other than 0) prints it into its own worker log, msrun's file of its output."""
     trace = "".join(traceback.format_exception(error))
-    for handler in logging.root.handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "%s", (trace,), None))
+    files = [h for h in logging.root.handlers if isinstance(h, logging.FileHandler)]
+    for handler in files:
+        handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "%s", (trace,), None))
+    if not files:
+        print(trace, file=sys.stderr, flush=True)
+
+
+def trace_file(run: Run) -> str:
+    return str(run.run_dir / "train.log") if run.is_main else f"rank {run.rank}'s msrun worker log"
+
+
+def device_error(run: Run, error: Exception) -> str:
+    """One line for a failure of the device or the software under it (driver, CANN/CUDA, collectives, device
+    memory), told apart from a model that does not compile by the words only a device runtime uses."""
+    log_trace(error)
+    step = run.timer.steps[-1] if run.timer.steps else 0
+    return (f"the {run.device} failed {f'after step {step}' if step else 'in the first step'} (rank {run.rank} of "
+            f"{run.world}): {device_failure(str(error))}; this is the device or its software, not the recipe: run "
+            f"make doctor on this machine; MindSpore's own error lines: {mindspore_log()} (full trace in "
+            f"{trace_file(run)})")
 
 
 def pipeline_error(run: Run, error: Exception) -> str:
@@ -431,7 +471,7 @@ def pipeline_error(run: Run, error: Exception) -> str:
     then = (f"continue with python train.py hydra.run.dir={run.run_dir} resume=auto" if step else
             "run the command again")
     return (f"the data pipeline failed at step {step}: {reason}; fix or remove that file, then {then} (full trace "
-            f"in {run.run_dir / 'train.log'})")
+            f"in {trace_file(run)})")
 
 
 def compile_error(run: Run, error: Exception) -> str:
@@ -441,7 +481,7 @@ def compile_error(run: Run, error: Exception) -> str:
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and not ln.strip().startswith("-")]
     reason = next((ln for ln in lines if ln.startswith("For ")), lines[0] if lines else type(error).__name__)
     return (f"model {run.cfg.model.name!r} (recipe {run.cfg.recipe_name}) does not compile or fails its first "
-            f"step: {reason} (full trace in {run.run_dir / 'train.log'})")
+            f"step: {reason} (full trace in {trace_file(run)})")
 
 
 def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
@@ -449,7 +489,7 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
     cfg = run.cfg
     steps_done = run.timer.steps[-1] if run.timer.steps else 0
     final = run.evaluator.evaluate()
-    if task(cfg) == "translation":
+    if task(cfg) == "translation" and run.is_main:  # rank 0 decodes and writes hypotheses.txt; the weights agree
         final.update(translate(rung.net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty,
                                run.run_dir / "hypotheses.txt"))
     run.evaluator.record(round(steps_done / run.steps_per_epoch, 2), steps_done, final)
@@ -469,7 +509,8 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "onednn": onednn_note(), "smoke": run.smoke_note,
         "commit": source_commit(),
     }
-    log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net))
+    log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net),
+             extra={"every_rank": True})
     if run.is_main:
         try:
             (run.run_dir / "metrics.json").write_text(json.dumps(summary, indent=2))

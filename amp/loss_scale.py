@@ -30,9 +30,11 @@ Ascend in saturation mode (the 910A; a 910B with MS_ASCEND_CHECK_OVERFLOW_MODE=S
 overflow as the largest finite value and a NaN as 0, so no isfinite check sees one there: not the input check
 (a batch with inf/NaN then shows as an overflowed step, still skipped), not the non-finite loss counter, not the
 weight check of a step without skipping. Only the NPU's float status register sees them. So on such a device
-the step clears that register after the forward pass, as MindSpore's own step does, reads it after the
-backward (skipping steps), and a step without skipping counts a non-finite update from it in the graph: the
-divergence watch reads that counter. (Read against MindSpore 2.10's sources; not run on a device.)
+the step reads that register after the backward and clears it after the read, exactly where MindSpore 2.10's
+own TrainOneStepWithLossScaleCell does (it no longer clears it after the forward pass): the read covers the
+input check, the forward and the backward, so a saturated forward and a batch with inf/NaN count as an
+overflow. A step without skipping counts a non-finite update from it in the graph: the divergence watch reads
+that counter. (Read against MindSpore 2.10's sources; not run on a device.)
 
 With several ranks, a step's overflow and bad-input flags are all-reduced: every rank skips the same steps and
 moves its loss scale and counters alike.
@@ -128,7 +130,9 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         bad_input = self.any_rank(ops.logical_not(finite_sum(inputs)))
         loss = self.network(*inputs)
         scale = self.scale_sense * 1.0  # the scale this step uses, before the update cell changes it
-        status, scale = self.start_overflow_check(loss, scale)  # saturation mode: clears the NPU status
+        # MindSpore's own step: the NPU status is read after the backward and cleared after that read, never in
+        # between, so saturation anywhere in the step (inputs, forward, backward) counts as an overflow
+        status = Tensor([0] * 8, mstype.int32)
         sens = ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss))
         grads = self.grad(self.network, weights)(*inputs, sens)
         grads = self.hyper_map(ops.partial(_grad_scale, scale), grads)
@@ -159,8 +163,7 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         saturation mode the NPU status counts a non-finite update (the host's weight check cannot see one)."""
         loss = self.network(*inputs)
         sens = ops.fill(ops.dtype(loss), ops.shape(loss), self.sens)
-        if self.saturation_mode:  # a Python constant
-            status, sens = self.start_overflow_check(loss, sens)
+        status = Tensor([0] * 8, mstype.int32)  # as in construct: read (then cleared) after the backward only
         grads = self.grad_reducer(self.grad(self.network, self.weights)(*inputs, sens))
         if self.saturation_mode:
             bad = ops.cast(self.get_overflow_status(status, grads), mstype.int32)

@@ -25,8 +25,10 @@ from zoo.errors import ConfigError
 
 DTYPES = {"float16": mstype.float16, "bfloat16": mstype.bfloat16}
 O1_WHITE_LIST = ["Conv", "Dense", "LSTMCell", "RNNCell", "GRUCell"]
-# Measured with mindspore 2.10 on CPU: no bfloat16 kernels for these (BatchNorm rejects the dtype too).
-UNSUPPORTED = {("CPU", "bfloat16"): "Conv2D, MatMul, Reshape and Transpose"}
+# Measured with mindspore 2.10 on CPU: no bfloat16 kernels for these (BatchNorm rejects the dtype too). The 2.10
+# wheel's GPU plugin (lib/plugin/libmindspore_gpu.so.*, gpu/libcuda_ops.so.11) registers no bfloat16 kernel at all.
+UNSUPPORTED = {("CPU", "bfloat16"): "Conv2D, MatMul, Reshape and Transpose",
+               ("GPU", "bfloat16"): "Conv2D, MatMul, BatchNorm or LayerNorm (its GPU plugin registers none)"}
 
 
 class CastOutput(nn.Cell):

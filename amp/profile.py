@@ -11,8 +11,8 @@ Name and Duration(us) columns); on GPU to gpu_activity_data_*.csv (read as MindS
 the op's full name in the third column, its time in us fourth from the end). The Ascend and GPU readers follow
 MindSpore 2.10's sources; we have not run them on a device.
 
-The window is counted in real steps (under data sinking a host step is a whole sink) and starts after the
-first host step, which compiles the graph.
+The window is counted in real steps and starts after the first host step, which compiles the graph. A run
+that profiles does not sink (zoo.runtime.sink_mode): a sink is a whole epoch, which would make the window one.
 """
 import csv
 import json
@@ -58,23 +58,40 @@ def names_a_cell(scope: str) -> bool:
     return any(SEGMENT.match(part) for part in scope.split("/")[:-1])
 
 
-def op_times(profile_dir: Path) -> List[Tuple[str, str, float]]:
-    """(scope name, op type, total ms) for every op the Profiler timed."""
+def op_times(profile_dir: Path, device: str = "CPU") -> List[Tuple[str, str, float]]:
+    """(scope name, op type, total ms) for every op the Profiler timed on `device`. A device run profiles the host
+    too (ProfilerActivity.CPU), so the device's own kernel file is read first and the CPU's only without one."""
+    readers = {"Ascend": _ascend_kernels, "GPU": _gpu_kernels}
+    first = readers.get(device)
+    for reader in ([first] if first else []) + [_cpu_ops]:
+        rows = reader(profile_dir)
+        if rows:
+            return rows
+    return []
+
+
+def _cpu_ops(profile_dir: Path) -> List[Tuple[str, str, float]]:
     rows = []
     for path in profile_dir.rglob("cpu_op_detail_info_*.csv"):
         with open(path) as f:
             for r in csv.DictReader(f):
                 rows.append((r["full_op_name"], r["op_type"], float(r["op_total_time(ms)"])))
-    if rows:
-        return rows
-    for path in profile_dir.rglob("kernel_details.csv"):  # Ascend
+    return rows
+
+
+def _ascend_kernels(profile_dir: Path) -> List[Tuple[str, str, float]]:
+    rows = []
+    for path in profile_dir.rglob("kernel_details.csv"):
         with open(path) as f:
             for r in csv.DictReader(f):
                 rows.append((r["Name"], r.get("Type", r["Name"].split("/")[-1].split("-")[0]),
                              float(r["Duration(us)"]) / 1e3))
-    if rows:
-        return rows
-    for path in profile_dir.rglob("gpu_activity_data_*.csv"):  # GPU, as mindspore.profiler's OpAnalyser reads it
+    return rows
+
+
+def _gpu_kernels(profile_dir: Path) -> List[Tuple[str, str, float]]:
+    rows = []
+    for path in profile_dir.rglob("gpu_activity_data_*.csv"):  # as mindspore.profiler's OpAnalyser reads it
         with open(path) as f:
             for line in f.readlines()[1:]:
                 fields = line.strip().replace(", ", ";").split(",")
@@ -127,10 +144,17 @@ def write_summary(summary: Dict, run_dir: Path) -> Path:
 
 class ProfileSteps(Callback):
     """Profiles at least `steps` real steps from the first host step that starts at or after global step
-    `start` (after compilation), then writes the summary."""
+    `start` (after compilation), then writes the summary.
 
-    def __init__(self, run_dir: Path, report: Dict, device: str, start: int = 2, steps: int = 5):
+    With several ranks every rank profiles the same window into its own folder (profiler/rank-N) and stops,
+    and parses, at the same step: a rank that stopped alone to parse would leave the others waiting in their
+    next gradient all-reduce. Rank 0 (`write`) alone writes profile.md / profile.json."""
+
+    def __init__(self, run_dir: Path, report: Dict, device: str, start: int = 2, steps: int = 5,
+                 rank: Optional[int] = None):
         self.run_dir, self.start, self.steps, self.device = run_dir, start, steps, device
+        self.out = run_dir / "profiler" / (f"rank-{rank}" if rank is not None else "")
+        self.write = not rank
         self.dtypes = {r["path"]: r["compute_dtype"] for r in report["cells"]}
         self.profiler, self.done, self.seen = None, False, 0
         self.last = 0  # global step at the end of the previous host step
@@ -144,7 +168,7 @@ class ProfileSteps(Callback):
         if self.profiler is None and not self.done and first >= self.start:
             kind = profiler.ProfilerActivity  # read at call time, so a test can stand in for the profiler
             device = {"Ascend": [kind.NPU], "GPU": [kind.GPU]}.get(self.device, [])
-            trace = profiler.tensorboard_trace_handler(str(self.run_dir / "profiler"))
+            trace = profiler.tensorboard_trace_handler(str(self.out))
             self.profiler = profiler.profile(activities=[kind.CPU, *device], on_trace_ready=trace)
             self.profiler.start()
             self.window = [first, first]
@@ -165,7 +189,17 @@ class ProfileSteps(Callback):
     def finish(self):
         self.profiler.stop()  # on_trace_ready parses what was collected
         self.profiler, self.done = None, True
-        summary = summarise(op_times(self.run_dir / "profiler"), self.dtypes, self.seen)
+        if not self.write:
+            return
+        rows = op_times(self.out, self.device)
+        if not rows:
+            log.warning("profile of steps %d-%d: the profiler wrote no op times under %s (looked for %s); nothing "
+                        "to summarise", *self.window, self.out, KERNEL_FILES.get(self.device, KERNEL_FILES["CPU"]))
+            return
+        summary = summarise(rows, self.dtypes, self.seen)
         path = write_summary(summary, self.run_dir)
         log.info("profile of %d steps (%d-%d): %s; %s", self.seen, *self.window,
                  ", ".join(f"{k} {100 * v:.0f}%" for k, v in summary["share"].items()), path)
+
+
+KERNEL_FILES = {"CPU": "cpu_op_detail_info_*.csv", "Ascend": "kernel_details.csv", "GPU": "gpu_activity_data_*.csv"}

@@ -12,6 +12,7 @@ Either way decoding returns detokenized text, so BLEU is always scored against t
 Batches are padded to their length bucket's boundary, so there are only a few fixed shapes: graph mode
 compiles once per bucket and data sinking works.
 """
+import fcntl
 import gettext
 import gzip
 import hashlib
@@ -151,17 +152,36 @@ def tokenizer_file(cfg) -> Path:
     cache = Path(os.path.expanduser(p["cache_dir"]))
     model = cache / f"spm-{key}.model"
     if not model.is_file():
-        cache.mkdir(parents=True, exist_ok=True)
-        corpus = cache / f"spm-{key}.txt"
+        try:
+            build_cached(model, text, p)
+        except OSError as e:
+            raise ConfigError(f"could not write the tokenizer cache {e.filename or cache}: {e.strerror or e}; free "
+                              f"space there, or set dataset.params.cache_dir to a writable folder") from None
+    return model
+
+
+def build_cached(model: Path, text: str, p) -> None:
+    """Train the sentencepiece model into `model`, once for every process that asks (msrun's ranks all do):
+    the first takes an exclusive lock on a file beside it and builds into names of its own, then renames the
+    model into place; the others wait for the lock and find the model there."""
+    model.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{model}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        if model.is_file():  # another process built it while this one waited
+            return
+        tmp_prefix = model.with_name(f"{model.stem}.tmp{os.getpid()}")
+        corpus = Path(f"{tmp_prefix}.txt")
         corpus.write_text(text, encoding="utf-8")
-        tmp_prefix = cache / f"spm-{key}.tmp{os.getpid()}"
-        spm.SentencePieceTrainer.train(
-            input=str(corpus), model_prefix=str(tmp_prefix), vocab_size=p["vocab_size"], model_type=p["spm_type"],
-            character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS, hard_vocab_limit=False,
-            num_threads=1, minloglevel=2, input_sentence_size=2_000_000, shuffle_input_sentence=False)
-        os.replace(f"{tmp_prefix}.model", model)  # atomic: a concurrent run never reads half a model
-        os.remove(f"{tmp_prefix}.vocab")
-        corpus.unlink()
+        try:
+            spm.SentencePieceTrainer.train(
+                input=str(corpus), model_prefix=str(tmp_prefix), vocab_size=p["vocab_size"],
+                model_type=p["spm_type"], character_coverage=1.0, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
+                hard_vocab_limit=False, num_threads=1, minloglevel=2, input_sentence_size=2_000_000,
+                shuffle_input_sentence=False)
+            os.replace(f"{tmp_prefix}.model", model)  # atomic: a reader without the lock never sees half a model
+        finally:
+            for leftover in (corpus, Path(f"{tmp_prefix}.vocab"), Path(f"{tmp_prefix}.model")):
+                leftover.unlink(missing_ok=True)
     return model
 
 

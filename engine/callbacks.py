@@ -7,6 +7,7 @@ only on an exact multiple, which a sink may never land on.
 """
 import json
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -28,7 +29,9 @@ def loss_of(net_outputs) -> float:
 
 
 class StepTimer(Callback):
-    """Wall time per host step (a whole sink in sink mode); the first includes graph compilation."""
+    """Wall time per host step (a whole sink in sink mode); the first includes graph compilation. An epoch's
+    clock starts at its beginning, so the previous epoch's end (its evaluation, its checkpoint) is not counted
+    as training time: under sinking every host step follows one."""
 
     def __init__(self):
         self.times: List[float] = []
@@ -37,6 +40,9 @@ class StepTimer(Callback):
 
     def on_train_begin(self, run_context):
         self.start = self.last = time.perf_counter()
+
+    def on_train_epoch_begin(self, run_context):
+        self.last = time.perf_counter()
 
     def on_train_step_end(self, run_context):
         now = time.perf_counter()
@@ -282,3 +288,19 @@ class GracefulStop(Callback):
     def on_train_end(self, run_context):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+class LauncherWatch(Callback):
+    """Under msrun: a SIGTERM to msrun ends msrun alone (it has no handler for it, and starts each worker in a
+    session of its own, so no signal reaches them), and its workers would train on, orphaned. A worker whose
+    launcher (`parent`, its pid) has gone sends itself a SIGTERM once, so GracefulStop stops every rank together
+    at its next boundary and rank 0 saves a checkpoint. (Ctrl-C makes msrun SIGKILL its workers: nothing runs.)"""
+
+    def __init__(self, parent: int):
+        self.parent, self.told = parent, False
+
+    def on_train_step_end(self, run_context):
+        if not self.told and os.getppid() != self.parent:
+            self.told = True
+            log.warning("msrun (process %d) has ended: stopping this rank as for a SIGTERM", self.parent)
+            os.kill(os.getpid(), signal.SIGTERM)

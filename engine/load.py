@@ -18,7 +18,7 @@ from zoo.compose import check_slips, compose, expand_home, one_line
 from zoo.config import Config, RANGES, SPECIAL
 from zoo.errors import ConfigError, fail
 from zoo.registry import DATASETS
-from zoo.runtime import pick_device
+from zoo.runtime import msrun_env, pick_device
 
 
 def load_config(argv: List[str], composed=None, smoke: bool = True,
@@ -155,6 +155,11 @@ def check_devices(cfg) -> None:
         raise ConfigError(f"trainer.sink_size={cfg.trainer.sink_size}: MindSpore counts each sink as an epoch, so "
                           f"epochs, evaluation, checkpoints, resume and the schedule would all change units; leave "
                           f"it at -1 (one sink per epoch), or set trainer.sink=false to feed steps one by one")
+    launched = msrun_env()
+    if launched and not cfg.runtime.distributed:
+        raise ConfigError(f"msrun started this process ({', '.join(f'{k}={v}' for k, v in launched.items())}) but "
+                          f"runtime.distributed=false: every worker (and msrun's scheduler) would train alone as rank "
+                          f"0 of 1 into the same run directory; add runtime.distributed=true")
     if cfg.runtime.distributed and cfg.runtime.device_id is not None:
         raise ConfigError(f"runtime.device_id={cfg.runtime.device_id} with runtime.distributed=true would put every "
                           f"rank on device {cfg.runtime.device_id}; leave runtime.device_id unset (msrun gives each "

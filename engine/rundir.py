@@ -104,6 +104,21 @@ def claim(directory, what: str = "run directory") -> Path:
     return path
 
 
+def claim_by_rank0(directory, rank: int, agree) -> None:
+    """Under msrun: rank 0 holds the run directory for the whole run, and every rank learns whether it could
+    (`agree(flag)`: whether any rank's flag is set, an all-reduce), so a refused run ends on every rank with one
+    line instead of leaving the others waiting in their first collective."""
+    error = None
+    if rank == 0:
+        try:
+            claim(directory)
+        except ConfigError as e:
+            error = e
+    if agree(error is not None):
+        raise error or ConfigError(f"run directory {directory} is in use by another run (rank 0's log names the "
+                                   f"process); wait for it to end, or give another hydra.run.dir")
+
+
 def release(directory) -> None:
     fd = HELD.pop(Path(directory).expanduser().resolve(), None)
     if fd is not None:

@@ -13,7 +13,6 @@ from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 

@@ -209,7 +209,7 @@ def test_a_file_the_pipeline_cannot_read_is_one_line_at_any_step(tmp_path):
     import types
 
     import train
-    run = types.SimpleNamespace(timer=types.SimpleNamespace(steps=[120]), run_dir=tmp_path)
+    run = types.SimpleNamespace(timer=types.SimpleNamespace(steps=[120]), run_dir=tmp_path, device="CPU", is_main=True)
     line = train.step_error(run, RuntimeError(PIPELINE_ERROR), ran_before=True)
     assert line.startswith("the data pipeline failed at step 120: Invalid image, /data/imagenet/train/n01/10.JPEG "
                            "decode failed")

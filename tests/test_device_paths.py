@@ -3,6 +3,7 @@ whole sink to cur_step_num before a host step's callbacks run), the device and s
 under msrun, saturation-mode overflow checks, and bf16 on a 910A. What only a device can confirm is listed in
 the README's "Ascend and GPU" section."""
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -161,7 +162,7 @@ def test_profile_window_is_real_steps_after_the_compile_step(monkeypatch, tmp_pa
     monkeypatch.setattr(profiler, "profile", lambda **kw: SimpleNamespace(start=lambda: started.append(1),
                                                                          stop=lambda: None))
     monkeypatch.setattr(profiler, "tensorboard_trace_handler", lambda path: None)
-    monkeypatch.setattr(amp_profile, "op_times", lambda d: [("Default/optimizer-Momentum/ApplyMomentum-op1",
+    monkeypatch.setattr(amp_profile, "op_times", lambda d, device: [("Default/optimizer-Momentum/ApplyMomentum-op1",
                                                              "ApplyMomentum", 1.0)])
     report = {"cells": [{"path": "(root)", "compute_dtype": "float32"}]}
     for size, window in [(1, [2, 6]), (100, [101, 200])]:
@@ -241,6 +242,7 @@ def test_sinking_is_off_where_it_cannot_be_right():
     assert "change shape" in sink_mode("Ascend", True, shapes_vary=True)[1]
     assert "trainer.max_steps=50" in sink_mode("Ascend", True, max_steps=50)[1]
     assert sink_mode("CPU", True)[0] is False and sink_mode("Ascend", False)[0] is False
+    assert "runtime.profile=true profiles a few steps" in sink_mode("Ascend", True, profile=True)[1]
 
 
 def test_device_detection_uses_the_device_context_api(monkeypatch):
@@ -296,3 +298,354 @@ def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
         built_with("on", lambda: create_model("lenet5", num_classes=10))
     assert type(resnet.stem[3]) is ms.nn.MaxPool2d
     assert type(lenet.pool).__name__ == "MaxPool2x2"
+
+
+def tokenizer_data(cache_dir):
+    from zoo.compose import compose
+    cfg = compose(["recipe=transformer_tiny_multi30k_o0"])
+    data = OmegaConf.create(OmegaConf.to_container(OmegaConf.merge(cfg.dataset, cfg.smoke.dataset)))
+    data.params.cache_dir = str(cache_dir)
+    return data
+
+
+def test_ranks_build_the_shared_tokenizer_once_and_all_use_it(tmp_path, monkeypatch):
+    """msrun starts every rank at once with an empty ~/.cache/amp_zoo: one builds the sentencepiece model
+    under the lock beside it, the others wait and read the same file; nothing half-built is left behind."""
+    import multiprocessing
+
+    import sentencepiece as spm
+
+    from data.translation import tokenizer_file
+    builds = tmp_path / "builds.txt"
+    real = spm.SentencePieceTrainer.train
+
+    def counted(**kw):
+        with open(builds, "a") as f:
+            f.write("built\n")
+        return real(**kw)
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", counted)
+    data, results = tokenizer_data(tmp_path / "cache"), tmp_path / "results"
+    results.mkdir()
+    ready = multiprocessing.get_context("fork").Barrier(3)
+
+    def rank(i):
+        ready.wait()
+        (results / str(i)).write_text(str(tokenizer_file(data)))
+
+    procs = [multiprocessing.get_context("fork").Process(target=rank, args=(i,)) for i in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    paths = {(results / str(i)).read_text() for i in range(3)}
+    assert len(paths) == 1 and builds.read_text() == "built\n"
+    model = Path(paths.pop())
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [model.name, model.name + ".lock"]
+
+
+def test_an_unwritable_tokenizer_cache_names_the_cache_not_the_checkpoints(tmp_path):
+    from data.translation import tokenizer_file
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    with pytest.raises(ConfigError, match=r"could not write the tokenizer cache .*set dataset.params.cache_dir") as e:
+        tokenizer_file(tokenizer_data(tmp_path / "cache"))
+    assert "checkpoint" not in str(e.value)
+
+
+@pytest.mark.parametrize("role", ["MS_WORKER", "MS_SCHED"])
+def test_msrun_without_distributed_is_refused_on_every_process(tmp_path, role):
+    """msrun's workers and its scheduler run the same command: without runtime.distributed=true each would train
+    as rank 0 of 1 into one directory. Each refuses with one line and exit 2, before Hydra makes the directory."""
+    from tests.conftest import run_cli
+    env = {"MS_ROLE": role, "MS_WORKER_NUM": "2", "MS_SCHED_HOST": "127.0.0.1", "MS_SCHED_PORT": "8118"}
+    result = run_cli("train.py", "recipe=lenet_o0", f"hydra.run.dir={tmp_path / 'run'}", env=env, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        f"error: msrun started this process (MS_ROLE={role}, MS_WORKER_NUM=2, MS_SCHED_HOST=127.0.0.1, "
+        f"MS_SCHED_PORT=8118) but runtime.distributed=false: every worker (and msrun's scheduler) would train alone "
+        f"as rank 0 of 1 into the same run directory; add runtime.distributed=true"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_held_run_directory_ends_every_rank_under_msrun(tmp_path):
+    """Rank 0 holds the run directory for the run; when another run holds it, every rank ends with one line
+    (agreed by an all-reduce, stood in for here), none waits alone in a collective."""
+    import fcntl
+    import os
+
+    from engine.rundir import claim_by_rank0
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    other = os.open(run_dir, os.O_RDONLY)  # another run's hold
+    fcntl.flock(other, fcntl.LOCK_EX)
+    flags = []
+    try:
+        with pytest.raises(ConfigError, match=f"run directory {run_dir} is in use by"):
+            claim_by_rank0(run_dir, 0, lambda flag: flags.append(flag) or flag)
+        with pytest.raises(ConfigError, match="in use by another run \\(rank 0's log names the process\\)"):
+            claim_by_rank0(run_dir, 1, lambda flag: flags.append(flag) or True)  # rank 0 reported it
+    finally:
+        os.close(other)
+    assert flags == [True, False]
+    claim_by_rank0(run_dir, 1, lambda flag: flag)  # a free directory: rank 1 holds nothing and goes on
+    claim_by_rank0(run_dir, 0, lambda flag: flag)
+    from engine.rundir import HELD, release
+    assert run_dir.resolve() in HELD
+    release(run_dir)
+
+
+class NpuStatus:
+    """Stand-ins for the NPU float-status ops (no CPU kernel): a register that a saturating forward or backward
+    sets, that NPUGetFloatStatusV2 reads and NPUClearFloatStatusV2 clears; `events` records their order."""
+
+    def __init__(self):
+        self.register, self.events = 0, []
+
+    def get(self):
+        outer = self
+
+        class Get:
+            def __call__(self, status):
+                outer.events.append("read")
+                return ms.Tensor([outer.register] * 8, ms.int32)
+        return Get
+
+    def clear(self):
+        outer = self
+
+        class Clear:
+            def __call__(self, status):
+                outer.events.append("clear")
+                outer.register = 0
+                return status
+        return Clear
+
+
+def saturating_net(npu):
+    """LeNet-sized stand-in whose forward pass saturates (as fp16 overflow on a 910A): it sets the register."""
+    class Saturating(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.dense = ms.nn.Dense(4, 2)
+
+        def construct(self, x, y):
+            npu.events.append("forward")
+            npu.register = 1
+            return ms.ops.cross_entropy(self.dense(x), y)
+    return Saturating()
+
+
+@pytest.mark.parametrize("loss_scale", ["dynamic", "none"])
+def test_saturation_mode_reads_the_npu_status_where_mindspores_own_step_does(monkeypatch, loss_scale):
+    """On a 910A, MindSpore 2.10's TrainOneStepWithLossScaleCell reads the status after the backward and clears it
+    after the read; clearing it after the forward (start_overflow_check) would hide a saturated forward pass.
+    The step's order of forward/read/clear must be MindSpore's own, and a forward that saturates counts: the
+    step is skipped and the scale halves (dynamic), or a non-finite update is counted (no skipping)."""
+    import numpy as np
+    import mindspore.nn.wrap.loss_scale as ms_loss_scale
+
+    from amp.loss_scale import AmpTrainStep, plan_loss_scale
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # the stand-ins are Python: they run only op by op
+    npu = NpuStatus()
+    monkeypatch.setattr(ms_loss_scale, "NPUGetFloatStatusV2", npu.get())
+    monkeypatch.setattr(ms_loss_scale, "NPUClearFloatStatusV2", npu.clear())
+    x, y = ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.array([0, 1], np.int32))
+    ls = OmegaConf.create({"type": loss_scale, "init_scale": 1024.0, "factor": 2.0, "window": 1000,
+                           "scale": 1024.0, "drop_overflow_update": False, "min_scale": 1.0})
+
+    def on_910a(cell):
+        cell.gpu_target, cell.ascend_910a_target, cell.ascend_910b_target = False, True, False
+        return cell
+
+    try:
+        net = saturating_net(npu)
+        reference = on_910a(ms.nn.TrainOneStepWithLossScaleCell(
+            net, ms.nn.SGD(net.trainable_params(), 0.1), ms.Tensor(1024.0, ms.float32)))
+        reference(x, y)
+        theirs, npu.events = npu.events, []
+        net = saturating_net(npu)
+        step = on_910a(AmpTrainStep(net, ms.nn.SGD(net.trainable_params(), 0.1), plan_loss_scale(ls), "Ascend"))
+        step.on_cpu, step.saturation_mode = False, True
+        before = net.dense.weight.asnumpy().copy()
+        _, overflow, _ = step(x, y)
+        assert npu.events == theirs and theirs[-2:] == ["read", "clear"] and "clear" not in theirs[:-1], theirs
+        if loss_scale == "dynamic":
+            assert bool(overflow.asnumpy()) and np.array_equal(net.dense.weight.asnumpy(), before)
+            assert float(step.scale_sense.asnumpy()) == 512.0 and int(step.amp_overflow_steps.asnumpy()) == 1
+        else:
+            assert int(step.amp_nonfinite_updates.asnumpy()) == 1
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def test_the_profile_reader_prefers_the_devices_kernel_file(tmp_path):
+    """A device run profiles the host too: its CPU op file must not stand in for the device's kernels."""
+    from amp.profile import op_times
+    host = tmp_path / "host" / "FRAMEWORK"
+    host.mkdir(parents=True)
+    (host / "cpu_op_detail_info_0.csv").write_text(
+        "full_op_name,op_type,op_total_time(ms)\nDefault/GetNext-op1,GetNext,9.0\n")
+    ascend = tmp_path / "rank" / "ASCEND_PROFILER_OUTPUT"
+    ascend.mkdir(parents=True)
+    (ascend / "kernel_details.csv").write_text(
+        "Step Id,Name,Type,Duration(us)\n"
+        "1,Default/network-NetWithLoss/net-LeNet5/conv1-Conv2d/Conv2D-op3,Conv2D,250.0\n")
+    assert op_times(tmp_path, "Ascend") == [("Default/network-NetWithLoss/net-LeNet5/conv1-Conv2d/Conv2D-op3",
+                                             "Conv2D", 0.25)]
+    assert op_times(tmp_path, "CPU") == [("Default/GetNext-op1", "GetNext", 9.0)]
+    assert op_times(tmp_path, "GPU") == [("Default/GetNext-op1", "GetNext", 9.0)]  # none of its own: the host's
+
+
+def test_every_rank_profiles_the_same_window_and_rank_0_alone_writes_the_summary(monkeypatch, tmp_path):
+    import mindspore.profiler as profiler
+
+    from amp import profile as amp_profile
+    stopped, folders = [], []
+    stop = lambda: stopped.append(ctx.args.cur_step_num)  # noqa: E731
+    monkeypatch.setattr(profiler, "profile", lambda **kw: SimpleNamespace(start=lambda: None, stop=stop))
+    monkeypatch.setattr(profiler, "tensorboard_trace_handler", lambda path: folders.append(path))
+    monkeypatch.setattr(amp_profile, "op_times", lambda d, device: [("Default/net-LeNet5/fc1-Dense/MatMul-op1",
+                                                                     "MatMul", 1.0)])
+    report = {"cells": [{"path": "(root)", "compute_dtype": "float32"}]}
+    for rank in (1, 0):
+        cb = amp_profile.ProfileSteps(tmp_path, report, "Ascend", start=2, rank=rank)
+        ctx = Context()
+        cb.on_train_begin(ctx)
+        drive([cb], Counters(), ctx, 10, 1)
+        assert not (tmp_path / "profile.md").exists() or rank == 0
+    assert stopped == [6, 6] and folders == [str(tmp_path / "profiler" / f"rank-{r}") for r in (1, 0)]
+    assert (tmp_path / "profile.md").exists()
+
+
+def test_bf16_is_refused_on_gpu_before_anything_runs(monkeypatch):
+    """MindSpore 2.10's GPU plugin has no bfloat16 kernels: the run would fail at its first step."""
+    monkeypatch.setattr(ms.device_context.gpu, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match="amp.dtype=bfloat16 is not supported on GPU: MindSpore has no GPU bfloat16 "
+                                          "kernel for Conv2D, MatMul, BatchNorm or LayerNorm"):
+        load_config(["recipe=lenet_o2", "runtime.device=GPU", "amp.dtype=bfloat16"])
+    load_config(["recipe=lenet_o2", "runtime.device=GPU", "amp.dtype=float16"])
+
+
+ACL_FAILURE = ("Call aclrtMalloc failed, ret: 207001.\n"
+               "EL0004: [PID: 4127] 2026-11-27 Failed to allocate memory.\n"
+               "        Possible Cause: Available memory is insufficient.\n"
+               "----------------------------------------------------\n- C++ Call Stack:\n")
+
+
+def stand_in_run(device, rank, tmp_path):
+    timer = SimpleNamespace(steps=[])
+    cfg = OmegaConf.create({"model": {"name": "resnet34"}, "recipe_name": "resnet34_o2"})
+    return SimpleNamespace(device=device, rank=rank, world=2, is_main=rank == 0, run_dir=tmp_path, timer=timer, cfg=cfg)
+
+
+def test_a_device_failure_is_reported_as_one_not_as_a_model_that_does_not_compile(tmp_path, capsys, monkeypatch):
+    """An Ascend memory failure in the first step: one line naming the device and its error, exit 1 (DeviceError,
+    not the bad-input code), and a rank without train.log (under msrun, rank 1) keeps the trace in its own log."""
+    import train
+    from zoo.errors import DeviceError, TracedError
+    run = stand_in_run("Ascend", 1, tmp_path)
+    monkeypatch.setattr(logging.root, "handlers", [])  # as on rank 1: setup removed its train.log handler
+    with pytest.raises(DeviceError) as e:
+        train.step_error(run, RuntimeError(ACL_FAILURE), ran_before=False)
+    message = str(e.value)
+    assert message.startswith("the Ascend failed in the first step (rank 1 of 2): Call aclrtMalloc failed")
+    assert "make doctor" in message and "does not compile" not in message
+    assert "rank 1's msrun worker log" in message and "RuntimeError: Call aclrtMalloc failed" in capsys.readouterr().err
+    run.timer.steps = [5005]
+    with pytest.raises(DeviceError, match="the Ascend failed after step 5005"):  # mid-run: no raw traceback
+        train.step_error(run, RuntimeError(ACL_FAILURE), ran_before=True)
+    shape_bug = "For 'MatMul' the input dimensions must be equal, but got 'x1_col': 1024 and 'x2_row': 32."
+    run.timer.steps = []
+    assert "does not compile" in train.step_error(run, ValueError(shape_bug), ran_before=False)
+    assert "does not compile" in train.step_error(stand_in_run("CPU", 0, tmp_path), RuntimeError(ACL_FAILURE), False)
+    assert issubclass(TracedError, ConfigError) and not issubclass(DeviceError, ConfigError)
+
+
+def test_auto_says_why_it_fell_back_to_the_cpu_and_where_mindspores_log_is(monkeypatch):
+    from zoo import runtime
+    monkeypatch.setattr(ms, "set_device", lambda *args: None)
+    monkeypatch.setattr(ms, "set_context", lambda **kw: None)
+    monkeypatch.setattr(runtime, "plugin_errors", lambda: "Load dynamic library: libmindspore_ascend.so.2 failed. "
+                                                          "libge_runner.so: cannot open shared object file")
+    monkeypatch.setenv("GLOG_v", "4")
+    runtime_cfg = OmegaConf.create({"device": "auto", "device_id": None, "mode": "graph", "deterministic": False})
+    assert set_context(runtime_cfg) == "CPU"
+    notes = runtime.device_notes(runtime_cfg, "CPU")
+    assert notes[0].startswith("runtime.device=auto: CPU, as neither Ascend nor GPU is usable in this MindSpore "
+                               f"{ms.__version__} (Load dynamic library: libmindspore_ascend.so.2 failed.")
+    assert notes[1] == "MindSpore's own error lines: hidden by GLOG_v=4: run again with GLOG_v=3 to see them"
+
+
+def test_an_msrun_worker_keeps_mindspores_own_error_lines_in_its_log(tmp_path):
+    """A single process keeps MindSpore's C++ lines off its console (GLOG_v=4); an msrun worker's console is its
+    worker log, where MindSpore's error lines belong (GLOG_v=3); a GLOG_v the user set is left alone."""
+    import os
+    import subprocess
+    import sys
+    from tests.conftest import ROOT
+    code = "from zoo.entry import prepare; prepare([]); import os; print(os.environ.get('GLOG_v'))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOG_", "MS_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    for extra, want in [({}, "4"), ({"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "8"}, "3"), ({"GLOG_v": "1"}, "1")]:
+        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**env, **extra}, capture_output=True,
+                             text=True)
+        assert out.stdout.split() == [want], (extra, out.stderr)
+
+
+def test_under_msrun_other_ranks_print_warnings_and_their_checksum_not_every_line(monkeypatch, capsys):
+    """msrun tails every worker's log to the terminal: rank 1 prints no info lines rank 0 already prints, but
+    keeps its warnings and the line every rank must say (its parameter checksum)."""
+    import sys
+
+    import train
+    console, file_log = logging.StreamHandler(sys.stderr), logging.FileHandler("/dev/null")
+    monkeypatch.setattr(logging.root, "handlers", [console, file_log])
+    monkeypatch.setattr(logging.root, "level", logging.INFO)
+    log = logging.getLogger("amp_zoo")
+    monkeypatch.setattr(log, "level", logging.NOTSET)  # whatever an earlier test left
+    monkeypatch.setattr(log, "disabled", False)
+    monkeypatch.setattr(logging.root.manager, "disable", logging.NOTSET)
+    log.manager._clear_cache()
+    train.rank_logging()
+    assert logging.root.handlers == [console]
+    log.info("epoch 1/90: step 5005")
+    log.warning("by step 5005: 2 batch(es) with NaN/Inf inputs skipped")
+    log.info("rank 1 of 8: parameter checksum abc", extra={"every_rank": True})
+    assert capsys.readouterr().err.splitlines() == ["by step 5005: 2 batch(es) with NaN/Inf inputs skipped",
+                                                    "rank 1 of 8: parameter checksum abc"]
+
+
+def test_a_worker_whose_msrun_ended_stops_as_for_a_sigterm(monkeypatch):
+    """SIGTERM to msrun ends msrun alone (its workers run in sessions of their own): each orphaned worker sends
+    itself one SIGTERM, so GracefulStop stops the ranks together and rank 0 saves a checkpoint."""
+    import os
+    import signal
+
+    from engine.callbacks import LauncherWatch
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    parent = [4242]
+    monkeypatch.setattr(os, "getppid", lambda: parent[0])
+    watch = LauncherWatch(4242)
+    ctx = Context()
+    drive([watch], Counters(), ctx, 3, 1)
+    assert sent == []
+    parent[0] = 1  # msrun died: the worker is re-parented
+    drive([watch], Counters(), ctx, 3, 1)
+    assert sent == [(os.getpid(), signal.SIGTERM)]
+
+
+def test_the_rank_checksum_covers_the_weights_not_batchnorms_per_rank_statistics():
+    """Data-parallel ResNet: gradients are all-reduced, BatchNorm's moving mean and variance are not, so each
+    rank's differ; the checksum every rank prints must agree when the weights do."""
+    import numpy as np
+
+    from zoo.runtime import parameter_checksum
+    net = ms.nn.SequentialCell([ms.nn.Conv2d(3, 4, 3), ms.nn.BatchNorm2d(4)])
+    before = parameter_checksum(net)
+    bn = net[1]
+    bn.moving_mean.set_data(ms.Tensor(np.full(4, 0.3, np.float32)))  # another rank's shard
+    assert parameter_checksum(net) == before
+    net[0].weight.set_data(net[0].weight + 1)
+    assert parameter_checksum(net) != before

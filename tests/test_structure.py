@@ -25,8 +25,9 @@ LAYERS = [
     ("the AMP library: policy, loss scaling, telemetry, divergence watch, profiler", ["amp"]),
     ("the engine: config loading, loss and optimizer, checkpoints, callbacks, run directories, weights",
      ["engine"]),
-    ("commands: the drivers, the AMP tools (python -m amp.report | amp.audit | amp.search) and the release "
-     "tooling (reproduce, verify, ship, the FP32-vs-AMP matrix)", ["train", "eval", "export", "tools", "bench"]),
+    ("commands: the drivers, the self-check, the AMP tools (python -m amp.report | amp.audit | amp.search) and the "
+     "release tooling (reproduce, verify, ship, the FP32-vs-AMP matrix)",
+     ["train", "eval", "export", "doctor", "tools", "bench"]),
     ("the lab: one-off experiments, each answered in docs/benchmarks.md; nothing imports them", ["lab"]),
 ]
 

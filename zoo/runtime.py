@@ -51,9 +51,29 @@ def onednn_note() -> str:
 
 def quiet_mindspore() -> None:
     """MindSpore's C++ [WARNING] and [ERROR] lines drown the console (a compile error prints its whole trace
-    there; the driver reports it in one line and keeps the trace in train.log); GLOG_v=3 (or lower) brings
-    them back. MindSpore reads GLOG_v once, when it loads: zoo.startup calls this before."""
-    os.environ.setdefault("GLOG_v", "4")
+    there; the driver reports it in one line and keeps the trace in train.log), so a single process sets GLOG_v=4.
+    An msrun worker's console is its own log file (msrun's worker_N.log): there MindSpore's error lines are kept
+    (GLOG_v=3), so a device failure on any rank leaves MindSpore's own account beside the driver's line. MindSpore
+    writes a CRITICAL line to a log file's stderr as well, so GLOG_log_dir cannot keep the console clean instead.
+    A GLOG_v the user set is left alone. MindSpore reads GLOG_v once, when it loads: zoo.entry calls this before."""
+    os.environ.setdefault("GLOG_v", "3" if msrun_env() else "4")
+
+
+def mindspore_log() -> str:
+    """Where MindSpore's own error lines are, for a message that sends the user there."""
+    if os.environ.get("GLOG_v", "2") in ("0", "1", "2", "3"):
+        return "this process's console" + (" (msrun's worker log)" if msrun_env() else "")
+    return "hidden by GLOG_v=4: run again with GLOG_v=3 to see them"
+
+
+def plugin_errors() -> str:
+    """Why MindSpore could not load its device plugins ('' when it loaded them all): a missing CANN or CUDA
+    library, typically. MindSpore records it at import (MSContext.load_plugin_error)."""
+    try:
+        from mindspore._c_expression import MSContext
+        return " ".join(MSContext.get_instance().load_plugin_error().split())
+    except Exception:  # noqa: BLE001  (an older or partial build without the probe)
+        return ""
 
 
 def pick_device(requested: str) -> str:
@@ -70,8 +90,10 @@ def pick_device(requested: str) -> str:
         return next(t for t in ("Ascend", "GPU", "CPU") if available(t))
     if not available(requested):
         have = [t for t in ("Ascend", "GPU", "CPU") if available(t)]
+        why = plugin_errors()
         raise ConfigError(f"runtime.device={requested} is not available in this MindSpore build "
-                          f"(mindspore {ms.__version__}); available here: {', '.join(have)} or auto")
+                          f"(mindspore {ms.__version__}{': ' + why if why else ''}); available here: "
+                          f"{', '.join(have)} or auto")
     return requested
 
 
@@ -95,6 +117,17 @@ def set_context(runtime_cfg) -> str:
     return device
 
 
+def device_notes(runtime_cfg, device: str) -> list:
+    """The lines a run logs about its device (once its rank is known: msrun's scheduler and other ranks keep
+    them out of train.log): why runtime.device=auto fell back to the CPU, and where MindSpore's errors go."""
+    import mindspore as ms
+    notes = []
+    if device == "CPU" and str(runtime_cfg.device) == "auto":
+        notes.append(f"runtime.device=auto: CPU, as neither Ascend nor GPU is usable in this MindSpore "
+                     f"{ms.__version__} ({plugin_errors() or 'a CPU-only build'})")
+    return notes + [f"MindSpore's own error lines: {mindspore_log()}"]
+
+
 def seed_everything(seed: int) -> None:
     import mindspore as ms
     import mindspore.dataset as msds
@@ -106,14 +139,15 @@ def seed_everything(seed: int) -> None:
     msds.config.set_seed(seed)
 
 
-def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps: int = 0):
+def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps: int = 0, profile: bool = False):
     """Whether to sink, and the one log line that says why. A sink is always a whole epoch (trainer.sink_size
     -1; engine.load refuses other sizes), so an epoch stays a pass over the data. Sinking stays off where it
     cannot be right:
     - on CPU, MindSpore silently runs non-sink when asked to sink, and still reports sink_size to callbacks;
     - for data whose batches change shape (translation buckets): a sink graph's GetNext is compiled for the
       first batch's shapes (MindSpore's own Transformer trains without sinking);
-    - with trainer.max_steps, which stops mid-epoch: a sink returns to the host only at the epoch's end."""
+    - with trainer.max_steps, which stops mid-epoch: a sink returns to the host only at the epoch's end;
+    - with runtime.profile, which profiles a few steps: a sink would make the profiled window a whole epoch."""
     if not requested:
         return False, "data sinking off (trainer.sink=false)"
     if device == "CPU":
@@ -125,8 +159,22 @@ def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps
     if max_steps:
         return False, (f"data sinking off on {device}: trainer.max_steps={max_steps} stops mid-epoch, and a sink "
                        f"returns to the host only at an epoch's end; steps are fed one by one")
-    return True, (f"data sinking on ({device}): one sink per epoch, so step callbacks (logging, AMP telemetry, "
-                  f"the divergence watch, a stop signal) act at epoch ends")
+    if profile:
+        return False, (f"data sinking off on {device}: runtime.profile=true profiles a few steps, and a sink is a "
+                       f"whole epoch; steps are fed one by one")
+    return True, (f"data sinking on ({device}): one sink per epoch, so step callbacks (logging every log_every "
+                  f"steps, TensorBoard, AMP telemetry, the divergence watch, a stop signal, save_every_steps "
+                  f"checkpoints) act at epoch ends")
+
+
+# What msrun exports to every process it starts (mindspore/parallel/cluster/process_entity/_api.py, 2.10): its
+# workers and its scheduler, which runs the same command with MS_ROLE=MS_SCHED.
+MSRUN_VARIABLES = ("MS_ROLE", "MS_WORKER_NUM", "MS_SCHED_HOST", "MS_SCHED_PORT")
+
+
+def msrun_env() -> dict:
+    """msrun's variables in this process's environment: empty when msrun did not start it."""
+    return {k: os.environ[k] for k in MSRUN_VARIABLES if k in os.environ}
 
 
 def init_distributed():
@@ -152,10 +200,12 @@ def any_rank(flag: bool) -> bool:
 
 
 def parameter_checksum(net) -> str:
-    """sha1 of every parameter's bytes, in name order: equal on every rank after data-parallel training."""
+    """sha1 of every trained parameter's bytes, in name order: equal on every rank after data-parallel training.
+    BatchNorm's moving statistics are left out: each rank keeps its own, from its own shard (DATA_PARALLEL
+    all-reduces gradients only), so a ResNet's differ between ranks while its weights agree."""
     import hashlib
     digest = hashlib.sha1()
-    for p in sorted(net.get_parameters(), key=lambda p: p.name):
+    for p in sorted(net.trainable_params(), key=lambda p: p.name):
         digest.update(p.name.encode())
         digest.update(p.asnumpy().tobytes())
     return digest.hexdigest()
