@@ -5,8 +5,8 @@
     make reproduce
 
 Every recipe in recipes/ gets a row. Its data group (`override /dataset: ...` in the recipe) is looked for at
-the path given with --data (fashion_mnist, mnist, cifar10, imagenet, multi30k, wmt14_en_de), else at the
-recipe's own dataset.path, else where this project's machines keep it (Multi30k: ../shared/data/multi30k).
+the path given with --data (fashion_mnist, mnist, cifar10, imagenet, multi30k, wmt14_en_de; a group it builds
+on counts, as multi30k for multi30k_published), else at the recipe's own dataset.path.
 Found: the recipe trains with its own settings, once per seed of its target.seeds, each run in RUNS/<recipe>-s<seed>
 (train.py's run directory; --runs, default runs/reproduce). Resumable: a run with metrics.json is done and
 only scored again; a run with checkpoints continues with resume=auto; a killed reproduce picks up there.
@@ -44,9 +44,6 @@ from zoo.runtime import machine, machine_kind
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 DEFAULT_OUT = ROOT / "bench" / "results" / "reproduce"
-# Where this project's machines keep data that no package installs (benchmarks and tests only).
-KNOWN_DATA = {"multi30k": ROOT.parent / "shared" / "data" / "multi30k",
-              "multi30k_published": ROOT.parent / "shared" / "data" / "multi30k"}
 
 
 def recipe_card(name: str) -> dict:
@@ -57,8 +54,17 @@ def recipe_card(name: str) -> dict:
             "description": cfg.description}
 
 
+def data_groups(group: str) -> List[str]:
+    """The dataset group and those it builds on (multi30k_published reads multi30k's files): --data names any."""
+    conf = ROOT / "conf" / "dataset" / f"{group}.yaml"
+    bases = [d for d in OmegaConf.load(conf).get("defaults", []) if isinstance(d, str) and d != "_self_"] \
+        if conf.is_file() else []
+    return [group] + [g for base in bases for g in data_groups(base)]
+
+
 def find_data(card: dict, given: Dict[str, str]) -> Optional[str]:
-    for path in (given.get(card["group"]), card["default_path"], KNOWN_DATA.get(card["group"])):
+    """The folder of the recipe's data: --data GROUP=PATH, else the recipe's own dataset.path; None: not here."""
+    for path in [*(given.get(g) for g in data_groups(card["group"])), card["default_path"]]:
         if path and Path(path).expanduser().is_dir():
             return str(Path(path).expanduser().resolve())
     return None

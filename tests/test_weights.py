@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 import mindspore as ms
+from omegaconf import OmegaConf
 
-from bench.reproduce import KNOWN_DATA
 from bench.verify import data_here, verify
 from tests.conftest import run_cli
 from zoo.errors import ConfigError
+from engine.load import flatten
 from engine.weights import FIELDS, WEIGHTS, find, read_manifest, sha256
+from zoo.compose import compose
 
 ENTRIES = read_manifest()
 FASHION = "apt-get install dataset-fashion-mnist"
@@ -138,25 +140,38 @@ def test_verify_finds_a_weights_data_where_it_is_given(tmp_path):
     GROUP=PATH (as make reproduce), and says "no data here" rather than scoring the smoke data."""
     name = next(n for n, e in ENTRIES.items() if e["recipe"].startswith("transformer_tiny_multi30k"))
     assert data_here(ENTRIES[name], {"multi30k": str(tmp_path)}) == str(tmp_path.resolve())
-    assert data_here(ENTRIES[name], {"multi30k": str(tmp_path / "absent")}) in (None, str(KNOWN_DATA["multi30k"]))
+    assert data_here(ENTRIES[name], {"multi30k": str(tmp_path / "absent")}) is None
     out = run_cli("-m bench.verify", "--data", "multi31k=/x")
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
         "error: --data multi31k=...: 'multi31k' is not a dataset group; did you mean multi30k")
 
 
 def test_ship_records_a_group_options_keys_so_they_compose_back():
-    """A run trained with dataset=multi30k_published has keys the recipe lacks (dataset.params.lowercase): the
-    manifest's overrides add them with +, so that eval.py weights=NAME composes the run's config again."""
+    """A run trained at setting=cased_4k lacks keys the recipe has (dataset.params.lowercase), and one trained
+    with +key=value has a key the recipe lacks: the manifest's overrides remove (~) and add (+) them, so that
+    eval.py weights=NAME composes the run's config again."""
     from bench.ship import overrides
-    from engine.load import flatten
-    from omegaconf import OmegaConf
-    from zoo.compose import compose
 
-    run = compose(["recipe=transformer_tiny_multi30k_o0", "dataset=multi30k_published", "trainer.update_freq=2"])
+    run = compose(["recipe=transformer_tiny_multi30k_o0", "setting=cased_4k", "trainer.keep_last=100",
+                   "+dataset.params.cache_dir=/tmp/spm"])
     found = overrides(run)
-    assert {"+dataset.params.lowercase=True", "+dataset.params.moses=True", "dataset.params.vocab_size=10000",
-            "trainer.update_freq=2"} <= set(found), found
+    assert {"~dataset.params.lowercase", "~dataset.params.moses", "dataset.params.vocab_size=8000",
+            "trainer.update_freq=1", "trainer.keep_last=100", "+dataset.params.cache_dir=/tmp/spm"} <= set(found), found
     again = compose(["recipe=transformer_tiny_multi30k_o0", *found])
-    plain = lambda c: {k: v for k, v in flatten(OmegaConf.to_container(c, resolve=True)).items()  # noqa: E731
-                       if not k.startswith(("recipe_name", "hydra"))}
     assert plain(again) == plain(run)
+
+
+def plain(cfg) -> dict:
+    """A composed config as flat key: value, without what says where and how it was composed."""
+    return {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()
+            if k.split(".")[0] not in ("recipe_name", "hydra", "target", "smoke", "description")}
+
+
+@pytest.mark.parametrize("name", [n for n, e in ENTRIES.items() if e["recipe"].startswith("transformer")])
+def test_each_transformer_weight_composes_the_config_it_was_trained_with(name):
+    """The Multi30k recipes' default moved to the published setting; each manifest entry pins its own setting,
+    so its recipe and overrides compose exactly the config it had before (tests/shipped_configs.json: each
+    entry composed at commit 1e8c1f2, before the change), and make verify re-derives its number."""
+    before = json.loads((Path(__file__).parent / "shipped_configs.json").read_text())[name]
+    entry = ENTRIES[name]
+    assert plain(compose([f"recipe={entry['recipe']}", *entry["overrides"]])) == before
