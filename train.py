@@ -501,9 +501,10 @@ def resume_run_dir(argv) -> list:
 
 if __name__ == "__main__":
     from engine.load import check_command_line
-    from zoo.compose import expand_home
+    from zoo.compose import expand_home, hydra_flags
     check_command_line(sys.argv[1:])
-    sys.argv[1:] = expand_home(sys.argv[1:])
-    sys.argv += resume_run_dir(sys.argv[1:])
-    claim_run_dir(sys.argv[1:])
+    flags, overrides = hydra_flags(expand_home(sys.argv[1:]))
+    sys.argv[1:] = flags + overrides + resume_run_dir(overrides)  # Hydra's parser reads its flags first
+    if all(f in ("-m", "--multirun") for f in flags):  # --cfg, --info, ... print and run nothing
+        claim_run_dir(sys.argv[1:])
     main()
