@@ -27,7 +27,7 @@ from typing import Any, List, Optional, Tuple  # noqa: E402
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from mindspore.train import Model  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+from omegaconf import OmegaConf, open_dict  # noqa: E402
 from tensorboardX import SummaryWriter  # noqa: E402
 
 from amp.fallback import DivergenceWatch, describe, ladder  # noqa: E402
@@ -37,13 +37,14 @@ from amp.telemetry import AmpTelemetry  # noqa: E402
 from data import create_dataset, task  # noqa: E402
 from engine.callbacks import (EpochLog, Evaluator, GracefulStop, ProgressBar, SafeWriter, StepOffset, StepTimer,
                               StopAtStep, TensorBoardLogger, planned_epochs)  # noqa: E402
-from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, last_good_checkpoint,
-                               RUN_TIMES, read_checkpoint, restore_weights, resume_point)  # noqa: E402
+from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, initial_weights,  # noqa: E402
+                               last_good_checkpoint, RUN_TIMES, read_checkpoint, restore_weights, resume_point)
 from engine.load import load_config, user_keys, validate  # noqa: E402
 from engine.metrics import NetWithEval, metrics  # noqa: E402
 from engine.optim import lr_schedule, scaled_lr, schedule_moved  # noqa: E402
 from engine.rundir import claim, refuse_fresh_start, resume_config  # noqa: E402
 from engine.step import build_train_step  # noqa: E402
+from engine.weights import find as find_weights  # noqa: E402
 from models.decoding import translate  # noqa: E402
 from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
@@ -62,6 +63,10 @@ def main(cfg) -> Optional[float]:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         cfg, smoke_note = load_config(argv, composed=cfg)
+        for key in user_keys(argv):  # nothing on the command line is silently ignored
+            if key.split(".")[0] in ("output", "infer"):
+                raise ConfigError(f"{key} is for eval.py and export.py; train.py writes everything into its run "
+                                  f"directory (hydra.run.dir)")
         if first_process():
             claim(run_dir)  # already held when the command line named it (claim_run_dir)
         if cfg.resume:  # the run's own config.yaml, with what the command line may change
@@ -169,6 +174,7 @@ class Start:
     params: Optional[dict] = None
     step: int = 0
     with_amp_state: bool = False  # a resume restores the loss-scale state; a lower rung starts its own
+    init: Optional[Tuple[Path, str]] = None  # no checkpoint: the weights (and what to call them) a new run starts from
 
 
 @dataclass
@@ -189,6 +195,8 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
     if not cfg.resume:
         refuse_fresh_start(run_dir)
     start = resume_start(cfg, run_dir / "checkpoints")
+    if start.checkpoint is None:
+        cfg, start.init = start_from(cfg)
     done = finished(cfg, run_dir, start)
     if done is not None:
         print(f"{run_dir} is finished ({done['steps']:,} steps, {done['epochs']} epochs): nothing to do; to train "
@@ -221,8 +229,28 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
                             "reason": rung.watch.reason, "restart_from": checkpoint.name if checkpoint else None})
         log.warning("fallback: %s; continuing at %s from %s", rung.watch.reason, describe(rungs[number + 1]),
                     checkpoint.name if checkpoint else "the initial weights")
-        start = Start(checkpoint, params, step_of(params))
+        start = Start(checkpoint, params, step_of(params), init=start.init)
     return None
+
+
+def start_from(cfg) -> Tuple[Any, Optional[Tuple[Path, str]]]:
+    """weights=NAME (a shipped weight, sha256 checked) or checkpoint=FILE: the weights a new run starts from, not
+    a resume (its optimizer and schedule start fresh). A translation weight brings its tokenizer (its token ids)."""
+    if cfg.weights and cfg.checkpoint:
+        raise ConfigError(f"weights={cfg.weights} and checkpoint={cfg.checkpoint}: give one to start from")
+    if cfg.checkpoint:
+        path = Path(cfg.checkpoint).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"checkpoint={cfg.checkpoint} is not a file; give a .ckpt file to start from, or "
+                              f"weights=NAME for a shipped weight")
+        return cfg, (path, f"checkpoint {cfg.checkpoint}")
+    if not cfg.weights:
+        return cfg, None
+    name, entry, path = find_weights(cfg.weights)
+    if "tokenizer" in entry and not cfg.dataset.params.get("spm_model"):
+        with open_dict(cfg):
+            cfg.dataset.params.spm_model = str(path.parent / entry["tokenizer"]["file"])
+    return cfg, (path, f"weights {name} (sha256 verified)")
 
 
 def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
@@ -364,6 +392,11 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
         epoch, skip = divmod(start.step, run.steps_per_epoch)
         log.info("%s from %s (step %d, epoch %d%s) at %s", "resumed" if start.with_amp_state else "restarted",
                  start.checkpoint, start.step, epoch, f" + {skip} steps" if skip else "", describe(amp_cfg))
+    elif start.init is not None:
+        fresh = initial_weights(net, start.init[0], cfg.model.name, cfg.model.num_classes)
+        log.info("initialised from %s; optimizer and schedule start fresh%s", start.init[1],
+                 f"; {', '.join(fresh)} re-initialised for {cfg.model.num_classes} classes (another class count "
+                 f"in the file)" if fresh else "")
     run.evaluator.model = model
     telemetry = AmpTelemetry(step_cell, run.writer, t.log_every, plan.kind)
     watch = DivergenceWatch(telemetry.read, plan.kind, plan.min_scale, cfg.amp.fallback, t.log_every)
