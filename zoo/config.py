@@ -225,6 +225,8 @@ class TargetConfig:
     seeds: List[int] = field(default_factory=lambda: [1])
     parity: Optional[float] = None    # an AMP recipe's mean within this of its O0 sibling's mean (metric's unit)
     reproduce_overrides: List[str] = field(default_factory=list)  # keys a reproduction adds to the recipe
+    hours: Optional[float] = None     # about how long one run takes on a 2-core CPU (make reproduce's plan, until
+                                      # a run of the recipe is recorded)
 
 
 @dataclass
@@ -285,6 +287,7 @@ RANGES = {
     "decode.batch_size": (1, None),
     "infer.batch_size": (1, None),
     "runtime.device_id": (0, 63), "runtime.seed": (0, 2**31 - 1),
+    "target.hours": (0.0, None),
     "search.tolerance": (0, None), "search.budget_epochs": (0, None), "search.budget_steps": (0, None),
 }
 # Keys whose value may also be exactly this (outside the range): sink_size -1 is "a whole epoch".
