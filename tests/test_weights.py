@@ -168,6 +168,8 @@ def test_verify_finds_a_weights_data_where_it_is_given(tmp_path):
     name = next(n for n, e in ENTRIES.items() if e["recipe"].startswith("transformer_tiny_multi30k"))
     assert data_here(ENTRIES[name], {"multi30k": str(tmp_path)}) == str(tmp_path.resolve())
     assert data_here(ENTRIES[name], {"multi30k": str(tmp_path / "absent")}) is None
+    published = ENTRIES["transformer_tiny_multi30k_o0_bpe8k"]  # dataset=multi30k_published reads multi30k's files
+    assert data_here(published, {"multi30k": str(tmp_path)}) == str(tmp_path.resolve())
     out = run_cli("-m bench.verify", "--data", "multi31k=/x")
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
         "error: --data multi31k=...: 'multi31k' is not a dataset group; did you mean multi30k")

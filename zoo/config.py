@@ -287,7 +287,6 @@ RANGES = {
     "decode.batch_size": (1, None),
     "infer.batch_size": (1, None),
     "runtime.device_id": (0, 63), "runtime.seed": (0, 2**31 - 1),
-    "target.hours": (0.0, None),
     "search.tolerance": (0, None), "search.budget_epochs": (0, None), "search.budget_steps": (0, None),
 }
 # Keys whose value may also be exactly this (outside the range): sink_size -1 is "a whole epoch".
