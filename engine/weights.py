@@ -90,6 +90,12 @@ def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
     weight: its manifest's recipe, sha256 checked first, the command line's keys over it (any key of that
     recipe); a train.py checkpoint: its run's config.yaml; any other: the command line's recipe. Notes go to
     stderr."""
+    flags = hydra_flags(argv)[0]
+    if flags:  # not a Hydra application: its flags would be ignored
+        raise ConfigError(f"{flags[0]}: this command takes key=value overrides only (Hydra's flags, such as --cfg "
+                          f"job, are train.py's)")
+    if "resume" in user_keys(argv):
+        raise ConfigError("resume is train.py's (it continues a training run); give checkpoint=FILE or weights=NAME")
     cfg, note = weights_config(argv, suffix)
     smoke_note = None
     if cfg is None:

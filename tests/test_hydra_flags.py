@@ -51,3 +51,15 @@ def test_multirun_flag_in_any_position_checks_every_run():
     result = run_cli("train.py", "recipe=lenet_o0,lenet_o2", "trainer.epochs=0", "-m")
     assert result.returncode == 2 and result.stderr.strip() == "error: trainer.epochs=0 must be at least 1", \
         result.stderr
+
+
+def test_eval_names_a_hydra_flag_it_would_ignore():
+    """eval.py and export.py are no Hydra applications: a flag (or train.py's resume=) there is one line,
+    not silently dropped."""
+    from engine.weights import checkpoint_config
+    from zoo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--cfg=job: this command takes key=value overrides only"):
+        checkpoint_config(["weights=lenet_fashion_o0", "--cfg", "job"])
+    with pytest.raises(ConfigError, match=r"^resume is train.py's"):
+        checkpoint_config(["weights=lenet_fashion_o0", "resume=auto"])
