@@ -69,6 +69,10 @@ def apply_smoke(cfg, given: List[str] = ()) -> Tuple[object, Optional[str], List
     """With no dataset.path, a recipe whose real data is not embedded runs its `smoke` block instead: a short
     run on the embedded data that proves the recipe works, not the benchmark. Keys the user gave win over the
     block. Returns (config, note listing what the block changed, the user's keys kept over it)."""
+    ignored = [u for u in given if u == "smoke" or u.startswith("smoke.")]
+    if cfg.dataset.path is not None and ignored:  # nothing on the command line is silently ignored
+        raise ConfigError(f"{ignored[0]} applies only to the smoke run (dataset.path unset); with "
+                          f"dataset.path={cfg.dataset.path} set the key itself ({ignored[0].removeprefix('smoke.')})")
     if cfg.dataset.path is not None or not cfg.smoke:
         return cfg, None, []
     smoke = flatten(OmegaConf.to_container(cfg.smoke))
