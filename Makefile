@@ -62,7 +62,9 @@ bench-quick: install
 verify: install
 	$(PY) -m bench.verify $(ARGS)
 
-# every recipe whose real data is here (resumable); e.g. make reproduce ARGS="--data mnist=/data/mnist"
+# trains every recipe whose real data is here, one run after another (resumable): hours to days. It prints its
+# plan (each run's hours, the total) before it starts; see it alone with ARGS=--plan. ARGS="--write" also puts
+# the table into README.md; e.g. make reproduce ARGS="--data fashion_mnist=/usr/share/datasets/fashion-mnist"
 reproduce: install
 	$(PY) -m bench.reproduce $(ARGS)
 

@@ -2,7 +2,11 @@
                           python eval.py weights=NAME      (a shipped weight: weights/MANIFEST.json)
 
 Builds the recipe's network under its precision policy, loads the weights, and prints and writes top-1,
-top-5 and loss as JSON (default: next to the checkpoint, <checkpoint>.eval.json).
+top-5 and loss (translation: BLEU, sacrebleu's and multi-bleu.perl's) as JSON, with the split and data it
+scored (default: next to the checkpoint, <checkpoint>.eval.json, or <checkpoint>.<split>.eval.json for a
+translation split; a shipped weight: runs/weights/NAME...). The summary line puts the recipe's target metric
+first. With weights=NAME, any key of the weight's own recipe applies (dataset.params.test_prefix=val,
+decode.beam=4).
 """
 from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
@@ -14,6 +18,7 @@ from mindspore.train import Model
 
 from data import create_dataset, task
 from engine.checkpoint import inference_network
+from engine.load import user_keys
 from engine.metrics import NetWithEval, create_loss, metrics
 from engine.weights import checkpoint_config
 from models.decoding import translate
@@ -36,18 +41,45 @@ def evaluate(cfg) -> dict:
     return result
 
 
+# How the summary line names each metric; the recipe's target.metric comes first.
+SHOWN = {"bleu_lowercase": "BLEU {:.2f} lowercased (sacrebleu 13a, detokenized)",
+         "bleu_moses_lc": "BLEU {:.2f} lowercased Moses tokens (multi-bleu.perl, the paper's scorer)",
+         "bleu": "BLEU {:.2f} cased (sacrebleu 13a)",
+         "top1": "top-1 {:.2f}%", "top5": "top-5 {:.2f}%", "loss": "loss {:.4f}"}
+
+
+def summary(result: dict, target: str) -> str:
+    order = [target] + [k for k in SHOWN if k != target]
+    return "  ".join(SHOWN[k].format(result[k] * (100 if k.startswith("top") else 1)) for k in order if k in result)
+
+
+def split_of(cfg) -> str:
+    """The split eval.py scores: a translation data set names its test files (dataset.params.test_prefix)."""
+    return str(cfg.dataset.params.get("test_prefix") or "test") if task(cfg) == "translation" else "test"
+
+
+def result_path(cfg, argv) -> Path:
+    """output= when given; else beside the checkpoint (a shipped weight: runs/weights/NAME), named with the split
+    when it is not "test", so that scoring another split keeps this one."""
+    if "output" in user_keys(argv):
+        return Path(cfg.output)
+    default = Path(cfg.output or f"{cfg.checkpoint}.eval.json")
+    split = split_of(cfg)
+    return default if split == "test" else default.with_name(f"{default.name.removesuffix('.eval.json')}.{split}.eval.json")
+
+
 def main(argv) -> None:
     cfg, smoke_note = checkpoint_config(argv, ".eval.json")
+    out = result_path(cfg, argv)
+    cfg.output = str(out)
     result = evaluate(cfg)
-    out = Path(cfg.output) if cfg.output else Path(str(cfg.checkpoint) + ".eval.json")
-    record = {"recipe": cfg.recipe_name, "checkpoint": str(cfg.checkpoint),
+    record = {"recipe": cfg.recipe_name, "checkpoint": str(cfg.checkpoint), "split": split_of(cfg),
               "data": cfg.dataset.path or ("embedded (smoke)" if smoke_note else "embedded"),
-              **result}
+              "target_metric": cfg.target.metric, **result}
     out.write_text(json.dumps(record, indent=2))
     print(json.dumps(record))
-    bleu = f"  BLEU {result['bleu']:.2f} (beam {result['beam']})" if "bleu" in result else ""
-    print(f"top-1 {result['top1'] * 100:.2f}%  top-5 {result['top5'] * 100:.2f}%  loss {result['loss']:.4f}{bleu}"
-          f"  (written to {out})")
+    beam = f"  (beam {result['beam']})" if "beam" in result else ""
+    print(f"{record['split']} split of {record['data']}: {summary(result, cfg.target.metric)}{beam}  (written to {out})")
 
 
 if __name__ == "__main__":

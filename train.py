@@ -24,7 +24,7 @@ from typing import Any, List, Optional, Tuple
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from mindspore.train import Model
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from tensorboardX import SummaryWriter
 
 from amp.fallback import DivergenceWatch, describe, ladder
@@ -34,13 +34,14 @@ from amp.telemetry import AmpTelemetry
 from data import create_dataset, task
 from engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, ProgressBar, SafeWriter,
                               StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
-from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, last_good_checkpoint,
-                               RUN_TIMES, read_checkpoint, restore_weights, resume_point)
+from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, initial_weights,
+                               last_good_checkpoint, RUN_TIMES, read_checkpoint, restore_weights, resume_point)
 from engine.load import load_config, user_keys, validate
 from engine.metrics import NetWithEval, metrics
 from engine.optim import lr_schedule, scaled_lr, schedule_moved
 from engine.rundir import claim, claim_by_rank0, refuse_fresh_start, resume_config
 from engine.step import build_train_step
+from engine.weights import find as find_weights
 from models.decoding import translate
 from zoo.compose import compose
 from zoo.config import register_schema
@@ -59,6 +60,10 @@ def main(cfg) -> Optional[float]:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         cfg, smoke_note = load_config(argv, composed=cfg)
+        for key in user_keys(argv):  # nothing on the command line is silently ignored
+            if key.split(".")[0] in ("output", "infer"):
+                raise ConfigError(f"{key} is for eval.py and export.py; train.py writes everything into its run "
+                                  f"directory (hydra.run.dir)")
         if first_process():
             claim(run_dir)  # already held when the command line named it (claim_run_dir)
         if cfg.resume:  # the run's own config.yaml, with what the command line may change
@@ -168,6 +173,7 @@ class Start:
     params: Optional[dict] = None
     step: int = 0
     with_amp_state: bool = False  # a resume restores the loss-scale state; a lower rung starts its own
+    init: Optional[Tuple[Path, str]] = None  # no checkpoint: the weights (and what to call them) a new run starts from
 
 
 @dataclass
@@ -188,6 +194,8 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
     if not cfg.resume:
         refuse_fresh_start(run_dir)
     start = resume_start(cfg, run_dir / "checkpoints")
+    if start.checkpoint is None:
+        cfg, start.init = start_from(cfg)
     done = finished(cfg, run_dir, start)
     if done is not None:
         print(f"{run_dir} is finished ({done['steps']:,} steps, {done['epochs']} epochs): nothing to do; to train "
@@ -223,8 +231,28 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
                             "reason": rung.watch.reason, "restart_from": checkpoint.name if checkpoint else None})
         log.warning("fallback: %s; continuing at %s from %s", rung.watch.reason, describe(rungs[number + 1]),
                     checkpoint.name if checkpoint else "the initial weights")
-        start = Start(checkpoint, params, step_of(params))
+        start = Start(checkpoint, params, step_of(params), init=start.init)
     return None
+
+
+def start_from(cfg) -> Tuple[Any, Optional[Tuple[Path, str]]]:
+    """weights=NAME (a shipped weight, sha256 checked) or checkpoint=FILE: the weights a new run starts from, not
+    a resume (its optimizer and schedule start fresh). A translation weight brings its tokenizer (its token ids)."""
+    if cfg.weights and cfg.checkpoint:
+        raise ConfigError(f"weights={cfg.weights} and checkpoint={cfg.checkpoint}: give one to start from")
+    if cfg.checkpoint:
+        path = Path(cfg.checkpoint).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"checkpoint={cfg.checkpoint} is not a file; give a .ckpt file to start from, or "
+                              f"weights=NAME for a shipped weight")
+        return cfg, (path, f"checkpoint {cfg.checkpoint}")
+    if not cfg.weights:
+        return cfg, None
+    name, entry, path = find_weights(cfg.weights)
+    if "tokenizer" in entry and not cfg.dataset.params.get("spm_model"):
+        with open_dict(cfg):
+            cfg.dataset.params.spm_model = str(path.parent / entry["tokenizer"]["file"])
+    return cfg, (path, f"weights {name} (sha256 verified)")
 
 
 def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
@@ -377,6 +405,11 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
         epoch, skip = divmod(start.step, run.steps_per_epoch)
         log.info("%s from %s (step %d, epoch %d%s) at %s", "resumed" if start.with_amp_state else "restarted",
                  start.checkpoint, start.step, epoch, f" + {skip} steps" if skip else "", describe(amp_cfg))
+    elif start.init is not None:
+        fresh = initial_weights(net, start.init[0], cfg.model.name, cfg.model.num_classes)
+        log.info("initialised from %s; optimizer and schedule start fresh%s", start.init[1],
+                 f"; {', '.join(fresh)} re-initialised for {cfg.model.num_classes} classes (another class count "
+                 f"in the file)" if fresh else "")
     run.evaluator.model = model
     telemetry = AmpTelemetry(step_cell, run.writer, t.log_every, plan.kind)
     watch = DivergenceWatch(telemetry.read, plan.kind, plan.min_scale, cfg.amp.fallback, t.log_every)
@@ -537,9 +570,10 @@ def resume_run_dir(argv) -> list:
 
 if __name__ == "__main__":
     from engine.load import check_command_line
-    from zoo.compose import expand_home
+    from zoo.compose import expand_home, hydra_flags
     check_command_line(sys.argv[1:])
-    sys.argv[1:] = expand_home(sys.argv[1:])
-    sys.argv += resume_run_dir(sys.argv[1:])
-    claim_run_dir(sys.argv[1:])
+    flags, overrides = hydra_flags(expand_home(sys.argv[1:]))
+    sys.argv[1:] = flags + overrides + resume_run_dir(overrides)  # Hydra's parser reads its flags first
+    if all(f in ("-m", "--multirun") for f in flags):  # --cfg, --info, ... print and run nothing
+        claim_run_dir(sys.argv[1:])
     main()

@@ -105,7 +105,8 @@ def main(argv) -> dict:
     (run_dir / "multi30k_result.json").write_text(json.dumps(result, indent=2))
     t = result["averaged_test_2016_flickr"]
     print(f"test_2016_flickr, last {len(last)} averaged, beam {cfg.decode.beam}: BLEU {t['bleu_lowercase']:.2f} "
-          f"lowercased, {t['bleu']:.2f} cased ({t['sentences_per_s']} sentences/s)")
+          f"lowercased, {t['bleu']:.2f} cased (sacrebleu 13a); {t['bleu_moses_lc']:.2f} on lowercased Moses tokens "
+          f"(multi-bleu.perl, the paper's scorer) ({t['sentences_per_s']} sentences/s)")
     return result
 
 

@@ -1,24 +1,27 @@
 """Reproduce every recipe whose real data is on this machine, and write the table of published numbers.
 
     python -m bench.reproduce [--data GROUP=PATH ...] [--only RECIPE ...] [--seeds N] [--runs DIR] [--out DIR]
-                              [--plan|--table]
+                              [--plan|--table] [--write]
     make reproduce
 
 Every recipe in recipes/ gets a row. Its data group (`override /dataset: ...` in the recipe) is looked for at
-the path given with --data (fashion_mnist, mnist, cifar10, imagenet, multi30k, wmt14_en_de), else at the
-recipe's own dataset.path, else where this project's machines keep it (Multi30k: ../shared/data/multi30k).
+the path given with --data (fashion_mnist, mnist, cifar10, imagenet, multi30k, wmt14_en_de; a group it builds
+on counts, as multi30k for multi30k_published), else at the recipe's own dataset.path.
 Found: the recipe trains with its own settings, once per seed of its plan (PLANS), each run in RUNS/<recipe>-s<seed>
 (train.py's run directory; --runs, default runs/reproduce). Resumable: a run with metrics.json is done and
 only scored again; a run with checkpoints continues with resume=auto; a killed reproduce picks up there.
 Translation recipes are scored with the published protocol of bench/multi30k.py (last checkpoints averaged,
 beam search, test split). Not found: the row says so and gives the command that would run it.
 
+It first prints its plan: each run to train with about how long it takes (the recipe's runs recorded here at
+its own setting, else its plan's hours), and the total.
 Writes OUT/reproduce.json (one record per run, with its test-split curve) and OUT/REPRODUCE.md (the table;
 --out, default bench/results/reproduce) with OUT/curves_<family>.png (each model and data set: the test metric
-of every run against its step, every precision level at equal steps), and the same table into README.md between its `reproduce` markers, after every
-finished run: the README's "Published numbers" table comes from here and nowhere else. With --out elsewhere the
-README is left alone (a scratch reproduction, say from a worktree, keeps its checkout clean). --plan prints what
-would run and runs nothing; --table writes the table from the runs so far and runs nothing;
+of every run against its step, every precision level at equal steps) after every finished run, and with
+--write the same table into README.md between its `reproduce` markers: the README's "Published numbers" table
+comes from here and nowhere else. With --out elsewhere the README is left alone (a scratch reproduction, say
+from a worktree, keeps its checkout clean). --plan prints what would run and runs and writes nothing; --table
+prints the table from the runs so far and runs nothing, writing it only with --write;
 --only RECIPE (repeatable) runs only those recipes (the table keeps every row); --seeds N runs only the first N
 seeds of each (one seed of everything first, say; the table keeps every recorded run).
 """
@@ -44,9 +47,6 @@ from zoo.errors import choices_hint, fail
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 DEFAULT_OUT = ROOT / "bench" / "results" / "reproduce"
-# Where this project's machines keep data that no package installs (benchmarks and tests only).
-KNOWN_DATA = {"multi30k": ROOT.parent / "shared" / "data" / "multi30k",
-              "multi30k_published": ROOT.parent / "shared" / "data" / "multi30k"}
 
 
 # How a reproduction runs a recipe on its real data, fixed before the runs: its seeds (default [1]), the band
@@ -59,8 +59,9 @@ PLANS = {
     "resnet18_fashion_o2": {"seeds": [1, 2, 3], "parity": 0.5},
     "resnet18_fashion_o3": {"parity": 0.5},
     # every epoch checkpoint kept, for the val BLEU curve
-    "transformer_tiny_multi30k_o0": {"reproduce_overrides": ["trainer.keep_last=100"]},
-    "transformer_tiny_multi30k_o2": {"parity": 1.0, "reproduce_overrides": ["trainer.keep_last=100"]},
+    # hours: a run's length on a 2-core CPU until one is recorded (docs/benchmarks.md: O0 17,083 s; O2 ~2.3x O0)
+    "transformer_tiny_multi30k_o0": {"reproduce_overrides": ["trainer.keep_last=100"], "hours": 4.7},
+    "transformer_tiny_multi30k_o2": {"parity": 1.0, "reproduce_overrides": ["trainer.keep_last=100"], "hours": 9},
 }
 
 
@@ -74,8 +75,17 @@ def recipe_card(name: str) -> dict:
             "level": str(cfg.amp.level), "target": target, "description": cfg.description}
 
 
+def data_groups(group: str) -> List[str]:
+    """The dataset group and those it builds on (multi30k_published reads multi30k's files): --data names any."""
+    conf = ROOT / "conf" / "dataset" / f"{group}.yaml"
+    bases = [d for d in OmegaConf.load(conf).get("defaults", []) if isinstance(d, str) and d != "_self_"] \
+        if conf.is_file() else []
+    return [group] + [g for base in bases for g in data_groups(base)]
+
+
 def find_data(card: dict, given: Dict[str, str]) -> Optional[str]:
-    for path in (given.get(card["group"]), card["default_path"], KNOWN_DATA.get(card["group"])):
+    """The folder of the recipe's data: --data GROUP=PATH, else the recipe's own dataset.path; None: not here."""
+    for path in [*(given.get(g) for g in data_groups(card["group"])), card["default_path"]]:
         if path and Path(path).expanduser().is_dir():
             return str(Path(path).expanduser().resolve())
     return None
@@ -183,13 +193,24 @@ def multi30k_scorer(run_dir: Path) -> dict:
     return json.loads(result.read_text())
 
 
+def hours(name: str, target: dict, recorded: Dict[str, dict]) -> Optional[float]:
+    """About how long one run of a recipe takes: its runs recorded at its own setting (no overrides), else the
+    plan's hours (PLANS); None when neither says."""
+    times = [rec["wall_time_s"] for run_id, rec in recorded.items()
+             if run_id.rsplit("-s", 1)[0] == name and not rec.get("overrides") and rec.get("wall_time_s")]
+    return statistics.mean(times) / 3600 if times else target.get("hours")
+
+
 def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, plan_only: bool = False,
               runner: Callable = run_subprocess, scorer: Callable = multi30k_scorer,
-              readme: Optional[Path] = ROOT / "README.md", only: Optional[List[str]] = None,
-              max_seeds: Optional[int] = None) -> dict:
+              readme: Optional[Path] = None, only: Optional[List[str]] = None,
+              max_seeds: Optional[int] = None, write: bool = True) -> dict:
     """Rows for every recipe in `recipes`; runs (and scores) those in `only` (default: all) whose data is here,
-    each at its first `max_seeds` seeds (default: all of its plan's seeds)."""
-    out.mkdir(parents=True, exist_ok=True)
+    each at its first `max_seeds` seeds (default: all of its plan's seeds). Prints the plan, with hours, first.
+    write=False (and plan_only): nothing is written; `readme`: the README whose table is replaced."""
+    write = write and not plan_only
+    if write:
+        out.mkdir(parents=True, exist_ok=True)
     results_file = out / "reproduce.json"
     results = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
     rows = []
@@ -199,20 +220,35 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
         live = unfinished(runs, name, seeds, card["target"]["metric"])
         gone = [dict(rec, live=False) for run_id, rec in results.get("unfinished", {}).items()  # machine gone
                 if run_id.rsplit("-s", 1)[0] == name and run_id not in live and run_id not in results["runs"]]
-        rows.append({**card, "data": find_data(card, given), "seeds": seeds, "runs": [],
-                     "unfinished": list(live.values()) + gone,
+        data = find_data(card, given)
+        rows.append({**card, "data": data, "seeds": seeds, "unfinished": list(live.values()) + gone,
+                     "runs": [] if data else [results["runs"][f"{name}-s{s}"] for s in seeds  # recorded elsewhere
+                                              if f"{name}-s{s}" in results["runs"]],
                      "started": any((runs / f"{name}-s{seed}").exists() for seed in seeds)})
     # seed-major: every recipe's first seed before any second one, so a stopped reproduce already compares
     # the precision levels
     todo = [(row, seed) for i in range(max(len(r["seeds"]) for r in rows))
             for row in rows if row["data"] is not None and i < len(row["seeds"]) for seed in [row["seeds"][i]]]
+    is_recorded = lambda row, seed: results["runs"].get(f"{row['recipe']}-s{seed}", {}).get("data") == row["data"]  # noqa: E731
+    asked = lambda row, seed: (only is None or row["recipe"] in only) and not (  # noqa: E731
+        max_seeds and row["seeds"].index(seed) >= max_seeds)
+    to_train = [(row, seed) for row, seed in todo if not is_recorded(row, seed) and asked(row, seed)
+                and not (runs / f"{row['recipe']}-s{seed}" / "metrics.json").is_file()]
+    plan_hours = [hours(row["recipe"], row["target"], results["runs"]) for row, _ in to_train]
+    for (row, seed), h in zip(to_train, plan_hours):
+        print(f"plan: {row['recipe']} seed {seed}: " + (f"about {h:.1f} h" if h is not None else "time unknown (no "
+              "run of it recorded)"), flush=True)
+    known = [h for h in plan_hours if h is not None]
+    print(f"plan: {len(to_train)} runs to train, about {sum(known):.0f} hours on a 2-core CPU machine like this "
+          f"project's" + (f" plus {len(to_train) - len(known)} of unknown time" if len(known) < len(to_train) else "")
+          + ("" if plan_only else "; a killed reproduce continues where it stopped"), flush=True)
     for row, seed in todo:
         name, data = row["recipe"], row["data"]
         run_id, run_dir = f"{name}-s{seed}", runs / f"{name}-s{seed}"
-        if run_id in results["runs"] and results["runs"][run_id].get("data") == data:
+        if is_recorded(row, seed):
             row["runs"].append(results["runs"][run_id])
             continue
-        if (only is not None and name not in only) or (max_seeds and row["seeds"].index(seed) >= max_seeds):
+        if not asked(row, seed):
             continue  # not asked for: its recorded runs only
         if not (run_dir / "metrics.json").is_file():
             cmd = train_command(row, data, seed, run_dir)
@@ -226,18 +262,21 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
                 print(f"{run_id}: train.py exited {code} before finishing (see {run_dir.parent}/{run_id}.out); "
                       f"run bench.reproduce again to continue it", flush=True)
                 continue
+        if plan_only:  # finished but not scored yet: scoring decodes, and --plan runs nothing
+            continue
         record = {"run": run_id, "seed": seed, "data": data, "run_dir": str(run_dir),
                   **score(row, run_dir, scorer)}
+        row["runs"].append(record)
+        row["unfinished"] = [rec for rec in row["unfinished"] if rec["run"] != run_id]
+        if not write:
+            continue
         # read again before writing: another reproduce (say --only another recipe) may have recorded a run since
         results = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
         results["runs"][run_id] = record
         results.get("unfinished", {}).pop(run_id, None)
         results_file.write_text(json.dumps(results, indent=2))
-        row["runs"].append(record)
-        row["unfinished"] = [rec for rec in row["unfinished"] if rec["run"] != run_id]
-        if not plan_only:  # the table as it stands after every finished run
-            publish(rows, out, readme)
-    if not plan_only:  # where the unfinished runs stand, kept beside the finished ones
+        publish(rows, out, readme)  # the table as it stands after every finished run
+    if write:  # where the unfinished runs stand, kept beside the finished ones
         recorded = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
         shown = {row["recipe"] for row in rows}
         kept = {run_id: rec for run_id, rec in recorded.get("unfinished", {}).items()
@@ -246,7 +285,9 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
             kept[rec["run"]] = {k: v for k, v in rec.items() if k != "live"}
         recorded["unfinished"] = kept
         results_file.write_text(json.dumps(recorded, indent=2))
-    table = publish(rows, out, None if plan_only else readme)
+    for row in rows:
+        row["runs"].sort(key=lambda r: r["seed"])
+    table = publish(rows, out, readme) if write else render(rows)
     return {"rows": rows, "table": table}
 
 
@@ -345,9 +386,9 @@ def render(rows: List[dict]) -> str:
     here = ["| recipe | published | reproduced here | seeds | training time | device, notes |",
             "|---|---|---|---|---|---|"]
     absent = ["| recipe | published | data | run it with |", "|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: r["data"] is None):  # sources numbered in the order they are shown
+    for r in sorted(rows, key=lambda r: r["data"] is None and not r["runs"]):  # sources numbered as shown
         head = f"| `{r['recipe']}` | {published(r['target'])} "
-        if r["data"] is None:
+        if r["data"] is None and not r["runs"]:  # its recorded runs show even where its data is not
             cmd = f"python -m bench.reproduce --data {r['group']}=PATH --only {r['recipe']}"
             absent.append(head + f"| not found ({r['group']}) | `{cmd}` |")
             continue
@@ -420,6 +461,7 @@ def parse(argv: List[str]):
     all_recipes = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     plan, argv = pop_flag(argv, "--plan")
     table_only, argv = pop_flag(argv, "--table")  # run nothing: the table from the runs recorded so far
+    write, argv = pop_flag(argv, "--write")  # --plan/--table write files only when asked; README.md only with it
     data, argv = pop_all(argv, "--data")
     only, argv = pop_all(argv, "--only")
     seeds, argv = pop_option(argv, "--seeds", None, str)
@@ -427,17 +469,18 @@ def parse(argv: List[str]):
     out, argv = pop_option(argv, "--out", DEFAULT_OUT, Path)
     if argv:
         fail(f"unknown argument {argv[0]!r}; valid: --data GROUP=PATH, --only RECIPE, --seeds N, --runs DIR, "
-             f"--out DIR, --plan, --table")
+             f"--out DIR, --plan, --table, --write")
     given = dict(data_option(value) for value in data)
     if seeds is not None and (not seeds.isdigit() or int(seeds) < 1):
         fail(f"--seeds {seeds!r}: give how many of each recipe's seeds to run, a whole number >= 1")
     for name in only:
         if name not in all_recipes:
             fail(f"--only {name!r} is not a recipe; " + choices_hint(name, all_recipes))
-    readme = ROOT / "README.md" if out.resolve() == DEFAULT_OUT.resolve() else None  # its table is OUT's
+    readme = ROOT / "README.md" if write and out.resolve() == DEFAULT_OUT.resolve() else None  # its table is OUT's
     return (all_recipes, given, runs.resolve(), out, plan, [] if table_only else (only or None),
-            None if seeds is None else int(seeds), readme)
+            None if seeds is None else int(seeds), readme, write or not (plan or table_only))
 
 if __name__ == "__main__":
-    recipes, given, runs, out, plan, only, max_seeds, readme = parse(sys.argv[1:])
-    print(reproduce(recipes, given, runs, out, plan, readme=readme, only=only, max_seeds=max_seeds)["table"])
+    recipes, given, runs, out, plan, only, max_seeds, readme, write = parse(sys.argv[1:])
+    print(reproduce(recipes, given, runs, out, plan, readme=readme, only=only, max_seeds=max_seeds,
+                    write=write)["table"])

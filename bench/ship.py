@@ -42,12 +42,13 @@ def overrides(run_cfg) -> List[str]:
     """The key=value list that turns the recipe as written into the run's config (what the run's command line
     changed): composing the recipe with these gives the run's config again. A key the recipe does not have (a
     config group of the run's added it, as dataset=multi30k_published adds dataset.params.lowercase) is
-    +key=value."""
+    +key=value; a key the run does not have (setting=cased_4k has no dataset.params.lowercase) is ~key."""
     recipe = flatten(OmegaConf.to_container(compose([f"recipe={run_cfg.recipe_name}"]), resolve=True))
     run = flatten(OmegaConf.to_container(run_cfg, resolve=True))
-    out = []
+    skip = lambda key: key.split(".")[0] in SKIP or key in SKIP  # noqa: E731
+    out = [f"~{key}" for key in sorted(recipe) if key not in run and not skip(key)]
     for key, value in sorted(run.items()):
-        if key.split(".")[0] in SKIP or key in SKIP or recipe.get(key) == value:
+        if skip(key) or recipe.get(key) == value:
             continue
         text = json.dumps(value) if isinstance(value, (list, dict)) else value
         out.append(f"{'' if key in recipe else '+'}{key}={text}")

@@ -33,7 +33,8 @@ def score(name: str, folder: Path = WEIGHTS, data: Optional[str] = None) -> Dict
     result = evaluate(cfg)
     out = {k: round(v, 6) for k, v in result.items() if isinstance(v, float)}
     if "bleu" in result:
-        out["scorer"] = {"bleu": result["signature"], "bleu_lowercase": result["signature_lowercase"]}
+        out["scorer"] = {"bleu": result["signature"], "bleu_lowercase": result["signature_lowercase"],
+                         "bleu_moses_lc": result["signature_moses_lc"]}
     else:
         out["scorer"] = "mindspore.train Top1/Top5CategoricalAccuracy on the full test split"
     out["split"] = "test"

@@ -58,6 +58,7 @@ class Tokenizer:
         self.sp, self.lowercase = sp, p["lowercase"]
         self.moses = {lang: MosesTokenizer(lang) for lang in (p["src_lang"], p["tgt_lang"])} if p["moses"] else {}
         self.detok = MosesDetokenizer(p["tgt_lang"]) if p["moses"] else None
+        self.scoring = MosesTokenizer(p["tgt_lang"])
 
     def prepare(self, text: str, lang: str) -> str:
         if self.moses:
@@ -70,6 +71,16 @@ class Tokenizer:
     def decode(self, ids) -> str:
         text = self.sp.decode(ids)
         return self.detok.detokenize(text.split()) if self.detok else text
+
+    def decode_tokenized(self, ids) -> str:
+        """The output as multi-bleu.perl scores it (fairseq's scorer, the paper's): lowercased Moses tokens,
+        subwords joined (fairseq's --remove-bpe); a model of the raw text has its output Moses-tokenized."""
+        text = self.sp.decode(ids)
+        return (text if self.moses else self.tokenized(text)).lower()
+
+    def tokenized(self, text: str) -> str:
+        """A target-language text (a reference) as multi-bleu.perl scores it: Moses tokens, lowercased."""
+        return self.scoring.tokenize(text, return_str=True, escape=False).lower()
 
 
 def _read_lines(path: Path, key: str) -> List[str]:

@@ -58,6 +58,32 @@ def load_weights(net: nn.Cell, path, model_name: str, params: dict = None) -> di
     return params
 
 
+def initial_weights(net: nn.Cell, path, model_name: str, num_classes: int) -> List[str]:
+    """train.py weights=NAME / checkpoint=FILE: a new run starts from a checkpoint's network parameters (no
+    optimizer moments, step, schedule or loss scale: not a resume). A parameter whose shape differs only where
+    the file has another class count (the head) keeps its fresh initialisation; returns those names. Any other
+    difference is one error line (another model or width)."""
+    params = read_checkpoint(path)
+    own = list(net.get_parameters())
+    missing = [p.name for p in own if p.name not in params]
+    if missing:
+        raise ConfigError(f"{path} does not fit model {model_name!r}: {len(missing)} of its parameters are missing "
+                          f"(e.g. {', '.join(missing[:3])}); start from a weight of the same model")
+    fresh = []
+    for p in own:
+        theirs, ours = tuple(params[p.name].shape), tuple(p.shape)
+        if theirs == ours:
+            continue
+        axes = [i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b] if len(theirs) == len(ours) else [-1]
+        if len(axes) != 1 or ours[axes[0]] != num_classes:
+            raise ConfigError(f"{path} does not fit model {model_name!r}: {p.name} has shape {theirs} in the file, "
+                              f"{ours} in the model; only a head for another class count is re-initialised")
+        fresh.append(p.name)
+    ms.load_param_into_net(net, {p.name: as_dtype(params[p.name], p) for p in own if p.name not in fresh},
+                           strict_load=False)
+    return fresh
+
+
 def as_dtype(value, like):
     """A checkpoint's float value in its network parameter's float type (a weight shipped in fp16 loads into an
     fp32 network, as MindSpore's own loader would refuse)."""

@@ -14,7 +14,7 @@ import data  # noqa: F401  (registers the datasets)
 from amp.names import check_policy_names
 from amp.policy import check_device_dtype
 from models import check_model, import_plugins  # (and registers the models)
-from zoo.compose import check_slips, compose, expand_home, one_line
+from zoo.compose import check_slips, compose, expand_home, hydra_flags, one_line
 from zoo.config import Config, RANGES, SPECIAL
 from zoo.errors import ConfigError, fail
 from zoo.registry import DATASETS
@@ -31,7 +31,7 @@ def load_config(argv: List[str], composed=None, smoke: bool = True,
     check_slips(argv)
     import_plugins()
     try:
-        cfg = composed if composed is not None else compose([a for a in argv if not a.startswith("-")])
+        cfg = composed if composed is not None else compose(hydra_flags(argv)[1])
     except Exception as e:  # Hydra/OmegaConf composition errors
         raise ConfigError(one_line(e, argv)) from None
     cfg, note, kept = apply_smoke(cfg, user_keys(argv)) if smoke else (cfg, None, [])
@@ -69,6 +69,10 @@ def apply_smoke(cfg, given: List[str] = ()) -> Tuple[object, Optional[str], List
     """With no dataset.path, a recipe whose real data is not embedded runs its `smoke` block instead: a short
     run on the embedded data that proves the recipe works, not the benchmark. Keys the user gave win over the
     block. Returns (config, note listing what the block changed, the user's keys kept over it)."""
+    ignored = [u for u in given if u == "smoke" or u.startswith("smoke.")]
+    if cfg.dataset.path is not None and ignored:  # nothing on the command line is silently ignored
+        raise ConfigError(f"{ignored[0]} applies only to the smoke run (dataset.path unset); with "
+                          f"dataset.path={cfg.dataset.path} set the key itself ({ignored[0].removeprefix('smoke.')})")
     if cfg.dataset.path is not None or not cfg.smoke:
         return cfg, None, []
     smoke = flatten(OmegaConf.to_container(cfg.smoke))
@@ -173,7 +177,7 @@ def check_command_line(argv: List[str]) -> None:
         check_slips(argv)
     except ConfigError as e:
         fail(str(e))
-    overrides = [a for a in expand_home(argv) if not a.startswith("-")]
+    flags, overrides = hydra_flags(expand_home(argv))
     for a in overrides:
         if a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
             out = Path(a.split("=", 1)[1]).expanduser()
@@ -182,10 +186,10 @@ def check_command_line(argv: List[str]) -> None:
                 fail(f"{a.split('=', 1)[0]}={out} is a file; give a directory for the run's files")
             if existing is not None and not os.access(existing, os.W_OK):
                 fail(f"{a.split('=', 1)[0]}={out}: {existing} is not writable; give a directory you can write to")
-    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
-        return  # Hydra's own flags (--help, --cfg, ...): let Hydra handle them
+    if any(f not in ("-m", "--multirun", "-r", "--run") for f in flags):
+        return  # Hydra's own flags that print or change the config (--cfg, --info, -cn, ...): Hydra handles them
     try:
-        if "-m" in argv or "--multirun" in argv:
+        if "-m" in flags or "--multirun" in flags:
             parsed = OverridesParser.create().parse_overrides(overrides)
             runs = [run for batch in BasicSweeper.split_arguments(parsed, None) for run in batch]
         else:

@@ -14,6 +14,7 @@ from typing import List, Optional, Tuple
 
 from engine.load import load_config, user_keys, validate
 from engine.rundir import run_config_for
+from zoo.compose import expand_home, hydra_flags
 from zoo.errors import ConfigError, choices_hint
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
@@ -86,37 +87,58 @@ def shipped_file(checkpoint) -> Optional[str]:
 
 def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
     """eval.py and export.py: the config a checkpoint is used with, and the smoke note (or None). A shipped
-    weight: its manifest's recipe, sha256 checked first; a train.py checkpoint: its run's config.yaml; any
-    other: the command line's recipe. Notes go to stderr."""
-    cfg, smoke_note = load_config(argv)
-    given = user_keys(argv)
-    cfg, note = weights_config(cfg, argv, given, suffix)  # composed and validated by load_config
-    if note is None:
-        cfg, note = run_config_for(cfg, given)
+    weight: its manifest's recipe, sha256 checked first, the command line's keys over it (any key of that
+    recipe); a train.py checkpoint: its run's config.yaml; any other: the command line's recipe. Notes go to
+    stderr."""
+    flags = hydra_flags(argv)[0]
+    if flags:  # not a Hydra application: its flags would be ignored
+        raise ConfigError(f"{flags[0]}: this command takes key=value overrides only (Hydra's flags, such as --cfg "
+                          f"job, are train.py's)")
+    if "resume" in user_keys(argv):
+        raise ConfigError("resume is train.py's (it continues a training run); give checkpoint=FILE or weights=NAME")
+    cfg, note = weights_config(argv, suffix)
+    smoke_note = None
+    if cfg is None:
+        cfg, smoke_note = load_config(argv)
+        cfg, note = run_config_for(cfg, user_keys(argv))
         if note:  # the run's config.yaml with the command line's keys over it: not validated yet
             validate(cfg)
+            smoke_note = None if cfg.dataset.path else smoke_note
     if note:
         print(note, file=sys.stderr)
-        smoke_note = None if cfg.dataset.path else smoke_note
     if smoke_note:
         print(smoke_note, file=sys.stderr)
     return cfg, smoke_note
 
 
-def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.json"):
+def shipped_spec(argv: List[str]) -> Optional[str]:
+    """The shipped weight a command line asks for: `weights=NAME`, or a `checkpoint=` that is a shipped file.
+    Read off the command line itself: the weight's recipe, not the default one, decides which keys are valid."""
+    given = dict(a.lstrip("+").split("=", 1) for a in hydra_flags(expand_home(argv))[1]
+                 if a.lstrip("+").startswith(("weights=", "checkpoint=", "recipe=")))
+    if given.get("weights") not in (None, "", "null"):
+        if given.get("checkpoint") not in (None, "", "null"):
+            raise ConfigError(f"weights={given['weights']} and checkpoint={given['checkpoint']}: give one")
+        return given["weights"]
+    checkpoint = given.get("checkpoint")
+    return str(Path(checkpoint).expanduser()) if checkpoint and shipped_file(checkpoint) else None
+
+
+def weights_config(argv: List[str], suffix: str = ".eval.json"):
     """eval.py / export.py: the config for `weights=` (or a `checkpoint=` that is a shipped file): the weight's
     recipe and overrides, the command line's other keys over them, checkpoint set to the verified file, and
     output (unless given) under runs/weights/ rather than beside the file in the repository.
-    Returns (config, note) or (cfg, None) when no shipped weight is asked for."""
-    spec = cfg.weights or (str(Path(str(cfg.checkpoint)).expanduser()) if cfg.checkpoint and
-                           shipped_file(cfg.checkpoint) else None)
+    Returns (config, note), or (None, None) when no shipped weight is asked for."""
+    spec = shipped_spec(argv)
     if not spec:
-        return cfg, None
+        return None, None
     name, entry, path = find(spec)
-    if "recipe" in given and cfg.recipe_name != entry["recipe"]:
-        raise ConfigError(f"recipe={cfg.recipe_name}, but weights {name} were trained with the recipe "
+    mine = hydra_flags(expand_home(argv))[1]
+    recipe = next((a.split("=", 1)[1] for a in reversed(mine) if a.lstrip("+").startswith("recipe=")), None)
+    if recipe is not None and recipe != entry["recipe"]:
+        raise ConfigError(f"recipe={recipe}, but weights {name} were trained with the recipe "
                           f"{entry['recipe']}; drop recipe= (the manifest gives it)")
-    mine = [a for a in argv if not a.startswith(("recipe=", "weights=", "checkpoint=", "-"))]
+    mine = [a for a in mine if not a.lstrip("+").startswith(("recipe=", "weights=", "checkpoint="))]
     out, smoke_note = load_config([f"recipe={entry['recipe']}", *entry["overrides"], *tokenizer_override(entry, path),
                                    *mine, f"checkpoint={path}", "decode.average_last=1"])  # averaged already
     if smoke_note is not None:  # the recipe's data ships in no package: the smoke data would score nonsense

@@ -1,4 +1,4 @@
-"""Decoding (greedy and beam search) and BLEU with sacrebleu.
+"""Decoding (greedy and beam search) and BLEU with sacrebleu (13a on detokenized text, and multi-bleu.perl's).
 
 Incremental: the encoder runs once per batch, on each sentence once (not once per beam); each step feeds one
 token per hypothesis through `Transformer.decode_step`, whose self-attention keys and values live in a
@@ -130,13 +130,24 @@ def signed_bleu(hypotheses: List[str], references: List[str], lowercase: bool) -
     return float(metric.corpus_score(hypotheses, [references]).score), str(metric.get_signature())
 
 
-def scores(hypotheses: List[str], pairs) -> dict:
+def multi_bleu(hypotheses: List[str], references: List[str]) -> Tuple[float, str]:
+    """BLEU as multi-bleu.perl and fairseq's scorer compute it on text already tokenized (and lowercased):
+    corpus n-gram precisions 1-4 on whitespace tokens, their geometric mean, the brevity penalty, no smoothing
+    (a zero precision gives 0). sacrebleu with tokenize='none' and smooth_method='none' is exactly that."""
+    metric = sacrebleu.BLEU(tokenize="none", smooth_method="none", force=True)
+    return float(metric.corpus_score(hypotheses, [references]).score), str(metric.get_signature())
+
+
+def scores(hypotheses: List[str], pairs, tokenized: Optional[Tuple[List[str], List[str]]] = None) -> dict:
     """Cased and lowercased BLEU of the hypotheses against the raw references of (source, reference) pairs,
-    with sacrebleu's signatures (which say how each was scored)."""
+    with sacrebleu's signatures (which say how each was scored); with `tokenized` (the hypotheses and references
+    as lowercased Moses tokens), bleu_moses_lc too: multi-bleu.perl's BLEU, the Multi30k papers' number."""
     refs = [tgt for _, tgt in pairs][: len(hypotheses)]
     out = {}
     for key, lowercase in (("bleu", False), ("bleu_lowercase", True)):
         out[key], out[f"signature{key[4:]}"] = signed_bleu(hypotheses, refs, lowercase)
+    if tokenized is not None:
+        out["bleu_moses_lc"], out["signature_moses_lc"] = multi_bleu(*tokenized)
     return out
 
 
@@ -233,21 +244,22 @@ def decode_batches(examples, size: int):
 def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, out: Optional[Path] = None,
               form: Optional[str] = None) -> dict:
     """Decode a split with the trained network; BLEU against the untokenized references (sacrebleu 13a), cased
-    and lowercased."""
+    and lowercased, and multi-bleu.perl's on lowercased Moses tokens (bleu_moses_lc)."""
     form = form or str(cfg.decode.length_norm)
     net.set_train(False)
     examples, pairs, sp = encode_pairs(cfg.dataset, split)
     max_len = params(cfg.dataset)["max_len"]
     decoder = IncrementalDecoder(net, beam)
-    hyps, tokens, t0 = [""] * len(examples), 0, time.perf_counter()
+    hyps, hyps_tok, tokens, t0 = [""] * len(examples), [""] * len(examples), 0, time.perf_counter()
     for take, src in decode_batches(examples, min(cfg.decode.batch_size, len(examples))):
         ids = decoder.search(src, alpha, form, max_len)[: len(take)]
         tokens += sum(len(h) + 1 for h in ids)
         for j, h in zip(take, ids):
-            hyps[j] = sp.decode(h)
+            hyps[j], hyps_tok[j] = sp.decode(h), sp.decode_tokenized(h)
     seconds = time.perf_counter() - t0
     if out is not None:
         Path(out).write_text("\n".join(hyps) + "\n", encoding="utf-8")
-    return {**scores(hyps, pairs), "sentences": len(hyps),
+    refs_tok = [sp.tokenized(tgt) for _, tgt in pairs][: len(hyps)]
+    return {**scores(hyps, pairs, (hyps_tok, refs_tok)), "sentences": len(hyps),
             "beam": beam, "length_penalty": alpha, "length_norm": form, "decode_s": round(seconds, 2),
             "sentences_per_s": round(len(hyps) / seconds, 1), "tokens_per_s": round(tokens / seconds, 1)}

@@ -41,6 +41,9 @@ CASES = [
     (["dataset.path=~/no-such-mnist"], "/no-such-mnist' does not exist"),  # ~ expanded, not a grammar error
     (["recipe=lenet_o2", "[--diff", "O1", "O3]"], "'[--diff' looks like a usage line pasted with its brackets"),
     (["trainer.sink_size=100"], "trainer.sink_size=100: MindSpore counts each sink as an epoch"),
+    (["recipe=transformer_tiny_multi30k_o0", "dataset.path=/tmp", "smoke.trainer.epochs=2"],
+     "smoke.trainer.epochs applies only to the smoke run (dataset.path unset); with dataset.path=/tmp set the key "
+     "itself (trainer.epochs)"),  # not silently ignored
     (["runtime.distributed=true", "runtime.device_id=3"], "runtime.device_id=3 with runtime.distributed=true would "
                                                           "put every rank on device 3"),
 ]

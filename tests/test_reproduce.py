@@ -134,9 +134,37 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
 def test_the_readme_table_is_written_only_from_the_repositorys_own_results(tmp_path):
     """--out elsewhere (a scratch reproduction in a worktree) must not rewrite README.md: a modified checkout
     would mark every run trained from it as modified."""
-    assert rp.parse([])[-1] == rp.ROOT / "README.md"
-    assert rp.parse(["--out", str(rp.DEFAULT_OUT)])[-1] == rp.ROOT / "README.md"
-    assert rp.parse(["--out", str(tmp_path / "out")])[-1] is None
+    assert rp.parse(["--write"])[-2] == rp.ROOT / "README.md"
+    assert rp.parse(["--out", str(rp.DEFAULT_OUT), "--write"])[-2] == rp.ROOT / "README.md"
+    assert rp.parse(["--out", str(tmp_path / "out"), "--write"])[-2] is None
+    assert rp.parse([])[-2:] == (None, True), "a reproduction records its runs; README.md only with --write"
+    assert rp.parse(["--plan"])[-1] is False and rp.parse(["--table"])[-1] is False
+    assert rp.parse(["--table", "--write"])[-1] is True
+
+
+def test_plan_prints_hours_first_and_plan_and_table_write_nothing(tmp_path, fake_runner, monkeypatch, capsys):
+    """--plan and --table write nothing (not the tracked results, not README.md); the plan gives each run's hours
+    (recorded runs at the recipe's own setting, else its plan's hours) and the total, before any run."""
+    data = tmp_path / "fashion"
+    data.mkdir()
+    seeds(monkeypatch, lenet_fashion_o0=[1, 2], lenet_fashion_o2=[1])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "reproduce.json").write_text(json.dumps({"runs": {
+        "lenet_fashion_o0-s9": {"wall_time_s": 5400.0, "data": "/elsewhere"},
+        "lenet_fashion_o2-s9": {"wall_time_s": 99999.0, "overrides": ["x=1"], "data": "/elsewhere"}}}))
+    before = (out / "reproduce.json").read_text()
+    args = dict(recipes=["lenet_fashion_o0", "lenet_fashion_o2"], given={"fashion_mnist": str(data)},
+                runs=tmp_path / "runs", out=out, runner=fake_runner)
+    rp.reproduce(**args, plan_only=True)
+    printed = capsys.readouterr().out
+    assert "plan: lenet_fashion_o0 seed 1: about 1.5 h" in printed and "plan: lenet_fashion_o0 seed 2: about 1.5 h" in printed
+    assert "plan: lenet_fashion_o2 seed 1: time unknown" in printed  # its one record trained at another setting
+    assert "plan: 3 runs to train, about 3 hours" in printed and printed.index("plan:") < printed.index("would run:")
+    assert not fake_runner.calls and sorted(p.name for p in out.iterdir()) == ["reproduce.json"]
+    rp.reproduce(**args, only=[], write=False)  # --table
+    assert (out / "reproduce.json").read_text() == before and sorted(p.name for p in out.iterdir()) == ["reproduce.json"]
+    assert rp.hours("transformer_tiny_multi30k_o2", rp.recipe_card("transformer_tiny_multi30k_o2")["target"], {}) > 1
 
 
 def test_only_runs_the_named_recipes_and_shows_where_others_stand(tmp_path, fake_runner, monkeypatch):

@@ -3,6 +3,7 @@ against brute force, BLEU, checkpoint averaging, and the recipe end to end with 
 import gzip
 import itertools
 import json
+import math
 
 import mindspore as ms
 import mindspore.nn as nn
@@ -89,9 +90,12 @@ def test_published_preparation_lowercases_tokenizes_and_detokenizes(tmp_path):
     text = 'Ihr Konto "Admin" wurde gespeichert.'
     assert tok.prepare(text, "de") == 'ihr konto " admin " wurde gespeichert .'
     assert tok.decode(tok.encode(text, "de")) == 'ihr konto "admin" wurde gespeichert.'
+    scored = 'ihr konto " admin " wurde gespeichert .'  # as multi-bleu.perl scores it: lowercased Moses tokens
+    assert tok.decode_tokenized(tok.encode(text, "de")) == scored == tok.tokenized(text)
     pieces = [tok.sp.id_to_piece(i) for i in range(4, tok.sp.get_piece_size())]
     assert pieces and not any(piece != piece.lower() for piece in pieces)  # trained on the lowercased text
-    tokenizer(raw)  # the default preparation keeps a model of its own beside it, with capitals
+    cased = tokenizer(raw)  # the default preparation keeps a model of its own beside it, with capitals
+    assert cased.decode_tokenized(cased.encode(text, "de")) == scored  # its output tokenized for the same scorer
     assert len(list(tmp_path.glob("spm-*.model"))) == 2
     with pytest.raises(ConfigError, match="spm_type='wordpiece' is not a sentencepiece model type; valid: unigram"):
         tokenizer(OmegaConf.merge(published, {"params": {"spm_type": "wordpiece"}}))
@@ -285,6 +289,22 @@ def test_bleu_is_sacrebleus():
     assert out["bleu_lowercase"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score)
     assert "case:mixed|" in out["signature"] and "case:lc|" in out["signature_lowercase"]
     assert "tok:13a" in out["signature"]
+
+
+def test_multi_bleu_is_the_papers_scorer_by_hand():
+    """multi-bleu.perl (fairseq's scorer, the paper's 41.02): corpus n-gram counts, not a mean of sentence
+    scores; the brevity penalty exp(1 - r/c); no smoothing. Counted by hand: sentence 1 matches 5/6 unigrams,
+    3/5 bigrams, 2/4 trigrams, 1/3 4-grams; sentence 2 adds 2/2 and 1/1; c = 8 tokens against r = 9."""
+    from models.decoding import multi_bleu
+    one = (["the cat sat on the mat"], ["the cat sat on a mat"])
+    assert multi_bleu(*one)[0] == pytest.approx(100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)  # 53.73
+    two = (one[0] + ["dogs run"], one[1] + ["the dogs run"])
+    assert multi_bleu(*two)[0] == pytest.approx(100 * math.exp(1 - 9 / 8) * (7 / 8 * 4 / 6 * 2 / 4 * 1 / 3) ** 0.25)
+    assert multi_bleu(["the cat sat on"], ["the cat sat in"])[0] == 0.0  # no 4-gram: 0, not smoothed
+    assert "tok:none|smooth:none" in multi_bleu(*one)[1]
+    hyps, refs = ["the cat sat on the mat"], ["The cat sat on a mat"]
+    out = scores(hyps, list(zip(hyps, refs)), (hyps, [r.lower() for r in refs]))
+    assert out["bleu_moses_lc"] == pytest.approx(53.7285, abs=1e-4) and "smooth:none" in out["signature_moses_lc"]
 
 
 def test_transformer_recipe_end_to_end_with_averaging(tmp_path):

@@ -135,6 +135,12 @@ def test_tiny_recipes_compose_as_published(recipe):
     assert (cfg.decode.beam, cfg.decode.length_penalty, cfg.decode.average_last) == (5, 1.0, 10)
     assert cfg.target.published == 41.02 and "Revisit-MMT" in cfg.target.source
     assert cfg.dataset.params.test_prefix == "test_2016_flickr" and cfg.dataset.max_tokens > 0
+    d, t = cfg.dataset.params, cfg.trainer  # the published setting: lowercased Moses text, 10k BPE, ~8k tokens
+    assert (d.lowercase, d.moses, d.spm_type, d.vocab_size, cfg.model.num_classes) == (True, True, "bpe", 10000, 10000)
+    assert (cfg.dataset.max_tokens * t.update_freq, t.max_steps // t.update_freq, t.epochs) == (8192, 8000, 124)
+    old = compose([f"recipe={recipe}", "setting=cased_4k"])  # the setting before 2026-11-27: one override away
+    assert (old.trainer.update_freq, old.trainer.max_steps, old.trainer.epochs, old.dataset.params.vocab_size) == (
+        1, 8000, 60, 8000) and "lowercase" not in old.dataset.params
 
 
 def test_o2_keep_list_holds_on_a_real_forward_pass(pynative_mode):

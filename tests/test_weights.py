@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 import mindspore as ms
+from omegaconf import OmegaConf
 
-from bench.reproduce import KNOWN_DATA
 from bench.verify import data_here, verify
 from tests.conftest import run_cli
 from zoo.errors import ConfigError
+from engine.load import flatten
 from engine.weights import FIELDS, WEIGHTS, find, read_manifest, sha256
+from zoo.compose import compose
 
 ENTRIES = read_manifest()
 FASHION = "apt-get install dataset-fashion-mnist"
@@ -86,10 +88,39 @@ def test_eval_by_name_writes_outside_the_repository():
         (Path(__file__).resolve().parent.parent / "runs/weights/lenet_fashion_o0.eval.json").exists()
 
 
+def test_a_weight_takes_any_key_of_its_own_recipe(tmp_path):
+    """eval.py weights=NAME key=value: the keys are the weight's recipe's (another split, beam, length penalty),
+    not the default recipe's, without recipe=; the result file names the split, so the test split's stays."""
+    from engine.weights import checkpoint_config
+    from eval import result_path, split_of
+
+    name = "transformer_tiny_multi30k_o0_bpe8k"
+    argv = [f"weights={name}", f"dataset.path={tmp_path}", "dataset.params.test_prefix=val", "decode.beam=4",
+            "decode.length_penalty=0.6"]
+    cfg, _ = checkpoint_config(argv)
+    assert (cfg.recipe_name, cfg.dataset.params.test_prefix, cfg.decode.beam, cfg.decode.length_penalty) == (
+        ENTRIES[name]["recipe"], "val", 4, 0.6)
+    assert result_path(cfg, argv) == Path("runs", "weights", f"{name}.val.eval.json") and split_of(cfg) == "val"
+    test, _ = checkpoint_config(argv[:2])
+    assert result_path(test, argv[:2]) == Path("runs", "weights", f"{name}.test_2016_flickr.eval.json")
+    with pytest.raises(ConfigError, match="recipe=lenet_o2, but weights transformer_tiny_multi30k_o0_bpe8k were"):
+        checkpoint_config([*argv, "recipe=lenet_o2"])
+
+
+def test_the_summary_line_leads_with_the_recipes_target_metric():
+    from eval import summary
+
+    result = {"top1": 0.55, "top5": 0.68, "loss": 2.5, "bleu": 8.42, "bleu_lowercase": 41.04, "bleu_moses_lc": 41.1}
+    line = summary(result, "bleu_lowercase")
+    assert line.startswith("BLEU 41.04 lowercased (sacrebleu 13a, detokenized)  BLEU 41.10 lowercased Moses tokens "
+                           "(multi-bleu.perl, the paper's scorer)"), line
+    assert line.index("BLEU 8.42 cased") < line.index("top-1 55.00%")
+    assert summary({"top1": 0.911, "top5": 0.99, "loss": 0.24}, "top1").startswith("top-1 91.10%  top-5 99.00%")
+
+
 def test_a_translation_weight_brings_its_own_tokenizer(tmp_path):
     """bench.ship puts a translation run's sentencepiece model beside its weights (NAME.spm.model, sha256 in the
     manifest); a weight found by name uses that model, and a changed or missing one is refused before loading."""
-    from engine.load import load_config
     from engine.weights import weights_config
 
     folder = tmp_path / "weights"
@@ -100,12 +131,10 @@ def test_a_translation_weight_brings_its_own_tokenizer(tmp_path):
              "overrides": [], "command": "python eval.py weights=t dataset.path=/data/wmt14", "tokenizer": {"file": "t.spm.model", "sha256": sha256(folder / "t.spm.model")}}
     (folder / "MANIFEST.json").write_text(json.dumps({"t": entry}))
     argv = [f"weights={folder / 't.ckpt'}"]
-    cfg, _ = load_config(argv)
     with pytest.raises(ConfigError, match=r"transformer_base_o2 needs its data; give dataset.path=FOLDER"):
-        weights_config(cfg, argv, [])  # not the smoke data: it would score nonsense
+        weights_config(argv)  # not the smoke data: it would score nonsense
     argv.append(f"dataset.path={tmp_path}")
-    cfg, _ = load_config(argv)
-    out, note = weights_config(cfg, argv, ["dataset.path"])
+    out, note = weights_config(argv)
     assert out.dataset.params.spm_model == str(folder / "t.spm.model") and note.startswith("weights t: sha256")
     assert out.decode.average_last == 1, "a shipped translation weight is averaged already: it is loaded alone"
     (folder / "t.spm.model").write_bytes(b"changed")
@@ -138,25 +167,84 @@ def test_verify_finds_a_weights_data_where_it_is_given(tmp_path):
     GROUP=PATH (as make reproduce), and says "no data here" rather than scoring the smoke data."""
     name = next(n for n, e in ENTRIES.items() if e["recipe"].startswith("transformer_tiny_multi30k"))
     assert data_here(ENTRIES[name], {"multi30k": str(tmp_path)}) == str(tmp_path.resolve())
-    assert data_here(ENTRIES[name], {"multi30k": str(tmp_path / "absent")}) in (None, str(KNOWN_DATA["multi30k"]))
+    assert data_here(ENTRIES[name], {"multi30k": str(tmp_path / "absent")}) is None
+    published = ENTRIES["transformer_tiny_multi30k_o0_bpe8k"]  # dataset=multi30k_published reads multi30k's files
+    assert data_here(published, {"multi30k": str(tmp_path)}) == str(tmp_path.resolve())
     out = run_cli("-m bench.verify", "--data", "multi31k=/x")
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1].startswith(
         "error: --data multi31k=...: 'multi31k' is not a dataset group; did you mean multi30k")
 
 
 def test_ship_records_a_group_options_keys_so_they_compose_back():
-    """A run trained with dataset=multi30k_published has keys the recipe lacks (dataset.params.lowercase): the
-    manifest's overrides add them with +, so that eval.py weights=NAME composes the run's config again."""
+    """A run trained at setting=cased_4k lacks keys the recipe has (dataset.params.lowercase), and one trained
+    with +key=value has a key the recipe lacks: the manifest's overrides remove (~) and add (+) them, so that
+    eval.py weights=NAME composes the run's config again."""
     from bench.ship import overrides
-    from engine.load import flatten
-    from omegaconf import OmegaConf
-    from zoo.compose import compose
 
-    run = compose(["recipe=transformer_tiny_multi30k_o0", "dataset=multi30k_published", "trainer.update_freq=2"])
+    run = compose(["recipe=transformer_tiny_multi30k_o0", "setting=cased_4k", "trainer.keep_last=100",
+                   "+dataset.params.cache_dir=/tmp/spm"])
     found = overrides(run)
-    assert {"+dataset.params.lowercase=True", "+dataset.params.moses=True", "dataset.params.vocab_size=10000",
-            "trainer.update_freq=2"} <= set(found), found
+    assert {"~dataset.params.lowercase", "~dataset.params.moses", "dataset.params.vocab_size=8000",
+            "trainer.update_freq=1", "trainer.keep_last=100", "+dataset.params.cache_dir=/tmp/spm"} <= set(found), found
     again = compose(["recipe=transformer_tiny_multi30k_o0", *found])
-    plain = lambda c: {k: v for k, v in flatten(OmegaConf.to_container(c, resolve=True)).items()  # noqa: E731
-                       if not k.startswith(("recipe_name", "hydra"))}
     assert plain(again) == plain(run)
+
+
+def plain(cfg) -> dict:
+    """A composed config as flat key: value, without what says where and how it was composed."""
+    return {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()
+            if k.split(".")[0] not in ("recipe_name", "hydra", "target", "smoke", "description")}
+
+
+@pytest.mark.parametrize("name", [n for n, e in ENTRIES.items() if e["recipe"].startswith("transformer")])
+def test_each_transformer_weight_composes_the_config_it_was_trained_with(name):
+    """The Multi30k recipes' default moved to the published setting; each manifest entry pins its own setting,
+    so its recipe and overrides compose exactly the config it had before (tests/shipped_configs.json: each
+    entry composed at commit 1e8c1f2, before the change), and make verify re-derives its number."""
+    before = json.loads((Path(__file__).parent / "shipped_configs.json").read_text())[name]
+    entry = ENTRIES[name]
+    assert plain(compose([f"recipe={entry['recipe']}", *entry["overrides"]])) == before
+
+
+def test_a_head_for_another_class_count_starts_fresh(tmp_path):
+    """train.py weights=/checkpoint=: every parameter comes from the file but a head of another class count,
+    which keeps its initialisation; a model of another width is refused in one line."""
+    import numpy as np
+
+    from engine.checkpoint import initial_weights
+    from models import create_model
+
+    ten = create_model("lenet5", num_classes=10)
+    ms.save_checkpoint(ten, str(tmp_path / "ten.ckpt"))
+    three = create_model("lenet5", num_classes=3)
+    head = {p.name: p.asnumpy().copy() for p in three.get_parameters()}
+    fresh = initial_weights(three, tmp_path / "ten.ckpt", "lenet5", 3)
+    assert fresh and all(n.startswith("fc3.") for n in fresh), fresh
+    for p, q in zip(three.get_parameters(), ten.get_parameters()):
+        np.testing.assert_array_equal(p.asnumpy(), head[p.name] if p.name in fresh else q.asnumpy(), err_msg=p.name)
+    with pytest.raises(ConfigError, match="does not fit model 'resnet18'"):
+        initial_weights(create_model("resnet18", num_classes=10), tmp_path / "ten.ckpt", "resnet18", 10)
+
+
+@pytest.mark.parametrize("recipe", ["lenet_fashion_o2", "lenet_o2"])
+def test_train_starts_from_a_shipped_weight(tmp_path, recipe):
+    """train.py recipe=R weights=NAME initialises from the weight (not a resume): five steps on Fashion-MNIST
+    keep the weight's accuracy, which from scratch takes epochs; a MNIST LeNet (10 classes) takes it too."""
+    if recipe == "lenet_fashion_o2" and data_here(ENTRIES["lenet_fashion_o2"]) is None:
+        pytest.skip(f"needs Fashion-MNIST: {FASHION}")
+    run = tmp_path / "run"
+    out = run_cli("train.py", f"recipe={recipe}", "weights=lenet_fashion_o2", "trainer.max_steps=5",
+                  "logger.progress_bar=false", f"hydra.run.dir={run}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    log = (run / "train.log").read_text()
+    assert "initialised from weights lenet_fashion_o2 (sha256 verified); optimizer and schedule start fresh" in log
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["steps"] == 5
+    if recipe == "lenet_fashion_o2":
+        assert metrics["final"]["top1"] > 0.85, metrics["final"]  # the weight's 91%, not a 5-step net's
+
+
+def test_train_refuses_what_it_would_ignore(tmp_path):
+    out = run_cli("train.py", "recipe=lenet_o0", "output=x.json", f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode == 2 and "output is for eval.py and export.py" in out.stderr, out.stderr
+    assert not (tmp_path / "run").exists()

@@ -2,7 +2,7 @@
 OmegaConf error is shown as. Imports Hydra, never MindSpore."""
 import dataclasses
 import os
-from typing import List
+from typing import List, Tuple
 
 from zoo.config import CONF_DIR, Config, register_schema
 from zoo.errors import ConfigError, choices_hint
@@ -28,13 +28,38 @@ def expand_home(argv: List[str]) -> List[str]:
             if "=" in a and a.split("=", 1)[1].startswith("~") and not a.startswith("-") else a for a in argv]
 
 
+def hydra_flags(argv: List[str]) -> Tuple[List[str], List[str]]:
+    """(Hydra's own flags with their values, the key=value overrides) of a command line, in any order: a flag's
+    value (`--cfg job`, `-cn NAME`, `--info defaults`) is no override. Flags as Hydra's own parser defines them;
+    each comes back as one `--flag=value` item (or the bare flag), so that `flags + overrides` is a command line
+    Hydra's parser reads whatever the order was (it reads no override after a flag's value, nor one after a
+    bare --info)."""
+    from hydra._internal.utils import get_args_parser
+
+    options = get_args_parser()._option_string_actions  # pylint: disable=protected-access
+    flags, overrides, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        action = options.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
+        if action is None or "=" in arg or action.nargs == 0:
+            (flags if arg.startswith("-") else overrides).append(arg)
+        elif action.nargs is None and i + 1 < len(argv):  # a value is required: the next word, whatever it is
+            flags.append(f"{arg}={argv[i + 1]}")
+            i += 1
+        elif action.nargs == "?" and i + 1 < len(argv) and argv[i + 1] in (action.choices or ()):
+            flags.append(f"{arg}={argv[i + 1]}")
+            i += 1
+        else:
+            flags.append(f"{arg}={action.const}" if action.nargs == "?" else arg)
+        i += 1
+    return flags, overrides
+
+
 def check_slips(argv: List[str]) -> None:
     """Common slips on a command line, each one line that says what was meant, before Hydra's grammar error."""
     recipes = sorted(p.stem for p in (CONF_DIR.parent / "recipes").glob("*.yaml"))
-    top = {f.name for f in dataclasses.fields(Config)} | {"recipe", "hydra"}
-    for arg in argv:
-        if arg.startswith("-"):
-            continue
+    top = {f.name for f in dataclasses.fields(Config)} | {"recipe", "hydra", *groups()}
+    for arg in hydra_flags(argv)[1]:
         if arg.startswith("[") or arg.endswith("]") and "=" not in arg:
             raise ConfigError(f"{arg!r} looks like a usage line pasted with its brackets: what is in [ ] is "
                               f"optional; write it without the brackets (e.g. --diff O1 O3)")
@@ -51,6 +76,11 @@ def check_slips(argv: List[str]) -> None:
         if key == "resume" and value.lower() in YES_NO:
             raise ConfigError(f"resume={value}: resume takes auto (the newest checkpoint of hydra.run.dir) or the "
                               f"path of a .ckpt file")
+
+
+def groups() -> List[str]:
+    """The config groups of conf/ (model, dataset, setting, ...): `GROUP=OPTION` is a choice, not a key."""
+    return sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 
 
 def recipe_folders(argv: List[str]) -> List[str]:
