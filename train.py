@@ -48,6 +48,7 @@ from models.decoding import translate  # noqa: E402
 from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
 from zoo.errors import ConfigError, TracedError, WriteError, fail, write_error  # noqa: E402
+from zoo.interrupt import Interrupted, exit_line, finished, received  # noqa: E402
 from zoo.runtime import (any_rank, init_distributed, machine, onednn_note, parameter_checksum,  # noqa: E402
                          seed_everything, set_context, sink_mode, source_commit)
 
@@ -72,7 +73,11 @@ def main(cfg) -> Optional[float]:
                 log.info("resume: the run's config.yaml, with %s from the command line",
                          ", ".join(f"{k}={OmegaConf.select(cfg, k)}" for k in taken))
         return train(cfg, run_dir, smoke_note)
+    except Interrupted as e:
+        interrupted(run_dir, e)
     except ConfigError as e:
+        if received():  # what the signal cut short (MindSpore wraps it), not bad input
+            interrupted(run_dir, Interrupted(received()))
         abandon(run_dir, e)
         fail(str(e))
     except OSError as e:  # WriteError (a checkpoint, metrics.json, the eval history) or any other file of the run
@@ -111,20 +116,58 @@ def claim_run_dir(argv: List[str]) -> None:
         CREATED.append(path.resolve())
 
 
-def abandon(run_dir: Path, error: ConfigError) -> None:
-    """Bad input found once the run directory exists: a directory this process created and nothing else wrote
-    into is removed, unless the error's trace is in its train.log (TracedError: a model that does not compile);
-    any other keeps the error in its train.log."""
+def continue_with(cfg, run_dir: Path) -> str:
+    return f"continue with: python train.py recipe={cfg.recipe_name} hydra.run.dir={run_dir} resume=auto"
+
+
+def interrupted(run_dir: Path, error: Interrupted) -> None:
+    """A stop signal outside training's own graceful stop (start-up, compiling, the final evaluation): the line
+    says what the run directory holds and how to go on; a directory this process made that holds nothing is
+    removed. Exits with the signal's code."""
+    found = checkpoints(run_dir / "checkpoints")
+    if error.note is None and found:
+        error.note = (f"the newest checkpoint is {found[-1]}; continue with: python train.py "
+                      f"hydra.run.dir={run_dir} resume=auto")
+    if error.note is None and abandon(run_dir, None):
+        error.note = "nothing was saved (no step had finished); run the command again"
+    elif error.note is None:
+        error.note = f"no checkpoint was saved in {run_dir}; run the command again with resume=auto"
+    if run_dir.is_dir():
+        log_line(f"interrupted by {error.name}: {error.note}")
+    exit_line(error)
+
+
+def abandon(run_dir: Path, error: Optional[ConfigError]) -> bool:
+    """Bad input (or, error None, an interrupt) found once the run directory exists: a directory this process
+    created and nothing else wrote into is removed, with a runs/<recipe>/ left empty, unless the error's trace is
+    in its train.log (TracedError: a model that does not compile); any other keeps the error in its train.log.
+    Returns whether the directory was removed."""
     named = any(a.startswith("hydra.run.dir=") for a in sys.argv[1:])
     ours = run_dir.resolve() in CREATED or not named  # a dir Hydra made for this run (runs/<recipe>/<time>)
     untouched = not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists()
     if ours and first_process() and not isinstance(error, TracedError) and untouched:
         logging.shutdown()
         shutil.rmtree(run_dir, ignore_errors=True)
-        return
+        remove_empty_parents(run_dir)
+        return True
+    if error is not None:
+        log_line(f"error: {error}")
+    return False
+
+
+def remove_empty_parents(run_dir: Path) -> None:
+    """runs/<recipe>/ that Hydra made for the removed run, when nothing else is in it (up to runs/)."""
+    for parent in Path(run_dir).resolve().parents:
+        if parent == Path.cwd().resolve() or parent.name == "runs" or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
+def log_line(text: str) -> None:
+    """A line for train.log only (the console already has it)."""
     for handler in logging.root.handlers:
         if isinstance(handler, logging.FileHandler):
-            handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "error: %s", (str(error),), None))
+            handler.handle(logging.LogRecord("amp_zoo", logging.WARNING, __file__, 0, "%s", (text,), None))
 
 
 @dataclass
@@ -209,10 +252,9 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
             return finish(run, rung, transitions, summaries)
         if rung.outcome == "stopped":
             stop = rung.stop
-            log.warning("%s: stopped after step %d and saved %s", stop.signal, stop.step, rung.checkpoints.latest)
-            print(f"stopped by {stop.signal} at step {stop.step}; resume with: python train.py "
-                  f"recipe={cfg.recipe_name} hydra.run.dir={run_dir} resume=auto", flush=True)
-            return None
+            log.info("%s: stopped after step %d and saved %s", stop.signal, stop.step, rung.checkpoints.latest)
+            raise Interrupted(stop.signum, f"stopped at step {stop.step} and saved {rung.checkpoints.latest}; "
+                              f"{continue_with(cfg, run_dir)}", label=stop.signal)
         if number + 1 == len(rungs):  # diverged on the last rung
             fail(rung.watch.advice() if len(rungs) == 1 else f"{rung.watch.reason}; no rung left on the fallback "
                  f"ladder", code=1)
@@ -507,3 +549,4 @@ if __name__ == "__main__":
     sys.argv += resume_run_dir(sys.argv[1:])
     claim_run_dir(sys.argv[1:])
     main()
+    finished()

@@ -240,7 +240,8 @@ class StepOffset(Callback):
 
 
 class GracefulStop(Callback):
-    """SIGTERM or SIGINT: finish the current step, save a checkpoint, stop; the driver then exits 0.
+    """SIGTERM or SIGINT: finish the current step, save a checkpoint, stop; the driver then exits with the signal's
+    code (zoo.interrupt).
 
     With several ranks, `agree(flag)` tells whether any rank has a signal (an all-reduce). A signal may reach
     the ranks at different steps, and a rank that stopped alone would leave the others waiting in their next
@@ -251,6 +252,7 @@ class GracefulStop(Callback):
                  every: int = 1):
         self.save, self.agree, self.every = save, agree, every
         self.signal, self.step, self.previous, self.seen = None, None, {}, 0
+        self.signum = None  # the first signal's number (its exit code is 128 + it)
 
     def _handler(self, signum, frame):
         # The first signal names the stop. A Ctrl-C that arrives while a compiled step runs never reaches
@@ -258,6 +260,7 @@ class GracefulStop(Callback):
         # mindspore 2.10), so a SIGTERM is named as possibly that.
         name = signal.Signals(signum).name
         self.signal = self.signal or (name if name != "SIGTERM" else "SIGTERM (or Ctrl-C)")
+        self.signum = self.signum or signum
 
     def on_train_begin(self, run_context):
         self.seen = run_context.original_args().cur_step_num
@@ -273,6 +276,7 @@ class GracefulStop(Callback):
             if not crossed(previous, cb.cur_step_num, self.every) or not self.agree(self.signal is not None):
                 return
             self.signal = self.signal or "a signal to another rank"
+            self.signum = self.signum or signal.SIGTERM
         elif not self.signal:
             return
         self.step = cb.cur_step_num

@@ -17,13 +17,18 @@ import os
 import sys
 from typing import Callable, List, Optional
 
+from zoo import interrupt
 from zoo.errors import ConfigError, fail
 from zoo.runtime import cap_onednn_isa, quiet_mindspore
 
 
 def prepare(argv: Optional[List[str]] = None, recipe: Optional[str] = None) -> str:
     """Set up the process for MindSpore from the command line (default sys.argv[1:]; only its key=value
-    overrides are read); `recipe`: the recipe a benchmark always runs. Returns the oneDNN note a run records."""
+    overrides are read); `recipe`: the recipe a benchmark always runs. Returns the oneDNN note a run records.
+    A command (argv from its own command line) also gets zoo.interrupt's handlers: from here on a stop signal is
+    one line and the shell's exit code."""
+    if argv is None:
+        interrupt.install()
     argv = sys.argv[1:] if argv is None else list(argv)
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
     note = cap_onednn_isa([f"recipe={recipe}", *overrides] if recipe else overrides)
@@ -32,8 +37,8 @@ def prepare(argv: Optional[List[str]] = None, recipe: Optional[str] = None) -> s
 
 
 def run(main: Callable[[List[str]], object], argv: Optional[List[str]] = None) -> None:
-    """main(argv) (default sys.argv[1:]), with bad input reported as one line and exit 2; -h or --help prints
-    the command's own docstring (its usage) instead."""
+    """main(argv) (default sys.argv[1:]), with bad input reported as one line and exit 2, and a stop signal as
+    one line and 128 + its number; -h or --help prints the command's own docstring (its usage) instead."""
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         try:
@@ -43,5 +48,12 @@ def run(main: Callable[[List[str]], object], argv: Optional[List[str]] = None) -
         return
     try:
         main(argv)
-    except ConfigError as e:
+    except interrupt.Interrupted as e:
+        interrupt.exit_line(e)
+    except Exception as e:
+        if interrupt.received():  # what the signal cut short (MindSpore may wrap it), not bad input
+            interrupt.exit_line(interrupt.Interrupted(interrupt.received()))
+        if not isinstance(e, ConfigError):
+            raise
         fail(str(e))
+    interrupt.finished()
