@@ -17,6 +17,7 @@ ONEDNN_NOTE = prepare()  # must run before MindSpore (and its oneDNN) is importe
 import json  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
+import shlex  # noqa: E402
 import shutil  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -270,6 +271,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
 def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
     t_start = time.perf_counter()
+    log.info("command: python %s", shlex.join(sys.argv))  # also in .hydra/overrides.yaml
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
     log.info(ONEDNN_NOTE)
@@ -387,6 +389,9 @@ def build_step(run: Run, amp_cfg):
     if run.is_main:
         write_report(report, run.run_dir, run.writer)
     log.info("precision: %s", report["summary"])
+    if str(amp_cfg.level) == "O3" and step.policy.keep_fp32:  # O3 has no default keep-list, but a given one holds
+        log.info("O3 with amp.keep_fp32=[%s]: those Cells stay fp32 (amp.keep_fp32=[] runs everything in low "
+                 "precision)", ",".join(step.policy.keep_fp32))
     if run.is_main:
         check_disk_space(run.run_dir / "checkpoints", step.cell)
     model = Model(step.cell, eval_network=NetWithEval(step.net, step.loss_fn), metrics=metrics(),
@@ -541,12 +546,25 @@ def resume_run_dir(argv) -> list:
     return [f"hydra.run.dir={found[-1].parent.parent}"] if found else []  # none: a new run (Hydra's new directory)
 
 
+def hydra_subdir(argv) -> list:
+    """A resume keeps the run's first .hydra/ (the command that started it) and records its own command line in
+    .hydra/resume-N/, as config.resume-N.yaml beside config.yaml."""
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")), None)
+    if given is None or not any(a.startswith("resume=") for a in argv):
+        return []
+    first = Path(given).expanduser() / ".hydra"
+    if not (first / "overrides.yaml").is_file():
+        return []
+    return [f"hydra.output_subdir=.hydra/resume-{len(list(first.glob('resume-*'))) + 1}"]
+
+
 if __name__ == "__main__":
     from engine.load import check_command_line
     from zoo.compose import expand_home
     check_command_line(sys.argv[1:])
     sys.argv[1:] = expand_home(sys.argv[1:])
     sys.argv += resume_run_dir(sys.argv[1:])
+    sys.argv += hydra_subdir(sys.argv[1:])
     claim_run_dir(sys.argv[1:])
     main()
     finished()

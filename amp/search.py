@@ -37,6 +37,7 @@ if __name__ == "__main__":  # python -m: the recipe's oneDNN setting, before Min
 
 import hashlib  # noqa: E402
 import json  # noqa: E402
+import signal  # noqa: E402
 import time  # noqa: E402
 from dataclasses import asdict  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -53,6 +54,7 @@ from engine.load import load_config  # noqa: E402
 from engine.rundir import claim  # noqa: E402
 from models import build_model  # noqa: E402
 from zoo.errors import ConfigError, fail  # noqa: E402
+from zoo.interrupt import Interrupted  # noqa: E402
 from zoo.runtime import set_context  # noqa: E402
 
 METRICS = {"top1": 100.0, "top5": 100.0, "loss": -1.0, "bleu": 1.0, "bleu_lowercase": 1.0}  # reported unit, sign
@@ -128,10 +130,18 @@ class Runs:
             t0 = time.perf_counter()
             cmd = train_run.train_command([*self.base, *policy, "amp.fallback.enabled=false", f"runtime.seed={seed}"],
                                           run_dir)
-            code, error = run_train(cmd, self.out / "runs" / f"{name}.log")
+            again = (f"{name} stopped and saved; the runs that finished are in {self.file}: run the same command "
+                     f"again to continue the search")
+            try:
+                code, error = run_train(cmd, self.out / "runs" / f"{name}.log")
+            except Interrupted as e:  # the signal came to the search (and was passed on to the run)
+                e.note = again
+                raise
             self.trained += 1
             if code == 0 and (run_dir / "metrics.json").is_file():
                 record = read_run(run_dir, self.metric)
+            elif code in train_run.INTERRUPTED:  # stopped by a signal: it saved, and the next call continues it
+                raise Interrupted(signal.SIGTERM if code in (143, -15) else signal.SIGINT, again)
             elif code == 1 and error:  # train.py's divergence exit: the run is over, its policy rejected
                 record = {"status": "diverged", "reason": error, "wall_time_s": round(time.perf_counter() - t0, 1)}
             else:  # a bad setting (exit 2) or a crash: nothing to judge, nothing recorded
