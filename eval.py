@@ -20,6 +20,7 @@ from engine.checkpoint import inference_network  # noqa: E402
 from engine.metrics import NetWithEval, create_loss, metrics  # noqa: E402
 from engine.weights import checkpoint_config  # noqa: E402
 from models.decoding import translate  # noqa: E402
+from zoo.paths import check_writable  # noqa: E402
 
 
 
@@ -34,20 +35,28 @@ def evaluate(cfg) -> dict:
     if fused is not None:
         result["fused_conv_bn_pairs"] = fused["fused_pairs"]
     if task(cfg) == "translation":
-        hyp_file = Path(cfg.output or f"{cfg.checkpoint}.eval.json").with_suffix(".hyp.txt")
+        hyp_file = hypotheses_file(cfg)
         result.update(translate(net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty, hyp_file))
         result["hypotheses"] = str(hyp_file)
     return result
 
 
+def hypotheses_file(cfg) -> Path:
+    return Path(cfg.output or f"{cfg.checkpoint}.eval.json").expanduser().with_suffix(".hyp.txt")
+
+
 def main(argv) -> None:
     cfg, smoke_note = checkpoint_config(argv, ".eval.json")
+    out = check_writable(cfg.output or f"{cfg.checkpoint}.eval.json", "output")  # before minutes of evaluation
+    if task(cfg) == "translation":
+        check_writable(hypotheses_file(cfg), "output (its .hyp.txt)")
     result = evaluate(cfg)
-    out = Path(cfg.output) if cfg.output else Path(str(cfg.checkpoint) + ".eval.json")
     record = {"recipe": cfg.recipe_name, "checkpoint": str(cfg.checkpoint),
               "data": cfg.dataset.path or ("embedded (smoke)" if smoke_note else "embedded"),
               **result}
-    out.write_text(json.dumps(record, indent=2))
+    partial = out.with_name(f".{out.name}.partial")  # written whole or not at all
+    partial.write_text(json.dumps(record, indent=2))
+    partial.replace(out)
     print(json.dumps(record))
     bleu = f"  BLEU {result['bleu']:.2f} (beam {result['beam']})" if "bleu" in result else ""
     print(f"top-1 {result['top1'] * 100:.2f}%  top-5 {result['top5'] * 100:.2f}%  loss {result['loss']:.4f}{bleu}"

@@ -55,6 +55,7 @@ from engine.rundir import claim  # noqa: E402
 from models import build_model  # noqa: E402
 from zoo.errors import ConfigError, fail  # noqa: E402
 from zoo.interrupt import Interrupted  # noqa: E402
+from zoo.paths import check_writable  # noqa: E402
 from zoo.runtime import set_context  # noqa: E402
 
 METRICS = {"top1": 100.0, "top5": 100.0, "loss": -1.0, "bleu": 1.0, "bleu_lowercase": 1.0}  # reported unit, sign
@@ -344,7 +345,7 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
 def prepare_out(cfg, base: List[str]) -> Path:
     """search.out, holding this search's training settings: a directory that holds another search's is refused
     (its runs would be compared with runs trained differently)."""
-    out = Path(cfg.search.out or Path("runs", "search", cfg.recipe_name))
+    out = check_writable(cfg.search.out or Path("runs", "search", cfg.recipe_name), "search.out", folder=True)
     try:
         claim(out, "search.out")  # one search per folder at a time: a second one would rank the first's runs
     except OSError as e:

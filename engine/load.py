@@ -2,7 +2,6 @@
 amp.search, bench) gets its run: compose recipe and overrides, apply the recipe's smoke block under the
 user's own keys, and check every value before anything compiles. Any failure is a ConfigError: one line.
 """
-import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -17,6 +16,7 @@ from models import check_model, import_plugins  # (and registers the models)
 from zoo.compose import check_slips, compose, expand_home, one_line
 from zoo.config import Config, RANGES, SPECIAL
 from zoo.errors import ConfigError, fail
+from zoo.paths import check_writable
 from zoo.registry import DATASETS
 from zoo.runtime import pick_device
 
@@ -198,14 +198,14 @@ def check_command_line(argv: List[str]) -> None:
     except ConfigError as e:
         fail(str(e))
     overrides = [a for a in expand_home(argv) if not a.startswith("-")]
-    for a in overrides:
-        if a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
-            out = Path(a.split("=", 1)[1]).expanduser()
-            existing = next((p for p in [out, *out.parents] if p.exists()), None)
-            if out.exists() and not out.is_dir():
-                fail(f"{a.split('=', 1)[0]}={out} is a file; give a directory for the run's files")
-            if existing is not None and not os.access(existing, os.W_OK):
-                fail(f"{a.split('=', 1)[0]}={out}: {existing} is not writable; give a directory you can write to")
+    dirs = [a.split("=", 1) for a in overrides if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    try:  # where the run will write, before anything is composed or compiled
+        for key, value in dirs:
+            check_writable(value, key, folder=True)
+        if not dirs:
+            check_writable("runs", "runs", folder=True)
+    except ConfigError as e:
+        fail(f"{e} (the default run directory is under runs/; or give hydra.run.dir=DIR)" if not dirs else str(e))
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
         return  # Hydra's own flags (--help, --cfg, ...): let Hydra handle them
     try:

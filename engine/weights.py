@@ -15,6 +15,7 @@ from typing import List, Optional, Tuple
 from engine.load import load_config, user_keys, validate
 from engine.rundir import run_config_for
 from zoo.errors import ConfigError, choices_hint
+from zoo.paths import check_writable
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 MANIFEST = "MANIFEST.json"
@@ -84,6 +85,28 @@ def shipped_file(checkpoint) -> Optional[str]:
     return next((name for name, e in entries.items() if e["file"] == path.name), None)
 
 
+def shipped_copy(checkpoint) -> Optional[str]:
+    """The name of the shipped weight a checkpoint file is a copy of (same size and sha256 as its manifest entry),
+    or None. A file that bears a shipped weight's file name but matches none was altered: one line, since it
+    would evaluate to a plausible wrong number under the shipped weight's name."""
+    path = Path(str(checkpoint)).expanduser()
+    entries = read_manifest()
+    if not path.is_file() or not entries:
+        return None
+    size = path.stat().st_size
+    same_size = [name for name, e in entries.items() if e.get("bytes") == size]
+    digest = sha256(path) if same_size else None
+    match = next((name for name in same_size if entries[name]["sha256"] == digest), None)
+    if match:
+        return match
+    named = next((name for name, e in entries.items() if e["file"] == path.name), None)
+    if named:
+        raise ConfigError(f"checkpoint={path} bears the shipped weight {named}'s file name but not its sha256 (expected "
+                          f"{entries[named]['sha256'][:16]}...): it was changed; use weights={named}, or rename the "
+                          f"file if it is a checkpoint of your own")
+    return None
+
+
 def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
     """eval.py and export.py: the config a checkpoint is used with, and the smoke note (or None). A shipped
     weight: its manifest's recipe, sha256 checked first; a train.py checkpoint: its run's config.yaml; any
@@ -108,8 +131,11 @@ def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.
     recipe and overrides, the command line's other keys over them, checkpoint set to the verified file, and
     output (unless given) under runs/weights/ rather than beside the file in the repository.
     Returns (config, note) or (cfg, None) when no shipped weight is asked for."""
-    spec = cfg.weights or (str(Path(str(cfg.checkpoint)).expanduser()) if cfg.checkpoint and
-                           shipped_file(cfg.checkpoint) else None)
+    spec, copy_of = cfg.weights, None
+    if not spec and cfg.checkpoint and shipped_file(cfg.checkpoint):
+        spec = str(Path(str(cfg.checkpoint)).expanduser())
+    elif not spec and cfg.checkpoint:  # a copy of a shipped weight elsewhere: known by its content
+        spec = copy_of = shipped_copy(cfg.checkpoint)
     if not spec:
         return cfg, None
     name, entry, path = find(spec)
@@ -124,5 +150,7 @@ def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.
                           f"{entry['command']}")
     if out.output is None:
         out.output = str(Path("runs", "weights", name + suffix))
+        check_writable(Path(out.output).parent, "output (default)", folder=True)
         Path(out.output).parent.mkdir(parents=True, exist_ok=True)
-    return out, f"weights {name}: sha256 verified; recipe {entry['recipe']} {' '.join(entry['overrides'])}".rstrip()
+    copy = f"checkpoint={cfg.checkpoint} is a copy of the shipped weight {name} (same sha256): " if copy_of else ""
+    return out, f"{copy}weights {name}: sha256 verified; recipe {entry['recipe']} {' '.join(entry['overrides'])}".rstrip()
