@@ -431,7 +431,7 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start, extra_callbacks) ->
         run.writer.add_scalar("amp/rung", number, start.step)
         lr_at = lambda s: float(run.lr[min(s // t.update_freq, len(run.lr) - 1)])  # noqa: E731  (s counts batches)
         callbacks.append(TensorBoardLogger(run.writer, lr_at, run.per_step, t.log_every, run.timer))
-    if cfg.logger.progress_bar and run.is_main:
+    if cfg.logger.progress_bar and run.is_main and sys.stderr.isatty():  # piped: log lines, no bar glued into them
         callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every, epochs))
     if t.max_steps > 0:
         callbacks.append(StopAtStep(t.max_steps))

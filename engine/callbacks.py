@@ -8,6 +8,7 @@ only on an exact multiple, which a sink may never land on.
 import json
 import logging
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -64,6 +65,24 @@ class SafeWriter:
 
     def __init__(self, writer, path):
         self.writer, self.path, self.failed = writer, path, False
+        previous = threading.excepthook
+
+        def hook(args):  # tensorboardX writes from a thread of its own, which would print a traceback and die
+            if type(args.thread).__module__.startswith("tensorboardX") and isinstance(args.exc_value, OSError):
+                self._fail(args.exc_value)
+            else:
+                previous(args)
+        threading.excepthook = hook
+
+    def _fail(self, error) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        # its exit-time close would flush into the full disk again (a traceback), or wait on the dead thread
+        for file_writer in (getattr(self.writer, "all_writers", None) or {}).values():
+            file_writer.event_writer.close = lambda: None
+        log.warning("TensorBoard events in %s could not be written (%s); training goes on without them",
+                    self.path, getattr(error, "strerror", None) or error)
 
     def _call(self, name, *args, **kwargs):
         if self.failed:
@@ -71,9 +90,7 @@ class SafeWriter:
         try:
             return getattr(self.writer, name)(*args, **kwargs)
         except Exception as e:  # noqa: BLE001  (OSError from the event file, or from its writer thread)
-            self.failed = True
-            log.warning("TensorBoard events in %s could not be written (%s); training goes on without them",
-                        self.path, getattr(e, "strerror", None) or e)
+            self._fail(e)
             return None
 
     def add_scalar(self, *args, **kwargs):
