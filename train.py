@@ -31,7 +31,7 @@ from mindspore.train import Model  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from tensorboardX import SummaryWriter  # noqa: E402
 
-from amp.fallback import DivergenceWatch, describe, ladder  # noqa: E402
+from amp.fallback import DivergenceWatch, describe, ladder, not_learning  # noqa: E402
 from amp.precision import precision_report, write_report  # noqa: E402
 from amp.profile import ProfileSteps  # noqa: E402
 from amp.telemetry import AmpTelemetry  # noqa: E402
@@ -49,7 +49,8 @@ from models.decoding import translate  # noqa: E402
 from zoo.compose import compose  # noqa: E402
 from zoo.config import register_schema  # noqa: E402
 from zoo.errors import ConfigError, TracedError, WriteError, fail, write_error  # noqa: E402
-from zoo.interrupt import Interrupted, exit_line, finished, received  # noqa: E402
+from zoo import interrupt  # noqa: E402
+from zoo.interrupt import Interrupted, exit_line, received  # noqa: E402
 from zoo.runtime import (any_rank, init_distributed, machine, onednn_note, parameter_checksum,  # noqa: E402
                          seed_everything, set_context, sink_mode, source_commit)
 
@@ -250,7 +251,11 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
         run.trained_s += rung.train_time
         summaries.append({"rung": number, "setting": describe(amp_cfg), **rung.amp_summary})
         if rung.outcome == "finished":
-            return finish(run, rung, transitions, summaries)
+            top1 = finish(run, rung, transitions, summaries)
+            verdict = not_learning(amp_cfg, run.evaluator.history[-1], cfg.model.num_classes, cfg.optimizer.lr)
+            if transitions and verdict:  # metrics.json is written; the exit code says the run failed
+                fail(f"{verdict} ({run_dir / 'metrics.json'})", code=1)
+            return top1
         if rung.outcome == "stopped":
             stop = rung.stop
             log.info("%s: stopped after step %d and saved %s", stop.signal, stop.step, rung.checkpoints.latest)
@@ -258,7 +263,8 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
                               f"{continue_with(cfg, run_dir)}", label=stop.signal)
         if number + 1 == len(rungs):  # diverged on the last rung
             fail(rung.watch.advice() if len(rungs) == 1 else f"{rung.watch.reason}; no rung left on the fallback "
-                 f"ladder", code=1)
+                 f"ladder" + ("" if str(amp_cfg.level) != "O0" else f": it diverges in fp32 too, so the cause is "
+                              f"not precision; lower optimizer.lr={cfg.optimizer.lr:g} or check the data"), code=1)
         checkpoint, params = last_good_checkpoint(run_dir / "checkpoints", remove=run.is_main)
         transitions.append({"step": rung.watch.step, "from": describe(amp_cfg), "to": describe(rungs[number + 1]),
                             "reason": rung.watch.reason, "restart_from": checkpoint.name if checkpoint else None})
@@ -567,4 +573,4 @@ if __name__ == "__main__":
     sys.argv += hydra_subdir(sys.argv[1:])
     claim_run_dir(sys.argv[1:])
     main()
-    finished()
+    interrupt.finished()

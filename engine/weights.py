@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from engine.load import load_config, user_keys, validate
-from engine.rundir import run_config_for
+from engine.rundir import load_run_config, run_config_for, run_of_checkpoint
 from zoo.errors import ConfigError, choices_hint
 from zoo.paths import check_writable
 
@@ -105,6 +105,35 @@ def shipped_copy(checkpoint) -> Optional[str]:
                           f"{entries[named]['sha256'][:16]}...): it was changed; use weights={named}, or rename the "
                           f"file if it is a checkpoint of your own")
     return None
+
+
+def weights_argv(argv: List[str]) -> Tuple[List[str], Optional[Path], str]:
+    """amp.audit and amp.report: the command line to compose, the checkpoint to load (None: the network's initial
+    weights) and what weights these are, in words. weights=NAME, or a checkpoint= that is a shipped file or a
+    copy of one: its sha256 checked, its manifest's recipe and overrides under the command line's other keys.
+    A train.py checkpoint: its run's recipe unless recipe= is given. Any other: the command line's recipe."""
+    value = lambda key: next((a.split("=", 1)[1] for a in argv if a.startswith(key + "=")), None)  # noqa: E731
+    weights, checkpoint = value("weights"), value("checkpoint")
+    rest = [a for a in argv if not a.startswith(("weights=", "checkpoint="))]
+    spec = weights or (checkpoint if checkpoint and shipped_file(checkpoint) else None)
+    if not spec and checkpoint:
+        spec = shipped_copy(checkpoint)
+    if spec:
+        name, entry, path = find(spec)
+        recipe = value("recipe")
+        if recipe and recipe != entry["recipe"]:
+            raise ConfigError(f"recipe={recipe}, but weights {name} were trained with the recipe {entry['recipe']}; "
+                              f"drop recipe= (the manifest gives it)")
+        mine = [a for a in rest if not a.startswith("recipe=")]
+        return ([f"recipe={entry['recipe']}", *entry["overrides"], *tokenizer_override(entry, path), *mine], path,
+                f"shipped weights {name} ({path}, sha256 verified)")
+    if checkpoint:
+        path = Path(checkpoint).expanduser()
+        run = run_of_checkpoint(path)
+        if run is not None and value("recipe") is None:
+            rest = [f"recipe={load_run_config(run).recipe_name}", *rest]
+        return rest, path, f"checkpoint {path}"
+    return rest, None, "freshly initialised"
 
 
 def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
