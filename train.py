@@ -263,7 +263,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
                               f"{continue_with(cfg, run_dir)}", label=stop.signal)
         if number + 1 == len(rungs):  # diverged on the last rung
             fail(rung.watch.advice() if len(rungs) == 1 else f"{rung.watch.reason}; no rung left on the fallback "
-                 f"ladder" + ("" if str(amp_cfg.level) != "O0" else f": it diverges in fp32 too, so the cause is "
+                 f"ladder" + ("" if str(amp_cfg.level) != "O0" else f": it diverges at O0 (fp32) too, so the cause is "
                               f"not precision; lower optimizer.lr={cfg.optimizer.lr:g} or check the data"), code=1)
         checkpoint, params = last_good_checkpoint(run_dir / "checkpoints", remove=run.is_main)
         transitions.append({"step": rung.watch.step, "from": describe(amp_cfg), "to": describe(rungs[number + 1]),
