@@ -236,6 +236,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
     start = resume_start(cfg, run_dir / "checkpoints")
     done = finished(cfg, run_dir, start)
     if done is not None:
+        forget_this_command(run_dir)
         print(f"{run_dir} is finished ({done['steps']:,} steps, {done['epochs']} epochs): nothing to do; to train "
               f"it further, resume with a larger trainer.epochs", flush=True)
         return done.get("final", {}).get("top1", 0.0)
@@ -272,6 +273,13 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
                     checkpoint.name if checkpoint else "the initial weights")
         start = Start(checkpoint, params, step_of(params))
     return None
+
+
+def forget_this_command(run_dir: Path) -> None:
+    """A resume with nothing to do leaves the run as it was: the .hydra/resume-N Hydra wrote for it goes."""
+    subdir = HydraConfig.get().output_subdir if HydraConfig.initialized() else None
+    if subdir and str(subdir).startswith(".hydra/resume-"):
+        shutil.rmtree(run_dir / subdir, ignore_errors=True)
 
 
 def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:

@@ -69,18 +69,30 @@ class SafeWriter:
 
         def hook(args):  # tensorboardX writes from a thread of its own, which would print a traceback and die
             if type(args.thread).__module__.startswith("tensorboardX") and isinstance(args.exc_value, OSError):
-                self._fail(args.exc_value)
+                self._fail(args.exc_value, thread_died=True)
             else:
                 previous(args)
         threading.excepthook = hook
 
-    def _fail(self, error) -> None:
+    def _fail(self, error, thread_died: bool = False) -> None:
         if self.failed:
             return
         self.failed = True
-        # its exit-time close would flush into the full disk again (a traceback), or wait on the dead thread
         for file_writer in (getattr(self.writer, "all_writers", None) or {}).values():
-            file_writer.event_writer.close = lambda: None
+            events = file_writer.event_writer
+            if thread_died:  # its exit-time close would wait on the dead thread
+                events.close = lambda: None
+                continue
+            # the thread lives on: what it still writes, and the exit-time flush, go nowhere instead of a traceback
+            record = getattr(getattr(events, "_ev_writer", None), "_py_recordio_writer", None)
+            if record is None or not hasattr(record, "_writer"):  # another tensorboardX: no exit-time close
+                events.close = lambda: None
+                continue
+            record.write = record.flush = record.close = lambda *args: None
+            try:
+                record._writer.close()
+            except OSError:
+                pass
         log.warning("TensorBoard events in %s could not be written (%s); training goes on without them",
                     self.path, getattr(error, "strerror", None) or error)
 
