@@ -118,8 +118,8 @@ def claim_run_dir(argv: List[str]) -> None:
         CREATED.append(path.resolve())
 
 
-def continue_with(cfg, run_dir: Path) -> str:
-    return f"continue with: python train.py recipe={cfg.recipe_name} hydra.run.dir={run_dir} resume=auto"
+def continue_with(run_dir: Path, recipe: Optional[str] = None) -> str:
+    return f"continue with: python train.py {f'recipe={recipe} ' if recipe else ''}hydra.run.dir={run_dir} resume=auto"
 
 
 def interrupted(run_dir: Path, error: Interrupted) -> None:
@@ -128,8 +128,7 @@ def interrupted(run_dir: Path, error: Interrupted) -> None:
     removed. Exits with the signal's code."""
     found = checkpoints(run_dir / "checkpoints")
     if error.note is None and found:
-        error.note = (f"the newest checkpoint is {found[-1]}; continue with: python train.py "
-                      f"hydra.run.dir={run_dir} resume=auto")
+        error.note = f"the newest checkpoint is {found[-1]}; {continue_with(run_dir)}"
     if error.note is None and abandon(run_dir, None):
         error.note = "nothing was saved (no step had finished); run the command again"
     elif error.note is None:
@@ -261,7 +260,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None, extra_callbacks=
             stop = rung.stop
             log.info("%s: stopped after step %d and saved %s", stop.signal, stop.step, rung.checkpoints.latest)
             raise Interrupted(stop.signum, f"stopped at step {stop.step} and saved {rung.checkpoints.latest}; "
-                              f"{continue_with(cfg, run_dir)}", label=stop.signal)
+                              f"{continue_with(run_dir, cfg.recipe_name)}", label=stop.signal)
         if number + 1 == len(rungs):  # diverged on the last rung
             fail(rung.watch.advice() if len(rungs) == 1 else f"{rung.watch.reason}; no rung left on the fallback "
                  f"ladder" + ("" if str(amp_cfg.level) != "O0" else f": it diverges at O0 (fp32) too, so the cause is "
