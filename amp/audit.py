@@ -176,7 +176,8 @@ def to_markdown(result: Dict) -> str:
     lines += ["", f"network output relative error: {fmt(result['output_rel_err'])}",
               f"flagged: {', '.join(result['flagged_classes']) or 'nothing'}",
               f"suggested: amp.keep_fp32=[{','.join(result['suggested_keep_fp32'])}]"
-              + ("" if result.get("suggestion_adds", True) else " (the recipe's own keep-list: the audit adds nothing)")]
+              + ("" if result.get("suggestion_adds", True) else
+                 " (the recipe's own keep-list: the audit adds nothing)")]
     return "\n".join(lines) + "\n"
 
 

@@ -101,9 +101,9 @@ def shipped_copy(checkpoint) -> Optional[str]:
         return match
     named = next((name for name, e in entries.items() if e["file"] == path.name), None)
     if named:
-        raise ConfigError(f"checkpoint={path} bears the shipped weight {named}'s file name but not its sha256 (expected "
-                          f"{entries[named]['sha256'][:16]}...): it was changed; use weights={named}, or rename the "
-                          f"file if it is a checkpoint of your own")
+        raise ConfigError(f"checkpoint={path} bears the shipped weight {named}'s file name but not its sha256 "
+                          f"(expected {entries[named]['sha256'][:16]}...): it was changed; use weights={named}, or "
+                          f"rename the file if it is a checkpoint of your own")
     return None
 
 
@@ -182,4 +182,5 @@ def weights_config(cfg, argv: List[str], given: List[str], suffix: str = ".eval.
         check_writable(Path(out.output).parent, "output (default)", folder=True)
         Path(out.output).parent.mkdir(parents=True, exist_ok=True)
     copy = f"checkpoint={cfg.checkpoint} is a copy of the shipped weight {name} (same sha256): " if copy_of else ""
-    return out, f"{copy}weights {name}: sha256 verified; recipe {entry['recipe']} {' '.join(entry['overrides'])}".rstrip()
+    recipe = f"recipe {entry['recipe']} {' '.join(entry['overrides'])}".rstrip()
+    return out, f"{copy}weights {name}: sha256 verified; {recipe}"

@@ -3,7 +3,6 @@ every path a command writes is checked before the work, every checkpoint read is
 copy is known by its hash, runs started together never collide and record their command line, and a full disk
 or a pipe gets no traceback and no progress bar. Subprocesses where the exit code, a signal or the command line
 is the point."""
-import json
 import os
 import shutil
 import signal
@@ -91,7 +90,8 @@ def test_a_signal_while_training_saves_and_fails_the_chain(tmp_path):
     assert proc.returncode == 143, out[-2000:]
     assert not evaluated.exists()
     last = out.strip().splitlines()[-1]
-    assert last.startswith("interrupted by SIGTERM") and "saved" in last and f"hydra.run.dir={run_dir} resume=auto" in last
+    assert last.startswith("interrupted by SIGTERM") and "saved" in last
+    assert f"hydra.run.dir={run_dir} resume=auto" in last
     assert list(run_dir.glob("checkpoints/*.ckpt"))
     assert "interrupted by SIGTERM" in (run_dir / "train.log").read_text()
 
@@ -149,7 +149,8 @@ def test_outputs_are_checked_before_the_work(lenet_checkpoint, tmp_path):
         ("eval.py", [f"checkpoint={lenet_checkpoint}", f"output={a_file}/e.json"],
          f"{a_file} is a file, so nothing can be created under it"),
         ("export.py", [f"checkpoint={lenet_checkpoint}", f"output={a_file}/m.mindir"], f"{a_file} is a file"),
-        ("train.py", ["recipe=lenet_o2", f"hydra.run.dir={a_file}/run"], f"hydra.run.dir={a_file}/run: {a_file} is a file"),
+        ("train.py", ["recipe=lenet_o2", f"hydra.run.dir={a_file}/run"],
+         f"hydra.run.dir={a_file}/run: {a_file} is a file"),
         ("-m amp.search", ["recipe=lenet_o2", f"search.out={a_file}/s"], f"search.out={a_file}/s: {a_file} is a file"),
     ]
     for script, args, message in cases:
@@ -267,8 +268,8 @@ print("trained on")
 @pytest.mark.parametrize("where", ["thread", "main"])
 def test_a_full_disk_under_tensorboard_is_one_warning(tmp_path, where):
     """No traceback at the time, none at exit (tensorboardX flushes its writers then), and no hang."""
-    result = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path / "tb"), where], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    result = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path / "tb"), where], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert result.returncode == 0 and result.stdout.strip() == "trained on", result.stderr[-2000:]
     lines = [ln for ln in result.stderr.splitlines() if not ln.startswith("[WARNING] ME")]
     assert lines == [f"WARNING TensorBoard events in {tmp_path / 'tb'} could not be written (No space left on "
@@ -281,7 +282,8 @@ def test_bad_data_after_start_up_leaves_nothing_behind(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     for prefix, count in (("train", 96), ("t10k", 16)):
-        (data / f"{prefix}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 1234, count, 28, 28) + bytes(count * 784))
+        images = struct.pack(">IIII", 1234, count, 28, 28) + bytes(count * 784)  # magic 1234: not an idx file
+        (data / f"{prefix}-images-idx3-ubyte").write_bytes(images)
         (data / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, count) + bytes(count))
     cwd = tmp_path / "cwd"
     cwd.mkdir()
