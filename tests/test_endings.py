@@ -113,7 +113,7 @@ def lenet_checkpoint(tmp_path_factory):
 def test_a_signal_during_evaluation_writes_nothing(lenet_checkpoint, tmp_path):
     out_file = tmp_path / "eval.json"
     code, out = signal_when(start("eval.py", f"checkpoint={lenet_checkpoint}", f"output={out_file}"),
-                            signal.SIGINT, after=3)
+                            signal.SIGINT, "evaluating with the config of the run")  # then it builds and evaluates
     if code == 0:
         pytest.skip("the evaluation finished before the signal")
     assert code in (130, 143), out[-2000:]
