@@ -25,9 +25,9 @@ from zoo.runtime import cap_onednn_isa, quiet_mindspore
 def prepare(argv: Optional[List[str]] = None, recipe: Optional[str] = None) -> str:
     """Set up the process for MindSpore from the command line (default sys.argv[1:]; only its key=value
     overrides are read); `recipe`: the recipe a benchmark always runs. Returns the oneDNN note a run records.
-    A command (argv from its own command line) also gets zoo.interrupt's handlers: from here on a stop signal is
-    one line and the shell's exit code."""
-    if argv is None:
+    The program itself (called from `__main__` on its own command line) also gets zoo.interrupt's handlers: from
+    here on a stop signal is one line and the shell's exit code; a test or tool that imports train.py keeps its own."""
+    if argv is None and sys._getframe(1).f_globals.get("__name__") == "__main__":
         interrupt.install()
     argv = sys.argv[1:] if argv is None else list(argv)
     overrides = [a for a in argv if "=" in a and not a.startswith("-")]
