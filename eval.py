@@ -22,6 +22,7 @@ from engine.load import user_keys
 from engine.metrics import NetWithEval, create_loss, metrics
 from engine.weights import checkpoint_config
 from models.decoding import translate
+from zoo.paths import check_writable
 
 
 def evaluate(cfg) -> dict:
@@ -35,7 +36,7 @@ def evaluate(cfg) -> dict:
     if fused is not None:
         result["fused_conv_bn_pairs"] = fused["fused_pairs"]
     if task(cfg) == "translation":
-        hyp_file = Path(cfg.output or f"{cfg.checkpoint}.eval.json").with_suffix(".hyp.txt")
+        hyp_file = hypotheses_file(cfg)
         result.update(translate(net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty, hyp_file))
         result["hypotheses"] = str(hyp_file)
     return result
@@ -68,15 +69,23 @@ def result_path(cfg, argv) -> Path:
     return default if split == "test" else default.with_name(f"{default.name.removesuffix('.eval.json')}.{split}.eval.json")
 
 
+def hypotheses_file(cfg) -> Path:
+    return Path(cfg.output or f"{cfg.checkpoint}.eval.json").expanduser().with_suffix(".hyp.txt")
+
+
 def main(argv) -> None:
     cfg, smoke_note = checkpoint_config(argv, ".eval.json")
-    out = result_path(cfg, argv)
+    out = check_writable(result_path(cfg, argv), "output")  # before minutes of evaluation
     cfg.output = str(out)
+    if task(cfg) == "translation":
+        check_writable(hypotheses_file(cfg), "output (its .hyp.txt)")
     result = evaluate(cfg)
     record = {"recipe": cfg.recipe_name, "checkpoint": str(cfg.checkpoint), "split": split_of(cfg),
               "data": cfg.dataset.path or ("embedded (smoke)" if smoke_note else "embedded"),
               "target_metric": cfg.target.metric, **result}
-    out.write_text(json.dumps(record, indent=2))
+    partial = out.with_name(f".{out.name}.partial")  # written whole or not at all
+    partial.write_text(json.dumps(record, indent=2))
+    partial.replace(out)
     print(json.dumps(record))
     beam = f"  (beam {result['beam']})" if "beam" in result else ""
     print(f"{record['split']} split of {record['data']}: {summary(result, cfg.target.metric)}{beam}  (written to {out})")

@@ -17,6 +17,7 @@ from data import create_dataset
 from engine.checkpoint import inference_network
 from engine.weights import checkpoint_config
 from zoo.errors import ConfigError
+from zoo.paths import check_writable
 
 
 def export(cfg) -> Path:
@@ -27,21 +28,30 @@ def export(cfg) -> Path:
     batch = next(create_dataset(cfg.dataset, "test").create_tuple_iterator())
     inputs = [x[: cfg.infer.batch_size] for x in batch[:-1]]
     fmt = str(cfg.infer.format)
-    out = Path(cfg.output) if cfg.output else Path(f"{cfg.checkpoint}.{fmt.lower()}")
+    out = output_path(cfg)
+    partial = out.with_name(f".{out.stem}.partial")  # MindSpore adds the format's suffix; renamed once complete
+    written = partial.with_name(f"{partial.name}.{'mindir' if fmt == 'MINDIR' else fmt.lower()}")
     try:
-        ms.export(net, *inputs, file_name=str(out.with_suffix("")), file_format=fmt)
+        ms.export(net, *inputs, file_name=str(partial), file_format=fmt)
+        written.replace(out)
+    except OSError as e:
+        raise ConfigError(f"could not write {out}: {e.strerror or e}") from None
     except Exception as e:
         raise ConfigError(f"infer.format={fmt} export failed on this MindSpore build: "
                           f"{str(e).strip().splitlines()[0]}; MINDIR is supported everywhere") from None
-    written = out.with_suffix(f".{'mindir' if fmt == 'MINDIR' else fmt.lower()}")
-    if written != out and written.exists():
-        written.replace(out)
+    finally:
+        written.unlink(missing_ok=True)  # a failed or interrupted export leaves no partial file
     return out
+
+
+def output_path(cfg) -> Path:
+    return Path(cfg.output or f"{cfg.checkpoint}.{str(cfg.infer.format).lower()}").expanduser()
 
 
 def main(argv) -> None:
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("infer.format=")), "MINDIR")
     cfg, _ = checkpoint_config(argv, f".{fmt.lower()}")
+    check_writable(output_path(cfg), "output")  # before the network is built
     out = export(cfg)
     print(f"exported {cfg.recipe_name} to {out}")
 

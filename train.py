@@ -13,6 +13,7 @@ import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore l
 import json
 import logging
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -27,7 +28,7 @@ from mindspore.train import Model
 from omegaconf import OmegaConf, open_dict
 from tensorboardX import SummaryWriter
 
-from amp.fallback import DivergenceWatch, describe, ladder
+from amp.fallback import DivergenceWatch, describe, ladder, not_learning
 from amp.precision import precision_report, write_report
 from amp.profile import ProfileSteps
 from amp.telemetry import AmpTelemetry
@@ -43,9 +44,11 @@ from engine.rundir import claim, claim_by_rank0, refuse_fresh_start, resume_conf
 from engine.step import build_train_step
 from engine.weights import find as find_weights
 from models.decoding import translate
+from zoo import interrupt
 from zoo.compose import compose
 from zoo.config import register_schema
 from zoo.errors import ConfigError, DeviceError, TracedError, WriteError, device_failure, fail, write_error
+from zoo.interrupt import Interrupted, exit_line, received
 from zoo.runtime import (any_rank, device_notes, init_distributed, mindspore_log, msrun_env, onednn_note,
                          parameter_checksum, seed_everything, set_context, sink_mode, source_commit)
 
@@ -74,7 +77,11 @@ def main(cfg) -> Optional[float]:
                 log.info("resume: the run's config.yaml, with %s from the command line",
                          ", ".join(f"{k}={OmegaConf.select(cfg, k)}" for k in taken))
         return train(cfg, run_dir, smoke_note)
+    except Interrupted as e:
+        interrupted(run_dir, e)
     except ConfigError as e:
+        if received():  # what the signal cut short (MindSpore wraps it), not bad input
+            interrupted(run_dir, Interrupted(received()))
         abandon(run_dir, e)
         fail(str(e))
     except DeviceError as e:  # not bad input: the device or its software
@@ -115,20 +122,57 @@ def claim_run_dir(argv: List[str]) -> None:
         CREATED.append(path.resolve())
 
 
-def abandon(run_dir: Path, error: ConfigError) -> None:
-    """Bad input found once the run directory exists: a directory this process created and nothing else wrote
-    into is removed, unless the error's trace is in its train.log (TracedError: a model that does not compile);
-    any other keeps the error in its train.log."""
+def continue_with(run_dir: Path, recipe: Optional[str] = None) -> str:
+    return f"continue with: python train.py {f'recipe={recipe} ' if recipe else ''}hydra.run.dir={run_dir} resume=auto"
+
+
+def interrupted(run_dir: Path, error: Interrupted) -> None:
+    """A stop signal outside training's own graceful stop (start-up, compiling, the final evaluation): the line
+    says what the run directory holds and how to go on; a directory this process made that holds nothing is
+    removed. Exits with the signal's code."""
+    found = checkpoints(run_dir / "checkpoints")
+    if error.note is None and found:
+        error.note = f"the newest checkpoint is {found[-1]}; {continue_with(run_dir)}"
+    if error.note is None and abandon(run_dir, None):
+        error.note = "nothing was saved (no step had finished); run the command again"
+    elif error.note is None:
+        error.note = f"no checkpoint was saved in {run_dir}; run the command again with resume=auto"
+    if run_dir.is_dir():
+        log_line(f"interrupted by {error.name}: {error.note}")
+    exit_line(error)
+
+
+def abandon(run_dir: Path, error: Optional[ConfigError]) -> bool:
+    """Bad input (or, error None, an interrupt) found once the run directory exists: a directory this process
+    created and nothing else wrote into is removed, with a runs/<recipe>/ left empty, unless the error's trace is
+    in its train.log (TracedError: a model that does not compile); any other keeps the error in its train.log.
+    Returns whether the directory was removed."""
     named = any(a.startswith("hydra.run.dir=") for a in sys.argv[1:])
     ours = run_dir.resolve() in CREATED or not named  # a dir Hydra made for this run (runs/<recipe>/<time>)
     untouched = not checkpoints(run_dir / "checkpoints") and not (run_dir / "metrics.json").exists()
     if ours and first_process() and not isinstance(error, TracedError) and untouched:
         logging.shutdown()
         shutil.rmtree(run_dir, ignore_errors=True)
-        return
+        remove_empty_parents(run_dir)
+        return True
+    if error is not None:
+        log_line(f"error: {error}")
+    return False
+
+
+def remove_empty_parents(run_dir: Path) -> None:
+    """runs/<recipe>/ that Hydra made for the removed run, when nothing else is in it (up to runs/)."""
+    for parent in Path(run_dir).resolve().parents:
+        if parent == Path.cwd().resolve() or parent.name == "runs" or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
+def log_line(text: str) -> None:
+    """A line for train.log only (the console already has it)."""
     for handler in logging.root.handlers:
         if isinstance(handler, logging.FileHandler):
-            handler.handle(logging.LogRecord("amp_zoo", logging.ERROR, __file__, 0, "error: %s", (str(error),), None))
+            handler.handle(logging.LogRecord("amp_zoo", logging.WARNING, __file__, 0, "%s", (text,), None))
 
 
 @dataclass
@@ -198,6 +242,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
         cfg, start.init = start_from(cfg)
     done = finished(cfg, run_dir, start)
     if done is not None:
+        forget_this_command(run_dir)
         print(f"{run_dir} is finished ({done['steps']:,} steps, {done['epochs']} epochs): nothing to do; to train "
               f"it further, resume with a larger trainer.epochs", flush=True)
         return done.get("final", {}).get("top1", 0.0)
@@ -213,19 +258,24 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
         run.trained_s += rung.train_time
         summaries.append({"rung": number, "setting": describe(amp_cfg), **rung.amp_summary})
         if rung.outcome == "finished":
-            return finish(run, rung, transitions, summaries)
+            top1 = finish(run, rung, transitions, summaries)
+            verdict = not_learning(amp_cfg, run.evaluator.history[-1], cfg.model.num_classes, cfg.optimizer.lr)
+            if transitions and verdict:  # metrics.json is written; the exit code says the run failed
+                fail(f"{verdict} ({run_dir / 'metrics.json'})", code=1)
+            return top1
         if rung.outcome == "stopped":
             stop = rung.stop
             if not run.is_main:  # under msrun: rank 0 saves and tells the user how to resume
                 log.warning("%s: stopped after step %d with the other ranks", stop.signal, stop.step)
-                return None
-            log.warning("%s: stopped after step %d and saved %s", stop.signal, stop.step, rung.checkpoints.latest)
-            print(f"stopped by {stop.signal} at step {stop.step}; resume with: python train.py "
-                  f"recipe={cfg.recipe_name} hydra.run.dir={run_dir} resume=auto", flush=True)
-            return None
+                raise Interrupted(stop.signum, f"stopped at step {stop.step} with the other ranks (rank 0 saved and "
+                                  f"says how to continue)", label=stop.signal)
+            log.info("%s: stopped after step %d and saved %s", stop.signal, stop.step, rung.checkpoints.latest)
+            raise Interrupted(stop.signum, f"stopped at step {stop.step} and saved {rung.checkpoints.latest}; "
+                              f"{continue_with(run_dir, cfg.recipe_name)}", label=stop.signal)
         if number + 1 == len(rungs):  # diverged on the last rung
             fail(rung.watch.advice() if len(rungs) == 1 else f"{rung.watch.reason}; no rung left on the fallback "
-                 f"ladder", code=1)
+                 f"ladder" + ("" if str(amp_cfg.level) != "O0" else f": it diverges at O0 (fp32) too, so the cause is "
+                              f"not precision; lower optimizer.lr={cfg.optimizer.lr:g} or check the data"), code=1)
         checkpoint, params = last_good_checkpoint(run_dir / "checkpoints", remove=run.is_main)
         transitions.append({"step": rung.watch.step, "from": describe(amp_cfg), "to": describe(rungs[number + 1]),
                             "reason": rung.watch.reason, "restart_from": checkpoint.name if checkpoint else None})
@@ -255,6 +305,13 @@ def start_from(cfg) -> Tuple[Any, Optional[Tuple[Path, str]]]:
     return cfg, (path, f"weights {name} (sha256 verified)")
 
 
+def forget_this_command(run_dir: Path) -> None:
+    """A resume with nothing to do leaves the run as it was: the .hydra/resume-N Hydra wrote for it goes."""
+    subdir = HydraConfig.get().output_subdir if HydraConfig.initialized() else None
+    if subdir and str(subdir).startswith(".hydra/resume-"):
+        shutil.rmtree(run_dir / subdir, ignore_errors=True)
+
+
 def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
     t_start = time.perf_counter()
@@ -262,6 +319,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
     if rank != 0:  # first: the lines below are rank 0's to write
         rank_logging()
+    log.info("command: python %s", shlex.join(sys.argv))  # also in .hydra/overrides.yaml
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
     for note in device_notes(cfg.runtime, device):
@@ -386,6 +444,9 @@ def build_step(run: Run, amp_cfg):
     if run.is_main:
         write_report(report, run.run_dir, run.writer)
     log.info("precision: %s", report["summary"])
+    if str(amp_cfg.level) == "O3" and step.policy.keep_fp32:  # O3 has no default keep-list, but a given one holds
+        log.info("O3 with amp.keep_fp32=[%s]: those Cells stay fp32 (amp.keep_fp32=[] runs everything in low "
+                 "precision)", ",".join(step.policy.keep_fp32))
     if run.is_main:
         check_disk_space(run.run_dir / "checkpoints", step.cell)
     model = Model(step.cell, eval_network=NetWithEval(step.net, step.loss_fn), metrics=metrics(),
@@ -431,7 +492,7 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
         run.writer.add_scalar("amp/rung", number, start.step)
         lr_at = lambda s: float(run.lr[min(s // t.update_freq, len(run.lr) - 1)])  # noqa: E731  (s counts batches)
         callbacks.append(TensorBoardLogger(run.writer, lr_at, run.per_step, t.log_every, run.timer))
-    if cfg.logger.progress_bar and run.is_main:
+    if cfg.logger.progress_bar and run.is_main and sys.stderr.isatty():  # piped: log lines, no bar glued into them
         callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every, epochs))
     if t.max_steps > 0:
         callbacks.append(StopAtStep(t.max_steps))
@@ -568,12 +629,27 @@ def resume_run_dir(argv) -> list:
     return [f"hydra.run.dir={found[-1].parent.parent}"] if found else []  # none: a new run (Hydra's new directory)
 
 
+def hydra_subdir(argv) -> list:
+    """A resume keeps the run's first .hydra/ (the command that started it) and records its own command line in
+    .hydra/resume-N/, as config.resume-N.yaml beside config.yaml."""
+    given = next((a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")), None)
+    if given is None or not any(a.startswith("resume=") for a in argv):
+        return []
+    first = Path(given).expanduser() / ".hydra"
+    if not (first / "overrides.yaml").is_file():
+        return []
+    return [f"hydra.output_subdir=.hydra/resume-{len(list(first.glob('resume-*'))) + 1}"]
+
+
 if __name__ == "__main__":
     from engine.load import check_command_line
     from zoo.compose import expand_home, hydra_flags
     check_command_line(sys.argv[1:])
     flags, overrides = hydra_flags(expand_home(sys.argv[1:]))
-    sys.argv[1:] = flags + overrides + resume_run_dir(overrides)  # Hydra's parser reads its flags first
+    overrides += resume_run_dir(overrides)
+    overrides += hydra_subdir(overrides)
+    sys.argv[1:] = flags + overrides  # Hydra's parser reads its flags first
     if all(f in ("-m", "--multirun") for f in flags):  # --cfg, --info, ... print and run nothing
         claim_run_dir(sys.argv[1:])
     main()
+    interrupt.finished()

@@ -54,6 +54,23 @@ def ladder(amp_cfg) -> List:
     return rungs
 
 
+def not_learning(amp_cfg, final: dict, num_classes: int, lr: float) -> Optional[str]:
+    """The ladder's last word on a run it stepped down: one that ends no better than chance (or with a loss
+    that is not finite) did not learn, and at O0 (fp32) the cause is not precision. None: it learns."""
+    if "top1" not in final:
+        return None
+    chance = 1.0 / max(num_classes, 1)
+    loss = final.get("loss", 0.0)
+    if final["top1"] > 1.5 * chance and loss == loss and abs(loss) != float("inf"):
+        return None
+    scores = f"top-1 {final['top1']:.2%}, chance {chance:.2%}; loss {loss:.4g}"
+    if str(amp_cfg.level) == "O0":
+        return (f"the fallback ladder reached O0 (fp32) and the run still does not learn ({scores}): the cause is "
+                f"not precision; look at the learning rate (optimizer.lr={lr:g}) and the data")
+    return (f"the fallback ladder ended at {describe(amp_cfg)} and the run does not learn ({scores}): a lower rung "
+            f"may not help; train at amp.level=O0 to tell whether precision is the cause (optimizer.lr={lr:g})")
+
+
 class DivergenceWatch(Callback):
     """Stops training when it diverges; `reason` says why and by which step.
 

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -70,6 +71,36 @@ class SafeWriter:
 
     def __init__(self, writer, path):
         self.writer, self.path, self.failed = writer, path, False
+        previous = threading.excepthook
+
+        def hook(args):  # tensorboardX writes from a thread of its own, which would print a traceback and die
+            if type(args.thread).__module__.startswith("tensorboardX") and isinstance(args.exc_value, OSError):
+                self._fail(args.exc_value, thread_died=True)
+            else:
+                previous(args)
+        threading.excepthook = hook
+
+    def _fail(self, error, thread_died: bool = False) -> None:
+        if self.failed:
+            return
+        self.failed = True
+        for file_writer in (getattr(self.writer, "all_writers", None) or {}).values():
+            events = file_writer.event_writer
+            if thread_died:  # its exit-time close would wait on the dead thread
+                events.close = lambda: None
+                continue
+            # the thread lives on: what it still writes, and the exit-time flush, go nowhere instead of a traceback
+            record = getattr(getattr(events, "_ev_writer", None), "_py_recordio_writer", None)
+            if record is None or not hasattr(record, "_writer"):  # another tensorboardX: no exit-time close
+                events.close = lambda: None
+                continue
+            record.write = record.flush = record.close = lambda *args: None
+            try:
+                record._writer.close()
+            except OSError:
+                pass
+        log.warning("TensorBoard events in %s could not be written (%s); training goes on without them",
+                    self.path, getattr(error, "strerror", None) or error)
 
     def _call(self, name, *args, **kwargs):
         if self.failed:
@@ -77,9 +108,7 @@ class SafeWriter:
         try:
             return getattr(self.writer, name)(*args, **kwargs)
         except Exception as e:  # noqa: BLE001  (OSError from the event file, or from its writer thread)
-            self.failed = True
-            log.warning("TensorBoard events in %s could not be written (%s); training goes on without them",
-                        self.path, getattr(e, "strerror", None) or e)
+            self._fail(e)
             return None
 
     def add_scalar(self, *args, **kwargs):
@@ -246,7 +275,8 @@ class StepOffset(Callback):
 
 
 class GracefulStop(Callback):
-    """SIGTERM or SIGINT: finish the current step, save a checkpoint, stop; the driver then exits 0.
+    """SIGTERM or SIGINT: finish the current step, save a checkpoint, stop; the driver then exits with the signal's
+    code (zoo.interrupt).
 
     With several ranks, `agree(flag)` tells whether any rank has a signal (an all-reduce). A signal may reach
     the ranks at different steps, and a rank that stopped alone would leave the others waiting in their next
@@ -257,6 +287,7 @@ class GracefulStop(Callback):
                  every: int = 1):
         self.save, self.agree, self.every = save, agree, every
         self.signal, self.step, self.previous, self.seen = None, None, {}, 0
+        self.signum = None  # the first signal's number (its exit code is 128 + it)
 
     def _handler(self, signum, frame):
         # The first signal names the stop. A Ctrl-C that arrives while a compiled step runs never reaches
@@ -264,6 +295,7 @@ class GracefulStop(Callback):
         # mindspore 2.10), so a SIGTERM is named as possibly that.
         name = signal.Signals(signum).name
         self.signal = self.signal or (name if name != "SIGTERM" else "SIGTERM (or Ctrl-C)")
+        self.signum = self.signum or signum
 
     def on_train_begin(self, run_context):
         self.seen = run_context.original_args().cur_step_num
@@ -279,6 +311,7 @@ class GracefulStop(Callback):
             if not crossed(previous, cb.cur_step_num, self.every) or not self.agree(self.signal is not None):
                 return
             self.signal = self.signal or "a signal to another rank"
+            self.signum = self.signum or signal.SIGTERM
         elif not self.signal:
             return
         self.step = cb.cur_step_num

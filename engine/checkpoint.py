@@ -31,11 +31,26 @@ def read_checkpoint(path) -> dict:
         raise ConfigError(f"checkpoint={str(path)!r} does not exist; give a .ckpt file written by train.py "
                           f"(runs/<recipe>/<time>/checkpoints/)")
     try:
-        return ms.load_checkpoint(str(path))
+        params = ms.load_checkpoint(str(path))
     except Exception as e:  # MindSpore raises ValueError or RuntimeError on a corrupt file
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"checkpoint={str(path)!r} is not a readable MindSpore checkpoint "
                           f"(truncated or corrupt?): {reason}") from None
+    check_finite(params, path)
+    return params
+
+
+def check_finite(params: dict, path) -> None:
+    """Every float value of a checkpoint is finite: NaN or inf weights would evaluate to a plausible wrong
+    number, or train on from garbage. One line naming the file and the first bad parameter."""
+    for name, value in params.items():
+        if value.dtype in (ms.float16, ms.float32, ms.float64, ms.bfloat16):
+            array = value.asnumpy() if value.dtype != ms.bfloat16 else value.float().asnumpy()
+            if not np.isfinite(array).all():
+                bad = int(np.size(array) - np.isfinite(array).sum())
+                raise ConfigError(f"checkpoint={str(path)!r} holds non-finite values: {name} has {bad} NaN or inf "
+                                  f"of {np.size(array)} (the first such parameter); it cannot be evaluated or "
+                                  f"trained from: take an earlier checkpoint of the run")
 
 
 def load_weights(net: nn.Cell, path, model_name: str, params: dict = None) -> dict:
@@ -287,7 +302,7 @@ def last_good_checkpoint(ckpt_dir: Path, remove: bool = True) -> Tuple[Optional[
             params = read_checkpoint(path)
         except ConfigError:
             params = None
-        if params is not None and all(np.isfinite(p.asnumpy()).all() for p in params.values() if p.dtype != ms.int32):
+        if params is not None:  # read_checkpoint refuses non-finite weights
             return path, params
         if remove:
             log.info("removing %s: its weights are not finite", path.name)

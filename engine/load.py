@@ -2,7 +2,6 @@
 amp.search, bench) gets its run: compose recipe and overrides, apply the recipe's smoke block under the
 user's own keys, and check every value before anything compiles. Any failure is a ConfigError: one line.
 """
-import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -12,11 +11,12 @@ from omegaconf import OmegaConf, open_dict
 
 import data  # noqa: F401  (registers the datasets)
 from amp.names import check_policy_names
-from amp.policy import check_device_dtype
+from amp.policy import check_device_dtype, keep_fp32_names
 from models import check_model, import_plugins  # (and registers the models)
 from zoo.compose import check_slips, compose, expand_home, hydra_flags, one_line
 from zoo.config import Config, RANGES, SPECIAL
 from zoo.errors import ConfigError, fail
+from zoo.paths import check_writable
 from zoo.registry import DATASETS
 from zoo.runtime import msrun_env, pick_device
 
@@ -42,7 +42,36 @@ def load_config(argv: List[str], composed=None, smoke: bool = True,
             raise ConfigError(f"{e}; this run is {cfg.recipe_name}'s smoke block (dataset.path unset) with your "
                               f"{', '.join(kept)} kept over the block's own value") from None
         raise
+    cfg.description = describe(cfg, argv)
     return cfg, note
+
+
+# Keys that say how a run is driven, not what it trains: a description need not name them.
+DRIVING = ("trainer.", "logger.", "runtime.", "search.", "decode.", "infer.", "hydra.", "resume", "checkpoint",
+           "output", "weights", "description", "recipe", "dataset.path")
+
+
+def describe(cfg, argv: List[str]) -> str:
+    """The description a user reads (the first log line, config.yaml) for what runs: the recipe's own, with its
+    precision and loss-scale parts derived from the config when the command line changes `amp`, and the other
+    keys that change what is trained named after it (the description the user gave stays as given)."""
+    given = [a.lstrip("+") for a in argv if "=" in a and not a.startswith(("-", "~"))]
+    keys = [a.split("=", 1)[0] for a in given]
+    text = str(cfg.description or cfg.recipe_name)
+    if "description" in keys:
+        return text
+    if any(k == "amp" or k.startswith("amp.") for k in keys):
+        amp = cfg.amp
+        level, low = str(amp.level), "fp16" if str(amp.dtype) == "float16" else "bf16"
+        keep = [] if level in ("O0", "O1") else (keep_fp32_names(amp))
+        precision = "O0 fp32" if level == "O0" else f"{level} {low}" + (f" ({', '.join(keep)} fp32)" if keep else "")
+        kind = str(amp.loss_scale.type)
+        scale = {"none": [], "fixed": [f"fixed loss scale {amp.loss_scale.scale:g}"],
+                 "dynamic": ["dynamic loss scale"]}[kind]
+        parts = text.split(" / ")
+        text = " / ".join(parts[:2] + [precision] + scale) if len(parts) >= 3 else " / ".join([text, precision] + scale)
+    other = [a for a, k in zip(given, keys) if not k.startswith("amp") and not k.startswith(DRIVING)]
+    return text + (f" (with {' '.join(other)})" if other else "")
 
 
 def user_keys(argv: List[str]) -> List[str]:
@@ -178,16 +207,16 @@ def check_command_line(argv: List[str]) -> None:
     except ConfigError as e:
         fail(str(e))
     flags, overrides = hydra_flags(expand_home(argv))
-    for a in overrides:
-        if a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
-            out = Path(a.split("=", 1)[1]).expanduser()
-            existing = next((p for p in [out, *out.parents] if p.exists()), None)
-            if out.exists() and not out.is_dir():
-                fail(f"{a.split('=', 1)[0]}={out} is a file; give a directory for the run's files")
-            if existing is not None and not os.access(existing, os.W_OK):
-                fail(f"{a.split('=', 1)[0]}={out}: {existing} is not writable; give a directory you can write to")
     if any(f not in ("-m", "--multirun", "-r", "--run") for f in flags):
         return  # Hydra's own flags that print or change the config (--cfg, --info, -cn, ...): Hydra handles them
+    dirs = [a.split("=", 1) for a in overrides if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    try:  # where the run will write, before anything is composed or compiled
+        for key, value in dirs:
+            check_writable(value, key, folder=True)
+        if not dirs:
+            check_writable("runs", "runs", folder=True)
+    except ConfigError as e:
+        fail(f"{e} (the default run directory is under runs/; or give hydra.run.dir=DIR)" if not dirs else str(e))
     try:
         if "-m" in flags or "--multirun" in flags:
             parsed = OverridesParser.create().parse_overrides(overrides)

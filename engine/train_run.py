@@ -1,5 +1,6 @@
 """train.py in a process of its own, for the tools that train many runs (bench.reproduce, amp.search): one
 run killed or diverged cannot take the tool down, and a run directory that holds a checkpoint continues."""
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,17 @@ def train_command(overrides: List[str], run_dir: Path) -> List[str]:
     return cmd
 
 
+INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM)  # a run stopped by a signal
+
+
 def run_logged(cmd: List[str], log: Path, cwd: Optional[Path] = None) -> int:
-    """Run cmd with its output appended to log; its exit code."""
+    """Run cmd with its output appended to log; its exit code. A stop signal to this process reaches the run
+    too (SIGTERM to the tool alone would otherwise leave it training), and the tool waits for it to save."""
     with open(log, "a") as out:
-        return subprocess.call(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            return proc.wait()
+        except BaseException as e:  # zoo.interrupt.Interrupted (any other error: the run is stopped as well)
+            proc.send_signal(getattr(e, "signum", signal.SIGTERM))
+            proc.wait()
+            raise

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from engine.load import load_config, user_keys, validate
-from engine.rundir import run_config_for
+from engine.rundir import load_run_config, run_config_for, run_of_checkpoint
 from zoo.compose import expand_home, hydra_flags
 from zoo.errors import ConfigError, choices_hint
+from zoo.paths import check_writable
 
 WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
 MANIFEST = "MANIFEST.json"
@@ -85,6 +86,57 @@ def shipped_file(checkpoint) -> Optional[str]:
     return next((name for name, e in entries.items() if e["file"] == path.name), None)
 
 
+def shipped_copy(checkpoint) -> Optional[str]:
+    """The name of the shipped weight a checkpoint file is a copy of (same size and sha256 as its manifest entry),
+    or None. A file that bears a shipped weight's file name but matches none was altered: one line, since it
+    would evaluate to a plausible wrong number under the shipped weight's name."""
+    path = Path(str(checkpoint)).expanduser()
+    entries = read_manifest()
+    if not path.is_file() or not entries:
+        return None
+    size = path.stat().st_size
+    same_size = [name for name, e in entries.items() if e.get("bytes") == size]
+    digest = sha256(path) if same_size else None
+    match = next((name for name in same_size if entries[name]["sha256"] == digest), None)
+    if match:
+        return match
+    named = next((name for name, e in entries.items() if e["file"] == path.name), None)
+    if named:
+        raise ConfigError(f"checkpoint={path} bears the shipped weight {named}'s file name but not its sha256 "
+                          f"(expected {entries[named]['sha256'][:16]}...): it was changed; use weights={named}, or "
+                          f"rename the file if it is a checkpoint of your own")
+    return None
+
+
+def weights_argv(argv: List[str]) -> Tuple[List[str], Optional[Path], str]:
+    """amp.audit and amp.report: the command line to compose, the checkpoint to load (None: the network's initial
+    weights) and what weights these are, in words. weights=NAME, or a checkpoint= that is a shipped file or a
+    copy of one: its sha256 checked, its manifest's recipe and overrides under the command line's other keys.
+    A train.py checkpoint: its run's recipe unless recipe= is given. Any other: the command line's recipe."""
+    value = lambda key: next((a.split("=", 1)[1] for a in argv if a.startswith(key + "=")), None)  # noqa: E731
+    weights, checkpoint = value("weights"), value("checkpoint")
+    rest = [a for a in argv if not a.startswith(("weights=", "checkpoint="))]
+    spec = weights or (checkpoint if checkpoint and shipped_file(checkpoint) else None)
+    if not spec and checkpoint:
+        spec = shipped_copy(checkpoint)
+    if spec:
+        name, entry, path = find(spec)
+        recipe = value("recipe")
+        if recipe and recipe != entry["recipe"]:
+            raise ConfigError(f"recipe={recipe}, but weights {name} were trained with the recipe {entry['recipe']}; "
+                              f"drop recipe= (the manifest gives it)")
+        mine = [a for a in rest if not a.startswith("recipe=")]
+        return ([f"recipe={entry['recipe']}", *entry["overrides"], *tokenizer_override(entry, path), *mine], path,
+                f"shipped weights {name} ({path}, sha256 verified)")
+    if checkpoint:
+        path = Path(checkpoint).expanduser()
+        run = run_of_checkpoint(path)
+        if run is not None and value("recipe") is None:
+            rest = [f"recipe={load_run_config(run).recipe_name}", *rest]
+        return rest, path, f"checkpoint {path}"
+    return rest, None, "freshly initialised"
+
+
 def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
     """eval.py and export.py: the config a checkpoint is used with, and the smoke note (or None). A shipped
     weight: its manifest's recipe, sha256 checked first, the command line's keys over it (any key of that
@@ -129,7 +181,11 @@ def weights_config(argv: List[str], suffix: str = ".eval.json"):
     recipe and overrides, the command line's other keys over them, checkpoint set to the verified file, and
     output (unless given) under runs/weights/ rather than beside the file in the repository.
     Returns (config, note), or (None, None) when no shipped weight is asked for."""
-    spec = shipped_spec(argv)
+    spec, copy_of = shipped_spec(argv), None
+    given = next((a.split("=", 1)[1] for a in hydra_flags(expand_home(argv))[1]
+                  if a.lstrip("+").startswith("checkpoint=")), None)
+    if not spec and given not in (None, "", "null"):  # a copy of a shipped weight elsewhere: known by its content
+        spec = copy_of = shipped_copy(given)
     if not spec:
         return None, None
     name, entry, path = find(spec)
@@ -146,5 +202,8 @@ def weights_config(argv: List[str], suffix: str = ".eval.json"):
                           f"{entry['command']}")
     if out.output is None:
         out.output = str(Path("runs", "weights", name + suffix))
+        check_writable(Path(out.output).parent, "output (default)", folder=True)
         Path(out.output).parent.mkdir(parents=True, exist_ok=True)
-    return out, f"weights {name}: sha256 verified; recipe {entry['recipe']} {' '.join(entry['overrides'])}".rstrip()
+    copy = f"checkpoint={given} is a copy of the shipped weight {name} (same sha256): " if copy_of else ""
+    recipe = f"recipe {entry['recipe']} {' '.join(entry['overrides'])}".rstrip()
+    return out, f"{copy}weights {name}: sha256 verified; {recipe}"

@@ -120,3 +120,43 @@ def test_the_tools_set_up_mindspore_only_as_entry_points():
     for tool in ("amp.report", "amp.audit"):
         out = run_cli(f"-m {tool}", "--help")
         assert out.returncode == 0 and f"python -m {tool} recipe=" in out.stdout, out.stderr[-1000:]
+
+
+def test_audit_leaves_value_selecting_cells_out_and_marks_a_repeated_keep_list():
+    """At a tolerance no fp16 Cell meets, the Cells that compute are flagged; ReLU, max-pooling and Flatten,
+    which only select or move values, are not; the suggestion says when it only repeats the recipe."""
+    from models import build_model
+    from engine.load import load_config
+    from amp.audit import to_markdown
+
+    cfg, _ = load_config(["recipe=lenet_o2"])
+    batch = next(__import__("data").create_dataset(cfg.dataset, "train").create_tuple_iterator())
+    strict = audit(lambda: build_model(cfg), cfg.amp, batch[:-1], tolerance=1e-9)
+    rows = {r["class"]: r for r in strict["cells"]}
+    assert "error" in rows["Conv2d" if "Conv2d" in rows else "CpuConv2d"]["flags"] and "error" in rows["Dense"]["flags"]
+    for cls in ("ReLU", "Flatten"):
+        assert rows[cls]["flags"] == [] and rows[cls]["selects_values"]
+    assert strict["flagged_classes"] == ["Conv2d", "Dense"] and strict["suggestion_adds"] == ["Conv2d", "Dense"]
+    loose = audit(lambda: build_model(cfg), cfg.amp, batch[:-1])
+    assert loose["suggestion_adds"] == []
+    assert "(the recipe's own keep-list: the audit adds nothing)" in to_markdown(loose)
+
+
+def test_audit_and_report_look_at_the_weights_they_are_given():
+    """weights=NAME: the shipped file (sha256 checked) in its own recipe, named in the output; no weights: the
+    output says the network is freshly initialised."""
+    report = run_cli("-m amp.report", "weights=lenet_fashion_o3")
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert report.stdout.startswith("weights: shipped weights lenet_fashion_o3 (")
+    assert "sha256 verified" in report.stdout
+    assert "# Precision report: O3" in report.stdout
+    audited = run_cli("-m amp.audit", "weights=lenet_fashion_o2")
+    assert audited.returncode == 0, audited.stderr[-2000:]
+    assert "weights: shipped weights lenet_fashion_o2 (" in audited.stdout
+    fresh = run_cli("-m amp.audit", "recipe=lenet_o2")
+    assert "weights: freshly initialised (seed 1)" in fresh.stdout
+    # trained weights hold larger activations than the initial ones: the audit sees the network it is given
+    top = lambda out: max(float(ln.split("|")[4]) for ln in out.splitlines() if ln.startswith("| fc"))  # noqa: E731
+    assert top(audited.stdout) > 5 * top(fresh.stdout)
+    wrong = run_cli("-m amp.audit", "weights=lenet_fashion_o2", "recipe=resnet34_o2")
+    assert wrong.returncode == 2 and "drop recipe=" in wrong.stderr

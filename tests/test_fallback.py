@@ -75,3 +75,29 @@ def test_dynamic_scale_at_its_minimum_stops_like_fairseq(nan_mnist, tmp_path, gr
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert f"error: by step {NAN_BATCH}: a step overflowed at the minimum loss scale (amp.loss_scale.min_scale=1)" in err
+
+
+def test_a_ladder_that_reaches_o0_and_still_fails_says_the_cause_is_not_precision(tmp_path, graph_mode, capsys):
+    """Every batch from epoch 2 on is scaled by 1e6: no precision can train on that. The ladder steps all the way
+    down to O0 (fp32), and the run ends with exit 1 and a line that says the cause is not precision, instead
+    of exit 0 on a broken model."""
+    def build(cfg, split, shard=None, start_epoch=0, seed=0, skip_batches=0):
+        ds = mnist(cfg, split, shard, start_epoch, seed, skip_batches)
+        if split != "train":
+            return ds
+        seen = {"n": start_epoch * 125 + skip_batches}  # global batch count: a restart rebuilds the pipeline
+
+        def inject(images):
+            seen["n"] += 1
+            return images * np.float32(1e6) if seen["n"] > 125 else images
+        return ds.map(operations=inject, input_columns="image", num_parallel_workers=1)
+    DATASETS.add("mnist_broken", build, task="classification")
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            run(["dataset.name=mnist_broken", "amp.fallback.enabled=true"], tmp_path / "run")
+    finally:
+        DATASETS.remove("mnist_broken")
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "the cause is not precision" in err, err[-2000:]
+    assert "O0" in err

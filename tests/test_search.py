@@ -175,3 +175,25 @@ def test_a_budget_inside_the_warm_up_is_noted(capsys, warmup, noted):
     assert ("ends inside the recipe's warm-up" in err) is noted
     if noted:
         assert f"schedule.warmup_epochs={warmup / cfg.trainer.epochs:g}" in err
+
+
+def test_a_winner_is_named_only_when_the_budget_can_tell_candidates_apart():
+    """O0's seeds that differ by more than the tolerance, or one seed whose noise is unmeasured, leave the
+    candidates undecided (and say what budget would decide); rivals that diverged decide even with one seed."""
+    from omegaconf import OmegaConf
+
+    from amp.ranking import Candidate
+    from amp.search import inconclusive
+    s = OmegaConf.create({"tolerance": 0.5, "budget_steps": 40, "budget_epochs": 0})
+    cfg = OmegaConf.create({"trainer": {"epochs": 10}})
+    within = Candidate(0, [], [], 1.0, 1.0, verdict="within", delta=0.2)
+    outside = Candidate(3, ["fc"], ["fc"], 0.9, 0.9, verdict="outside", delta=-0.9)
+    diverged = Candidate(0, [], [], 1.0, 1.0, verdict="diverged")
+    noisy = {1: {"metric": 0.463}, 2: {"metric": 0.335}}
+    quiet = {1: {"metric": 0.940}, 2: {"metric": 0.942}}
+    said = inconclusive({0: within}, 0, noisy, 100.0, s, cfg)
+    assert "O0's own seeds differ by std 9.05" in said and "search.budget_steps=80" in said
+    assert inconclusive({0: within, 3: outside}, 0, quiet, 100.0, s, cfg) is None
+    one_seed = inconclusive({3: within, 0: outside}, 3, {1: {"metric": 0.94}}, 100.0, s, cfg)
+    assert "one seed cannot measure" in one_seed and "search.seeds=[1,2]" in one_seed
+    assert inconclusive({1: within, 0: diverged}, 1, {1: {"metric": 0.94}}, 100.0, s, cfg) is None

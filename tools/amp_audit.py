@@ -9,7 +9,11 @@ layers), and the whole network under the policy (its end-to-end error). Per Cell
 against the fp16 limit, the share of values that underflow to zero, the relative error against fp32,
 and float constants (eps and the like) that vanish or lose most of their value in the low dtype.
 It ends with a suggested keep_fp32 list: the classes of the Cells that overflow, lose their constants,
-or whose local error exceeds the tolerance.
+or whose local error exceeds the tolerance (marked when it only repeats the recipe's). Cells that only select or
+move values (ReLU, max-pooling, Flatten, Dropout) are measured but never flagged: fp16 adds no error of theirs.
+
+The network has its initial weights unless checkpoint=FILE or weights=NAME (a shipped weight, sha256 checked,
+with its own recipe) gives trained ones: fp16 trouble grows with training, so audit the weights that diverged.
 
 Without its data: a recipe with a smoke block audits the smoke data, as train.py trains on it; an idx-format
 recipe whose own data path is not on this machine (Fashion-MNIST before its package is installed) audits one
@@ -29,11 +33,15 @@ import numpy as np
 from amp.names import portable
 from amp.policy import apply_policy, compute_dtype
 from amp.precision import units
+from amp.ranking import EXACT
 from data import create_dataset
+from engine.checkpoint import load_weights
 from engine.load import load_config, user_keys, validate
+from engine.weights import weights_argv
 from models import build_model
 from zoo.cli import pop_option
 from zoo.errors import ConfigError, fail
+from zoo.paths import check_writable
 from zoo.runtime import set_context
 
 FP16_MAX = 65504.0
@@ -123,7 +131,9 @@ def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
             "end_to_end_rel_err": _rel_err(policy_record[path]["output"], ref) if path in policy_record else None,
             "local_rel_err": 0.0, "constants": [], "flags": [],
         }
-        if dtype != "float32":
+        if dtype != "float32" and row["class"] in EXACT:  # selects or moves values: fp16 adds no error of its own
+            row["selects_values"] = True
+        elif dtype != "float32":
             local = _np(cell(*record[path]["inputs"]))
             row["local_rel_err"] = _rel_err(local, ref)
             row["max_abs_low"] = float(np.max(np.abs(local))) if np.all(np.isfinite(local)) else float("inf")
@@ -143,22 +153,27 @@ def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
     keep = sorted(set(policy.keep_fp32) | set(suggest))
     return {"level": policy.level, "dtype": policy.dtype, "tolerance": tolerance, "cells": rows,
             "output_rel_err": _rel_err(policy_out, fp32_out), "flagged_classes": sorted(set(suggest)),
-            "suggested_keep_fp32": keep}
+            "suggested_keep_fp32": keep, "recipe_keep_fp32": sorted(policy.keep_fp32),
+            "suggestion_adds": sorted(set(suggest) - set(policy.keep_fp32))}
 
 
 def to_markdown(result: Dict) -> str:
     fmt = lambda v: "-" if v is None else ("inf" if v == float("inf") else f"{v:.2e}")  # noqa: E731
     lines = [f"# fp16 audit: {result['level']} ({result['dtype']}), tolerance {result['tolerance']:g}", "",
+             *([f"weights: {result['weights']}", ""] if result.get("weights") else []),
              "| cell | class | dtype | max abs (fp32) | underflow | local rel err | end-to-end rel err | flags |",
              "|---|---|---|---:|---:|---:|---:|---|"]
     for r in result["cells"]:
-        flags = ", ".join(r["flags"] + r["constants"]) or ""
+        flags = ", ".join(r["flags"] + r["constants"]) or ("selects values: not judged" if r.get("selects_values")
+                                                            else "")
         lines.append(f"| {r['path']} | {r['class']} | {r['dtype']} | {r['max_abs_fp32']:.3g} | "
                      f"{r['underflow_share'] * 100:.2f}% | {fmt(r['local_rel_err'])} | "
                      f"{fmt(r['end_to_end_rel_err'])} | {flags} |")
     lines += ["", f"network output relative error: {fmt(result['output_rel_err'])}",
               f"flagged: {', '.join(result['flagged_classes']) or 'nothing'}",
-              f"suggested: amp.keep_fp32=[{','.join(result['suggested_keep_fp32'])}]"]
+              f"suggested: amp.keep_fp32=[{','.join(result['suggested_keep_fp32'])}]"
+              + ("" if result.get("suggestion_adds", True) else
+                 " (the recipe's own keep-list: the audit adds nothing)")]
     return "\n".join(lines) + "\n"
 
 
@@ -183,7 +198,10 @@ def main(argv: List[str]) -> None:
     tolerance, argv = pop_option(argv, "--tolerance", 1e-2, float)
     if tolerance <= 0:
         fail(f"--tolerance {tolerance} must be positive")
+    if out:
+        out = str(check_writable(out, "--json"))
     try:
+        argv, checkpoint, weights = weights_argv(argv)  # a trained network's activations are what fp16 must hold
         cfg, smoke_note = audit_config(argv)
         if smoke_note:
             print(smoke_note, file=sys.stderr)
@@ -192,7 +210,15 @@ def main(argv: List[str]) -> None:
         ms.set_seed(cfg.runtime.seed)
         batch = next(create_dataset(cfg.dataset, "train").create_tuple_iterator())
         inputs = batch[:-1]  # the last column is the label
-        result = audit(lambda: build_model(cfg), cfg.amp, inputs, tolerance)
+
+        def network():
+            net = build_model(cfg)
+            if checkpoint is not None:
+                load_weights(net, checkpoint, cfg.model.name)
+            return net
+        result = audit(network, cfg.amp, inputs, tolerance)
+        result["weights"] = weights if checkpoint else (f"{weights} (seed {cfg.runtime.seed}); checkpoint=FILE or "
+                                                        f"weights=NAME audits trained ones")
     except ConfigError as e:
         fail(str(e))
     print(to_markdown(result))

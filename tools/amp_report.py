@@ -1,6 +1,7 @@
 """Precision report: every Cell, the dtype it computes in, its parameters' dtype, and why.
 
     python -m amp.report recipe=lenet_o2 [key=value ...] [--diff O1 O3]
+    python -m amp.report weights=NAME | checkpoint=FILE      (the network those weights belong to)
 
 The compute dtype is read from the flags `Cell.to_float` set on the built network (what MindSpore's
 compiler casts by), not from the recipe; the reason comes from the policy that set them.
@@ -11,17 +12,27 @@ from typing import Dict, List
 
 from amp.policy import apply_policy
 from amp.precision import diff, precision_report, to_markdown
+from engine.checkpoint import load_weights
 from engine.load import load_config
+from engine.weights import weights_argv
 from models import build_model
 from zoo.config import LEVELS
 from zoo.errors import fail
 
 
 def build_report(overrides: List[str]) -> Dict:
-    cfg, _ = load_config(overrides, needs_data=False)  # a report builds the network and reads no data
+    """The report of the network the command line names; with checkpoint=FILE or weights=NAME, the network those
+    weights belong to (the recipe as written, not its smoke block), the weights loaded to prove they fit."""
+    overrides, checkpoint, weights = weights_argv(overrides)
+    # a report builds the network and reads no data
+    cfg, _ = load_config(overrides, needs_data=False, smoke=checkpoint is None)
     net = build_model(cfg)
+    if checkpoint is not None:
+        load_weights(net, checkpoint, cfg.model.name)
     net, policy = apply_policy(net, cfg.amp)
-    return precision_report(net, policy)
+    report = precision_report(net, policy)
+    report["weights"] = weights
+    return report
 
 
 def main(argv: List[str]) -> None:
@@ -35,7 +46,8 @@ def main(argv: List[str]) -> None:
         a, b = (build_report(argv + [f"amp.level={lv}"]) for lv in levels)
         print(diff(a, b))
     else:
-        print(to_markdown(build_report(argv)))
+        report = build_report(argv)
+        print(f"weights: {report['weights']}\n\n{to_markdown(report)}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import hashlib
 import json
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -49,6 +50,8 @@ from engine.load import load_config
 from engine.rundir import claim
 from models import build_model
 from zoo.errors import ConfigError, fail
+from zoo.interrupt import Interrupted
+from zoo.paths import check_writable
 from zoo.runtime import set_context
 
 METRICS = {"top1": 100.0, "top5": 100.0, "loss": -1.0, "bleu": 1.0, "bleu_lowercase": 1.0}  # reported unit, sign
@@ -123,10 +126,18 @@ class Runs:
             t0 = time.perf_counter()
             cmd = train_run.train_command([*self.base, *policy, "amp.fallback.enabled=false", f"runtime.seed={seed}"],
                                           run_dir)
-            code, error = run_train(cmd, self.out / "runs" / f"{name}.log")
+            again = (f"{name} stopped and saved; the runs that finished are in {self.file}: run the same command "
+                     f"again to continue the search")
+            try:
+                code, error = run_train(cmd, self.out / "runs" / f"{name}.log")
+            except Interrupted as e:  # the signal came to the search (and was passed on to the run)
+                e.note = again
+                raise
             self.trained += 1
             if code == 0 and (run_dir / "metrics.json").is_file():
                 record = read_run(run_dir, self.metric)
+            elif code in train_run.INTERRUPTED:  # stopped by a signal: it saved, and the next call continues it
+                raise Interrupted(signal.SIGTERM if code in (143, -15) else signal.SIGINT, again)
             elif code == 1 and error:  # train.py's divergence exit: the run is over, its policy rejected
                 record = {"status": "diverged", "reason": error, "wall_time_s": round(time.perf_counter() - t0, 1)}
             else:  # a bad setting (exit 2) or a crash: nothing to judge, nothing recorded
@@ -188,16 +199,44 @@ def search(cfg, base: List[str], out: Path, log=print) -> dict:
         return tried[k].verdict == "within"
 
     best = bisect(len(ranked), passes)
+    undecided = None if best is None else inconclusive(tried, best, reference, scale, s, cfg)
+    if undecided:
+        log(undecided)
     result = {"recipe": cfg.recipe_name, "metric": metric, "tolerance": s.tolerance, "seeds": list(s.seeds),
               "strategy": "bisection over the ranked units", "units": [asdict(u) for u in units],
               "ranked": [u.path for u in ranked], "pinned_fp32": pinned, "pinned_low": sorted(never),
               "reference": {str(k): v for k, v in reference.items()},
-              "candidates": [asdict(tried[k]) for k in sorted(tried)], "winner": None if best is None else best,
+              "candidates": [asdict(tried[k]) for k in sorted(tried)], "winner": None if undecided else best,
+              "inconclusive": undecided, "best_within": best,
               "audit": audit_result, "audit_s": round(audit_s, 1),
               "cost": {"runs": len(runs.state["runs"]), "trained_now": runs.trained,
                        "train_wall_s": round(sum(r.get("wall_time_s", 0) for r in runs.state["runs"].values()), 1),
                        "search_wall_s_now": round(time.perf_counter() - t0, 1)}}
     return result
+
+
+def inconclusive(tried: Dict[int, Candidate], best: int, reference: Dict[int, dict], scale: float, s,
+                 cfg) -> Optional[str]:
+    """Why this budget cannot tell the candidates apart, and what budget would; None when it can: O0's seeds
+    agree within the tolerance (two seeds or more measure the noise), or every candidate the winner beat
+    diverged (a divergence is no noise)."""
+    rivals = [c for k, c in tried.items() if k != best and c.verdict != "within"]
+    if rivals and all(c.verdict == "diverged" for c in rivals):
+        return None
+    now = (f"search.budget_steps={s.budget_steps}" if s.budget_steps else
+           f"search.budget_epochs={s.budget_epochs or cfg.trainer.epochs}")
+    more = (f"search.budget_steps={2 * s.budget_steps}" if s.budget_steps else
+            f"search.budget_epochs={2 * (s.budget_epochs or cfg.trainer.epochs)}")
+    values = [r["metric"] * abs(scale) for r in reference.values()]
+    if len(values) < 2:
+        return (f"Not conclusive: k={best} is within {s.tolerance:g} of O0, but one seed cannot measure this "
+                f"budget's run-to-run noise; give search.seeds=[1,2] and a budget at which O0's seeds agree within "
+                f"the tolerance (this one: {now})")
+    if spread(values) > s.tolerance:
+        return (f"Not conclusive: O0's own seeds differ by std {spread(values):.2f}, more than the tolerance "
+                f"{s.tolerance:g}, so {now} cannot tell candidates apart; give a budget at which they agree within it "
+                f"(at least {more}, or the recipe's full schedule)")
+    return None
 
 
 # --- output ---------------------------------------------------------------------------------------------------
@@ -227,10 +266,6 @@ def to_markdown(result: dict) -> str:
         lines.append(f"| {c['k']} | {', '.join(c['keep_fp32']) or '(none)'} | {c['low_params']:.1%} | "
                      f"{c['low_flops']:.1%} | {per_seed} | {delta} | {overflow} | {wall:.0f} s | {c['verdict']} |")
     lines += ["", winner_line(result)]
-    if len(ref) > 1 and spread(ref) > result["tolerance"]:
-        lines.append(f"Warning: O0's own spread over the seeds (std {spread(ref):.2f}) is larger than the tolerance: "
-                     f"at this budget the metric cannot tell candidates apart; give more search.budget_steps or "
-                     f"search.budget_epochs.")
     lines.append(f"Cost: {result['cost']['runs']} training runs, {result['cost']['train_wall_s']:.0f} s of training "
                  f"in all; this call trained {result['cost']['trained_now']} of them in "
                  f"{result['cost']['search_wall_s_now']:.0f} s (audit {result['audit_s']:.0f} s).")
@@ -243,6 +278,8 @@ def winning(result: dict) -> Optional[dict]:
 
 def winner_line(result: dict) -> str:
     c = winning(result)
+    if c is None and result.get("inconclusive"):
+        return result["inconclusive"]
     if c is None:
         return (f"No candidate is within {result['tolerance']:g} of O0, not even with every candidate unit in fp32: "
                 f"what stays low (search.pin_low, the value-moving units, glue ops) matters, or the tolerance is "
@@ -329,7 +366,7 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
 def prepare_out(cfg, base: List[str]) -> Path:
     """search.out, holding this search's training settings: a directory that holds another search's is refused
     (its runs would be compared with runs trained differently)."""
-    out = Path(cfg.search.out or Path("runs", "search", cfg.recipe_name))
+    out = check_writable(cfg.search.out or Path("runs", "search", cfg.recipe_name), "search.out", folder=True)
     try:
         claim(out, "search.out")  # one search per folder at a time: a second one would rank the first's runs
     except OSError as e:

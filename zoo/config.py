@@ -6,12 +6,13 @@ values outside an Enum before anything is imported from MindSpore; engine/load.p
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF_DIR = ROOT / "conf"
@@ -295,6 +296,10 @@ SPECIAL = {"trainer.sink_size": (-1,)}
 
 
 def register_schema() -> None:
+    """The schema for conf/config.yaml's defaults, and the `${pid:}` its default run directory names: two runs
+    started in the same second by different processes never share a directory."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="schema", node=Config)
+    if not OmegaConf.has_resolver("pid"):
+        OmegaConf.register_new_resolver("pid", os.getpid)

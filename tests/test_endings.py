@@ -1,0 +1,306 @@
+"""Every run ends telling the truth (issue 54): a stop signal at any moment is one line and 128 + the signal,
+every path a command writes is checked before the work, every checkpoint read is finite and a shipped weight's
+copy is known by its hash, runs started together never collide and record their command line, and a full disk
+or a pipe gets no traceback and no progress bar. Subprocesses where the exit code, a signal or the command line
+is the point."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+from omegaconf import OmegaConf
+
+from tests.conftest import ROOT, run_cli
+
+LENET = ["recipe=lenet_o2", "trainer.max_steps=300", "logger.progress_bar=false"]
+
+
+def start(*args, cwd=ROOT):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def signal_when(proc, sig, text=None, after=None, timeout=300):
+    """Send `sig` once `text` appears in the output (or `after` seconds); return (exit code, whole output)."""
+    out = []
+    if text is not None:
+        deadline = time.time() + timeout
+        for line in proc.stdout:
+            out.append(line)
+            if text in line or time.time() > deadline:
+                break
+    else:
+        time.sleep(after)
+    proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, "".join(out) + rest
+
+
+# --- interrupts -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("after", [0.5, 1.5])
+def test_a_signal_during_start_up_is_one_line_and_exit_130(tmp_path, after):
+    """Ctrl-C while modules import or the config composes: no traceback, nothing left, exit 130."""
+    code, out = signal_when(start("train.py", *LENET, f"hydra.run.dir={tmp_path / 'run'}"), signal.SIGINT,
+                            after=after)
+    if code == 0:
+        pytest.skip("the run finished before the signal (a very fast machine)")
+    assert code == 130, out[-2000:]
+    assert "Traceback" not in out and out.strip().splitlines()[-1].startswith("interrupted by SIGINT: "), out[-2000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_signal_while_the_graph_compiles_saves_nothing_and_says_so(tmp_path):
+    """The last line before model.train compiles the step: SIGTERM there ends in one line, exit 143, and the
+    run directory (which holds nothing) is gone; the command can simply run again."""
+    run_dir = tmp_path / "run"
+    code, out = signal_when(start("train.py", *LENET, f"hydra.run.dir={run_dir}"), signal.SIGTERM, "loss scale:")
+    assert code == 143, out[-2000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("interrupted by SIGTERM"), out[-2000:]
+    assert "Traceback" not in out
+    if "nothing was saved" in last:
+        assert not run_dir.exists()
+    else:  # the first step finished before the signal was seen: it saved that step
+        assert "saved" in last and "resume=auto" in last
+
+
+def test_a_signal_while_training_saves_and_fails_the_chain(tmp_path):
+    """After the first log line of training: the step is finished and saved, the line says how to continue, and
+    the exit code stops `train.py && eval.py`."""
+    run_dir = tmp_path / "run"
+    evaluated = tmp_path / "evaluated"
+    chain = (f"{sys.executable} train.py recipe=lenet_o2 logger.progress_bar=false hydra.run.dir={run_dir} "
+             f"&& touch {evaluated}")
+    proc = subprocess.Popen(["sh", "-c", chain], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log, deadline = run_dir / "train.log", time.time() + 300
+    while time.time() < deadline and not (log.exists() and "epoch 1/" in log.read_text()):
+        time.sleep(0.05)
+    train = next(p for p in _children(proc.pid))
+    os.kill(train, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-2000:]
+    assert not evaluated.exists()
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("interrupted by SIGTERM") and "saved" in last
+    assert f"hydra.run.dir={run_dir} resume=auto" in last
+    assert list(run_dir.glob("checkpoints/*.ckpt"))
+    assert "interrupted by SIGTERM" in (run_dir / "train.log").read_text()
+
+
+def _children(pid):
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]
+
+
+@pytest.fixture(scope="module")
+def lenet_checkpoint(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ckpt") / "run"
+    result = run_cli("train.py", "recipe=lenet_o2", "trainer.max_steps=5", "logger.progress_bar=false",
+                     f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return next(run_dir.glob("checkpoints/*.ckpt"))
+
+
+def test_a_signal_during_evaluation_writes_nothing(lenet_checkpoint, tmp_path):
+    out_file = tmp_path / "eval.json"
+    code, out = signal_when(start("eval.py", f"checkpoint={lenet_checkpoint}", f"output={out_file}"),
+                            signal.SIGINT, "evaluating with the config of the run")  # then it builds and evaluates
+    if code == 0:
+        pytest.skip("the evaluation finished before the signal")
+    assert code in (130, 143), out[-2000:]
+    assert out.strip().splitlines()[-1].startswith("interrupted by SIG") and "Traceback" not in out
+    assert not out_file.exists() and not list(tmp_path.iterdir())
+
+
+# --- check before the work -----------------------------------------------------------------------------------
+
+def _unwritable():
+    """A folder no process may create files in, even root: sysfs (skip where it is absent)."""
+    if not os.path.isdir("/sys") or os.access("/sys", os.W_OK) and _can_create("/sys"):
+        pytest.skip("no read-only folder on this machine")
+    return "/sys"
+
+
+def _can_create(folder):
+    try:
+        open(os.path.join(folder, ".amp-zoo-probe"), "w").close()
+        os.unlink(os.path.join(folder, ".amp-zoo-probe"))
+        return True
+    except OSError:
+        return False
+
+
+def test_outputs_are_checked_before_the_work(lenet_checkpoint, tmp_path):
+    """One line, exit 2, before evaluation, export or training start: nothing is computed for an output that
+    cannot be written."""
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cases = [
+        ("eval.py", [f"checkpoint={lenet_checkpoint}", f"output={_unwritable()}/e.json"], "/sys is not writable"),
+        ("eval.py", [f"checkpoint={lenet_checkpoint}", f"output={a_file}/e.json"],
+         f"{a_file} is a file, so nothing can be created under it"),
+        ("export.py", [f"checkpoint={lenet_checkpoint}", f"output={a_file}/m.mindir"], f"{a_file} is a file"),
+        ("train.py", ["recipe=lenet_o2", f"hydra.run.dir={a_file}/run"],
+         f"hydra.run.dir={a_file}/run: {a_file} is a file"),
+        ("-m amp.search", ["recipe=lenet_o2", f"search.out={a_file}/s"], f"search.out={a_file}/s: {a_file} is a file"),
+    ]
+    for script, args, message in cases:
+        result = run_cli(script, *args)
+        assert result.returncode == 2, (script, result.stderr[-2000:])
+        assert result.stderr.strip().splitlines()[-1].startswith("error: ") and message in result.stderr, script
+        assert "top-1" not in result.stdout and "Traceback" not in result.stderr
+    # the default run directory goes under runs/ of the working directory
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "runs").write_text("not a folder")
+    result = run_cli(str(ROOT / "train.py"), "recipe=lenet_o2", cwd=tmp_path / "cwd")
+    assert result.returncode == 2 and "error: runs is a file; give a directory" in result.stderr
+
+
+def test_export_leaves_no_partial_file(lenet_checkpoint, tmp_path):
+    out = tmp_path / "lenet.mindir"
+    result = run_cli("export.py", f"checkpoint={lenet_checkpoint}", f"output={out}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [p.name for p in tmp_path.iterdir()] == ["lenet.mindir"] and out.stat().st_size > 0
+
+
+def test_non_finite_checkpoint_is_one_line(lenet_checkpoint, tmp_path):
+    params = ms.load_checkpoint(str(lenet_checkpoint))
+    bad = params["fc2.weight"].asnumpy()
+    bad[0, 3] = np.inf
+    params["fc2.weight"] = ms.Parameter(ms.Tensor(bad), name="fc2.weight")
+    path = tmp_path / "inf.ckpt"
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in params.items()], str(path))
+    result = run_cli("eval.py", "recipe=lenet_o2", f"checkpoint={path}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: checkpoint='{path}' holds non-finite values: fc2.weight has 1 NaN or inf of 10080 (the first "
+        f"such parameter); it cannot be evaluated or trained from: take an earlier checkpoint of the run"]
+
+
+def test_a_copy_of_a_shipped_weight_is_known_by_its_hash(tmp_path):
+    from engine.weights import WEIGHTS, shipped_copy
+    from zoo.errors import ConfigError
+
+    copy = tmp_path / "mine.ckpt"
+    shutil.copy(WEIGHTS / "lenet_fashion_o2.ckpt", copy)
+    assert shipped_copy(copy) == "lenet_fashion_o2"
+    changed = tmp_path / "lenet_fashion_o2.ckpt"  # a shipped name with one data byte flipped
+    data = bytearray(copy.read_bytes())
+    data[-100] ^= 1
+    changed.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match="bears the shipped weight lenet_fashion_o2's file name but not its sha256"):
+        shipped_copy(changed)
+    renamed = tmp_path / "finetuned.ckpt"  # the same bytes under a name of the user's: a checkpoint of theirs
+    renamed.write_bytes(bytes(data))
+    assert shipped_copy(renamed) is None
+
+
+# --- runs do not collide and record what they were asked -----------------------------------------------------
+
+def test_two_runs_started_together_both_run_and_record_their_command(tmp_path):
+    args = ["recipe=lenet_o2", "trainer.max_steps=3"]  # progress bar left on: the output is a pipe
+    procs = [start(str(ROOT / "train.py"), *args, *extra, cwd=tmp_path)
+             for extra in ([], ["amp.loss_scale.type=dynamic"])]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    runs = sorted((tmp_path / "runs" / "lenet_o2").iterdir())
+    assert len(runs) == 2
+    by_scale = {}
+    for run in runs:
+        overrides = (run / ".hydra" / "overrides.yaml").read_text()
+        log = (run / "train.log").read_text().splitlines()
+        assert "command: python " in log[0] and "recipe=lenet_o2 trainer.max_steps=3" in log[0]
+        by_scale["dynamic" if "amp.loss_scale.type=dynamic" in overrides else "fixed"] = run
+    description = {k: OmegaConf.load(run / "config.yaml").description for k, run in by_scale.items()}
+    assert description["fixed"] == "LeNet-5 / MNIST / O2 fp16 / fixed loss scale 1024"
+    assert description["dynamic"].endswith("/ dynamic loss scale") and "fixed" not in description["dynamic"]
+    assert all("\r" not in out for out in outs)  # no progress bar drawn into a pipe
+
+
+def test_a_resume_keeps_the_first_command_line(lenet_checkpoint):
+    run_dir = lenet_checkpoint.parent.parent
+    result = run_cli("train.py", "recipe=lenet_o2", "trainer.max_steps=7", f"hydra.run.dir={run_dir}", "resume=auto",
+                     "logger.progress_bar=false")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "trainer.max_steps=5" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert "trainer.max_steps=7" in (run_dir / ".hydra" / "resume-1" / "overrides.yaml").read_text()
+
+
+# --- quiet, one-line failures --------------------------------------------------------------------------------
+
+FULL_DISK = """
+import errno, logging, sys
+logging.basicConfig(format="%(levelname)s %(message)s")
+from tensorboardX import SummaryWriter
+from engine.callbacks import SafeWriter
+
+class Full:
+    def write(self, data): raise OSError(errno.ENOSPC, "No space left on device")
+    def flush(self): raise OSError(errno.ENOSPC, "No space left on device")
+    def close(self): pass
+
+raw = SummaryWriter(sys.argv[1], flush_secs=1)
+if sys.argv[2] == "thread":  # the event file's disk is full: tensorboardX's writer thread meets it
+    raw.file_writer.event_writer._ev_writer._py_recordio_writer._writer = Full()
+else:  # a call on the main thread meets it first; the writer thread lives on
+    raw.add_scalar("train/loss", 0.0, 0)
+    def full(*args, **kwargs): raise OSError(errno.ENOSPC, "No space left on device")
+    SummaryWriter.add_scalar = full
+    raw.file_writer.event_writer._ev_writer._py_recordio_writer._writer.flush = Full().flush
+writer = SafeWriter(raw, sys.argv[1])
+for step in range(200):
+    writer.add_scalar("train/loss", 1.0, step)
+writer.flush()
+writer.close()
+print("trained on")
+"""
+
+
+@pytest.mark.parametrize("where", ["thread", "main"])
+def test_a_full_disk_under_tensorboard_is_one_warning(tmp_path, where):
+    """No traceback at the time, none at exit (tensorboardX flushes its writers then), and no hang."""
+    result = subprocess.run([sys.executable, "-c", FULL_DISK, str(tmp_path / "tb"), where], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert result.returncode == 0 and result.stdout.strip() == "trained on", result.stderr[-2000:]
+    lines = [ln for ln in result.stderr.splitlines() if not ln.startswith("[WARNING] ME")]
+    assert lines == [f"WARNING TensorBoard events in {tmp_path / 'tb'} could not be written (No space left on "
+                     f"device); training goes on without them"], result.stderr[-2000:]
+
+
+def test_bad_data_after_start_up_leaves_nothing_behind(tmp_path):
+    """Data found bad once Hydra made the run directory: the directory and the runs/<recipe>/ made for it go."""
+    import struct
+    data = tmp_path / "data"
+    data.mkdir()
+    for prefix, count in (("train", 96), ("t10k", 16)):
+        images = struct.pack(">IIII", 1234, count, 28, 28) + bytes(count * 784)  # magic 1234: not an idx file
+        (data / f"{prefix}-images-idx3-ubyte").write_bytes(images)
+        (data / f"{prefix}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, count) + bytes(count))
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    result = run_cli(str(ROOT / "train.py"), "recipe=lenet_o2", f"dataset.path={data}", cwd=cwd)
+    assert result.returncode == 2 and "magic number 1234" in result.stderr, result.stderr[-2000:]
+    assert not (cwd / "runs" / "lenet_o2").exists()
+
+
+def test_the_fallback_ladder_says_when_precision_is_not_the_cause():
+    from omegaconf import OmegaConf
+
+    from amp.fallback import not_learning
+    o0 = OmegaConf.create({"level": "O0", "loss_scale": {"type": "none"}})
+    o2 = OmegaConf.create({"level": "O2", "loss_scale": {"type": "fixed", "scale": 128.0}})
+    chance = {"top1": 0.1, "top5": 0.5, "loss": 64.0}
+    assert "the cause is not precision" in not_learning(o0, chance, 10, 5.0)
+    assert "optimizer.lr=5" in not_learning(o0, chance, 10, 5.0)
+    assert "train at amp.level=O0" in not_learning(o2, chance, 10, 5.0)
+    assert not_learning(o0, {"top1": 0.9, "loss": 0.3}, 10, 0.01) is None
+    assert not_learning(o0, {"top1": 0.9, "loss": float("nan")}, 10, 0.01) is not None
