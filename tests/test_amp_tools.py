@@ -127,7 +127,7 @@ def test_audit_leaves_value_selecting_cells_out_and_marks_a_repeated_keep_list()
     which only select or move values, are not; the suggestion says when it only repeats the recipe."""
     from models import build_model
     from engine.load import load_config
-    from amp.audit import to_markdown
+    from tools.amp_audit import to_markdown
 
     cfg, _ = load_config(["recipe=lenet_o2"])
     batch = next(__import__("data").create_dataset(cfg.dataset, "train").create_tuple_iterator())

@@ -164,8 +164,8 @@ READER_CASES = [
      ["+dataset.params.spm_model={data}/m.model"], "m.model' is a directory; give a sentencepiece .model file"),
     ("resnet34_cifar10_o2", _cifar_label, [], "data_batch_1.bin holds label 12 in record 0; CIFAR-10 labels are 0-9"),
     ("transformer_tiny_multi30k_o0", _text(b"a small dog runs\na cat sleeps\n", b"ein kleiner hund rennt\neine katze\n"),
-     [], "the 2 training pairs fill no whole batch: the fullest length bucket (18 tokens) has 1 pair, and a batch of "
-         "it holds 227 (dataset.max_tokens=4096); lower dataset.max_tokens, or give more training pairs"),
+     [], "the 2 training pairs fill no whole batch: the fullest length bucket (14 tokens) has 2 pairs, and a batch "
+         "of it holds 292 (dataset.max_tokens=4096); lower dataset.max_tokens, or give more training pairs"),
 ]
 
 

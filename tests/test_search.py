@@ -183,7 +183,7 @@ def test_a_winner_is_named_only_when_the_budget_can_tell_candidates_apart():
     from omegaconf import OmegaConf
 
     from amp.ranking import Candidate
-    from amp.search import inconclusive
+    from tools.amp_search import inconclusive
     s = OmegaConf.create({"tolerance": 0.5, "budget_steps": 40, "budget_epochs": 0})
     cfg = OmegaConf.create({"trainer": {"epochs": 10}})
     within = Candidate(0, [], [], 1.0, 1.0, verdict="within", delta=0.2)

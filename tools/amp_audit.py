@@ -131,7 +131,7 @@ def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
             "end_to_end_rel_err": _rel_err(policy_record[path]["output"], ref) if path in policy_record else None,
             "local_rel_err": 0.0, "constants": [], "flags": [],
         }
-        if dtype != "float32" and row["class"] in EXACT:  # selects or moves values: fp16 adds no error of its own
+        if dtype != "float32" and portable(row["class"]) in EXACT:  # selects or moves values: no error of its own
             row["selects_values"] = True
         elif dtype != "float32":
             local = _np(cell(*record[path]["inputs"]))

@@ -26,7 +26,8 @@ def _imported_by_the_program() -> bool:
     """Whether the module importing this one is the program itself (python train.py, python -m amp.report), not a
     test or a tool that imports a command as a library: only the program takes over the stop signals."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(("importlib", __name__)):
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(("_frozen_importlib", "importlib",
+                                                                                __name__)):
         frame = frame.f_back
     return frame is not None and frame.f_globals.get("__name__") == "__main__"
 
