@@ -210,6 +210,10 @@ def check_command_line(argv: List[str]) -> None:
     if any(f not in ("-m", "--multirun", "-r", "--run") for f in flags):
         return  # Hydra's own flags that print or change the config (--cfg, --info, -cn, ...): Hydra handles them
     dirs = [a.split("=", 1) for a in overrides if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    if msrun_env() and not dirs:  # the default directory names the process id: no two ranks would share it
+        fail("msrun started this process, but no hydra.run.dir is given: each process's default run directory "
+             "(runs/<recipe>/<time>-<pid>) is its own, so the ranks would not share their checkpoints; give "
+             "hydra.run.dir=DIR")
     try:  # where the run will write, before anything is composed or compiled
         for key, value in dirs:
             check_writable(value, key, folder=True)

@@ -649,3 +649,18 @@ def test_the_rank_checksum_covers_the_weights_not_batchnorms_per_rank_statistics
     assert parameter_checksum(net) == before
     net[0].weight.set_data(net[0].weight + 1)
     assert parameter_checksum(net) != before
+
+
+def test_msrun_without_a_run_directory_is_refused(monkeypatch, capsys):
+    """The default run directory names the process id, so under msrun each rank would train (and resume, and fall
+    back) from a directory of its own: without hydra.run.dir every process refuses with one line, exit 2."""
+    from engine.load import check_command_line
+    for key, value in {"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "2"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as e:
+        check_command_line(["recipe=lenet_o0", "runtime.distributed=true"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: msrun started this process, but no hydra.run.dir is given: each process's default run directory "
+        "(runs/<recipe>/<time>-<pid>) is its own, so the ranks would not share their checkpoints; give "
+        "hydra.run.dir=DIR"]
