@@ -86,14 +86,20 @@ def pynative_mode():
 
 # The files whose tests run the commands end to end, in processes of their own (train.py runs, resumes, signals,
 # msrun, exit codes): marked `e2e`. `make test-fast` runs the rest, the in-process tests; `make test` runs both.
-E2E_FILES = {"test_amp_tools.py", "test_bad_inputs.py", "test_distributed.py", "test_fork.py",
+E2E_FILES = {"test_amp_tools.py", "test_bad_inputs.py", "test_distributed.py", "test_endings.py", "test_fork.py",
              "test_fuse_export.py", "test_lab.py", "test_lenet_e2e.py", "test_resume.py", "test_run_dir.py",
              "test_search.py", "test_transformer.py", "test_weights.py"}
 # ...and the few such tests in files that are otherwise in-process
 E2E_TESTS = {"test_resnet.py::test_resnet34_o2_smoke_run_from_a_fresh_checkout",
              "test_structure.py::test_only_the_entry_helper_sets_up_mindspore",
              "test_cpu_conv.py::test_export_writes_mindspores_own_conv2d",
-             "test_cpu_conv.py::test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutions"}
+             "test_cpu_conv.py::test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutions",
+             "test_cpu_kernels.py::test_on_without_the_extension_is_one_line_and_exit_2",
+             "test_cpu_kernels.py::test_auto_without_the_extension_warns_once_and_trains",
+             "test_doctor.py::test_the_doctor_on_a_cpu_runs_what_applies_and_names_what_it_skipped",
+             "test_device_paths.py::test_msrun_without_distributed_is_refused_on_every_process",
+             "test_hydra_flags.py::test_hydra_flags_work_in_any_position",
+             "test_hydra_flags.py::test_multirun_flag_in_any_position_checks_every_run"}
 
 
 def pytest_collection_modifyitems(items):
