@@ -265,6 +265,8 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
             return top1
         if rung.outcome == "stopped":
             stop = rung.stop
+            if run.world > 1:  # no rank exits (msrun would kill the rest) before rank 0's checkpoint is written
+                any_rank(False)
             if not run.is_main:  # under msrun: rank 0 saves and tells the user how to resume
                 log.warning("%s: stopped after step %d with the other ranks", stop.signal, stop.step)
                 raise Interrupted(stop.signum, f"stopped at step {stop.step} with the other ranks (rank 0 saved and "
@@ -649,7 +651,7 @@ if __name__ == "__main__":
     overrides += resume_run_dir(overrides)
     overrides += hydra_subdir(overrides)
     sys.argv[1:] = flags + overrides  # Hydra's parser reads its flags first
-    if all(f in ("-m", "--multirun") for f in flags):  # --cfg, --info, ... print and run nothing
+    if all(f in ("-m", "--multirun", "-r", "--run") for f in flags):  # --cfg, --info, ... print and run nothing
         claim_run_dir(sys.argv[1:])
     main()
     interrupt.finished()
