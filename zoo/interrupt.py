@@ -57,7 +57,9 @@ def exit_line(error: Interrupted, note: Optional[str] = None) -> None:
 
 def _hook(kind, value, tb, previous=sys.excepthook):
     if not isinstance(value, Interrupted):
-        return previous(kind, value, tb)
+        if received() is None:
+            return previous(kind, value, tb)
+        value = Interrupted(received())  # what the signal cut short: a C extension's import turns it into ImportError
     print(line(value.name, value.note), file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(value.code)  # an excepthook cannot set the exit code otherwise (Python would exit 1)
