@@ -42,7 +42,7 @@ from engine.metrics import NetWithEval, metrics
 from engine.optim import lr_schedule, scaled_lr, schedule_moved
 from engine.rundir import claim, claim_by_rank0, refuse_fresh_start, resume_config
 from engine.step import build_train_step
-from engine.weights import find as find_weights
+from engine.weights import find as find_weights, shipped_tokenizer
 from models.decoding import translate
 from zoo import interrupt
 from zoo.compose import compose
@@ -301,9 +301,10 @@ def start_from(cfg) -> Tuple[Any, Optional[Tuple[Path, str]]]:
     if not cfg.weights:
         return cfg, None
     name, entry, path = find_weights(cfg.weights)
-    if "tokenizer" in entry and not cfg.dataset.params.get("spm_model"):
+    tokenizer = shipped_tokenizer(entry, path)
+    if tokenizer and not cfg.dataset.params.get("spm_model"):
         with open_dict(cfg):
-            cfg.dataset.params.spm_model = str(path.parent / entry["tokenizer"]["file"])
+            cfg.dataset.params.spm_model = str(tokenizer)
     return cfg, (path, f"weights {name} (sha256 verified)")
 
 

@@ -72,11 +72,15 @@ def find(spec: str) -> Tuple[str, dict, Path]:
     return name, entry, path
 
 
+def shipped_tokenizer(entry: dict, path: Path) -> Optional[Path]:
+    """A translation weight's shipped sentencepiece model (beside its checkpoint), or None."""
+    return path.parent / entry["tokenizer"]["file"] if "tokenizer" in entry else None
+
+
 def tokenizer_override(entry: dict, path: Path) -> List[str]:
     """A translation weight's shipped sentencepiece model as the override that makes the run use it."""
-    if "tokenizer" not in entry:
-        return []
-    return [f"++dataset.params.spm_model={path.parent / entry['tokenizer']['file']}"]
+    model = shipped_tokenizer(entry, path)
+    return [f"++dataset.params.spm_model={model}"] if model else []
 
 
 def shipped_file(checkpoint) -> Optional[str]:
@@ -163,10 +167,10 @@ def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
     return cfg, smoke_note
 
 
-def shipped_spec(argv: List[str]) -> Optional[str]:
-    """The shipped weight a command line asks for: `weights=NAME`, or a `checkpoint=` that is a shipped file.
-    Read off the command line itself: the weight's recipe, not the default one, decides which keys are valid."""
-    given = dict(a.lstrip("+").split("=", 1) for a in hydra_flags(expand_home(argv))[1]
+def shipped_spec(overrides: List[str]) -> Optional[str]:
+    """The shipped weight a command line's overrides ask for: `weights=NAME`, or a `checkpoint=` that is a shipped
+    file. Read off the command line itself: the weight's recipe, not the default one, decides which keys are valid."""
+    given = dict(a.lstrip("+").split("=", 1) for a in overrides
                  if a.lstrip("+").startswith(("weights=", "checkpoint=", "recipe=")))
     if given.get("weights") not in (None, "", "null"):
         if given.get("checkpoint") not in (None, "", "null"):
@@ -181,15 +185,14 @@ def weights_config(argv: List[str], suffix: str = ".eval.json"):
     recipe and overrides, the command line's other keys over them, checkpoint set to the verified file, and
     output (unless given) under runs/weights/ rather than beside the file in the repository.
     Returns (config, note), or (None, None) when no shipped weight is asked for."""
-    spec, copy_of = shipped_spec(argv), None
-    given = next((a.split("=", 1)[1] for a in hydra_flags(expand_home(argv))[1]
-                  if a.lstrip("+").startswith("checkpoint=")), None)
+    mine = hydra_flags(expand_home(argv))[1]
+    spec, copy_of = shipped_spec(mine), None
+    given = next((a.split("=", 1)[1] for a in mine if a.lstrip("+").startswith("checkpoint=")), None)
     if not spec and given not in (None, "", "null"):  # a copy of a shipped weight elsewhere: known by its content
         spec = copy_of = shipped_copy(given)
     if not spec:
         return None, None
     name, entry, path = find(spec)
-    mine = hydra_flags(expand_home(argv))[1]
     recipe = next((a.split("=", 1)[1] for a in reversed(mine) if a.lstrip("+").startswith("recipe=")), None)
     if recipe is not None and recipe != entry["recipe"]:
         raise ConfigError(f"recipe={recipe}, but weights {name} were trained with the recipe "
