@@ -83,9 +83,9 @@ def batch_norm2d(num_features, eps=1e-5, momentum=0.9, gamma_init="ones") -> nn.
 class MaxPool2x2(nn.MaxPool2d):
     """2x2 max-pooling with stride 2 (still an nn.MaxPool2d for keep-lists), its backward written out: the
     gradient goes to the first maximum of each window, as MindSpore's kernel and PyTorch's do. MindSpore's CPU
-    MaxPoolGrad kernel took 4.4 of a LeNet step's 10 ms of op time (PyTorch's pooling backward: 0.12 ms;
-    bench.speed --profile); this backward is a few reshapes, an argmax and a one-hot (2.2 ms). Where the CPU
-    kernels run, CpuMaxPool2x2 does both directions in one pass each; this one serves other devices and exports."""
+    MaxPoolGrad kernel was the largest part of a LeNet step (docs/benchmarks.md); this backward is a few
+    reshapes, an argmax and a one-hot, about half its time. Where the CPU kernels run, CpuMaxPool2x2 does both
+    directions in one pass each; this one serves other devices and exports."""
 
     def __init__(self):
         super().__init__(kernel_size=2, stride=2)

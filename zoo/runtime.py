@@ -13,7 +13,8 @@ AUTO_CAP = "AMP_ZOO_ONEDNN_AUTO"  # the process id that set ONEDNN_MAX_CPU_ISA i
 def cap_onednn_isa(choice: str, needs_cap: bool) -> str:
     """Set oneDNN's ISA cap for a network just built, before its first step, and return the note a run records.
     On x86, MindSpore's own CPU convolutions hand oneDNN plain NCHW tensors, for which oneDNN picks a reference
-    kernel on AVX-512/AMX CPUs that is 20-130x slower than its AVX2 gemm kernel; capping the ISA fixes them.
+    kernel on AVX-512/AMX CPUs that is far slower than its AVX2 gemm kernel (docs/benchmarks.md); capping the
+    ISA fixes them.
     oneDNN reads ONEDNN_MAX_CPU_ISA when it creates its first primitive, not when MindSpore is imported, so the
     networks built before the first step decide (`needs_cap`: this one runs a MindSpore convolution,
     models.layers.runs_mindspore_conv). `choice` is runtime.onednn_isa: auto caps at AVX2 while any network
