@@ -565,8 +565,7 @@ def pipeline_error(run: Run, error: Exception) -> str:
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip().startswith("[ERROR]")]
     reason = lines[0].removeprefix("[ERROR]").strip() if lines else str(error).splitlines()[0]
     step = run.timer.steps[-1] if run.timer.steps else 0
-    then = (f"continue with python train.py hydra.run.dir={run.run_dir} resume=auto" if step else
-            "run the command again")
+    then = continue_with(run.run_dir, run.cfg.recipe_name) if step else "run the command again"
     return (f"the data pipeline failed at step {step}: {reason}; fix or remove that file, then {then} (full trace "
             f"in {trace_file(run)})")
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 from engine.load import load_config, user_keys, validate
 from engine.rundir import load_run_config, run_config_for, run_of_checkpoint
@@ -114,28 +114,18 @@ def shipped_copy(checkpoint) -> Optional[str]:
 
 def weights_argv(argv: List[str]) -> Tuple[List[str], Optional[Path], str]:
     """amp.audit and amp.report: the command line to compose, the checkpoint to load (None: the network's initial
-    weights) and what weights these are, in words. weights=NAME, or a checkpoint= that is a shipped file or a
-    copy of one: its sha256 checked, its manifest's recipe and overrides under the command line's other keys.
-    A train.py checkpoint: its run's recipe unless recipe= is given. Any other: the command line's recipe."""
-    value = lambda key: next((a.split("=", 1)[1] for a in argv if a.startswith(key + "=")), None)  # noqa: E731
-    weights, checkpoint = value("weights"), value("checkpoint")
-    rest = [a for a in argv if not a.startswith(("weights=", "checkpoint="))]
-    spec = weights or (checkpoint if checkpoint and shipped_file(checkpoint) else None)
-    if not spec and checkpoint:
-        spec = shipped_copy(checkpoint)
-    if spec:
-        name, entry, path = find(spec)
-        recipe = value("recipe")
-        if recipe and recipe != entry["recipe"]:
-            raise ConfigError(f"recipe={recipe}, but weights {name} were trained with the recipe {entry['recipe']}; "
-                              f"drop recipe= (the manifest gives it)")
-        mine = [a for a in rest if not a.startswith("recipe=")]
-        return ([f"recipe={entry['recipe']}", *entry["overrides"], *tokenizer_override(entry, path), *mine], path,
-                f"shipped weights {name} ({path}, sha256 verified)")
-    if checkpoint:
+    weights) and what weights these are, in words. A shipped weight (see `shipped`): its manifest's recipe and
+    overrides under the command line's other keys. A train.py checkpoint: its run's recipe unless recipe= is
+    given. Any other: the command line's recipe."""
+    weight = shipped(argv)
+    if weight is not None:
+        return weight.overrides, weight.path, f"shipped weights {weight.name} ({weight.path}, sha256 verified)"
+    rest = [a for a in argv if not a.lstrip("+").startswith(("weights=", "checkpoint="))]
+    checkpoint = _value(argv, "checkpoint")
+    if checkpoint not in (None, "", "null"):
         path = Path(checkpoint).expanduser()
         run = run_of_checkpoint(path)
-        if run is not None and value("recipe") is None:
+        if run is not None and _value(argv, "recipe") is None:
             rest = [f"recipe={load_run_config(run).recipe_name}", *rest]
         return rest, path, f"checkpoint {path}"
     return rest, None, "freshly initialised"
@@ -167,46 +157,69 @@ def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
     return cfg, smoke_note
 
 
+def _value(argv: List[str], key: str) -> Optional[str]:
+    """The last value the command line gives `key` (`key=`, `+key=` or `++key=`), or None."""
+    return next((a.split("=", 1)[1] for a in reversed(argv) if a.lstrip("+").startswith(key + "=")), None)
+
+
 def shipped_spec(overrides: List[str]) -> Optional[str]:
     """The shipped weight a command line's overrides ask for: `weights=NAME`, or a `checkpoint=` that is a shipped
     file. Read off the command line itself: the weight's recipe, not the default one, decides which keys are valid."""
-    given = dict(a.lstrip("+").split("=", 1) for a in overrides
-                 if a.lstrip("+").startswith(("weights=", "checkpoint=", "recipe=")))
-    if given.get("weights") not in (None, "", "null"):
-        if given.get("checkpoint") not in (None, "", "null"):
-            raise ConfigError(f"weights={given['weights']} and checkpoint={given['checkpoint']}: give one")
-        return given["weights"]
-    checkpoint = given.get("checkpoint")
+    weights, checkpoint = _value(overrides, "weights"), _value(overrides, "checkpoint")
+    if weights not in (None, "", "null"):
+        if checkpoint not in (None, "", "null"):
+            raise ConfigError(f"weights={weights} and checkpoint={checkpoint}: give one")
+        return weights
     return str(Path(checkpoint).expanduser()) if checkpoint and shipped_file(checkpoint) else None
 
 
-def weights_config(argv: List[str], suffix: str = ".eval.json"):
-    """eval.py / export.py: the config for `weights=` (or a `checkpoint=` that is a shipped file): the weight's
-    recipe and overrides, the command line's other keys over them, checkpoint set to the verified file, and
-    output (unless given) under runs/weights/ rather than beside the file in the repository.
-    Returns (config, note), or (None, None) when no shipped weight is asked for."""
+class Shipped(NamedTuple):
+    name: str
+    entry: dict
+    path: Path
+    overrides: List[str]  # the weight's recipe and manifest overrides, its tokenizer, the command line's keys over them
+    note: str  # what was verified and which recipe, in one line
+
+
+def shipped(argv: List[str]) -> Optional[Shipped]:
+    """The shipped weight a command line asks for, sha256 checked: `weights=NAME`, a `checkpoint=` that is a
+    shipped file, or a copy of one elsewhere (known by its content). None when it asks for none. A `recipe=`
+    other than the weight's own is one line: the manifest gives the recipe."""
     mine = hydra_flags(expand_home(argv))[1]
     spec, copy_of = shipped_spec(mine), None
-    given = next((a.split("=", 1)[1] for a in mine if a.lstrip("+").startswith("checkpoint=")), None)
-    if not spec and given not in (None, "", "null"):  # a copy of a shipped weight elsewhere: known by its content
+    given = _value(mine, "checkpoint")
+    if not spec and given not in (None, "", "null"):
         spec = copy_of = shipped_copy(given)
     if not spec:
-        return None, None
+        return None
     name, entry, path = find(spec)
-    recipe = next((a.split("=", 1)[1] for a in reversed(mine) if a.lstrip("+").startswith("recipe=")), None)
+    recipe = _value(mine, "recipe")
     if recipe is not None and recipe != entry["recipe"]:
         raise ConfigError(f"recipe={recipe}, but weights {name} were trained with the recipe "
                           f"{entry['recipe']}; drop recipe= (the manifest gives it)")
     mine = [a for a in mine if not a.lstrip("+").startswith(("recipe=", "weights=", "checkpoint="))]
-    out, smoke_note = load_config([f"recipe={entry['recipe']}", *entry["overrides"], *tokenizer_override(entry, path),
-                                   *mine, f"checkpoint={path}", "decode.average_last=1"])  # averaged already
-    if smoke_note is not None:  # the recipe's data ships in no package: the smoke data would score nonsense
-        raise ConfigError(f"weights={spec}: {entry['recipe']} needs its data; give dataset.path=FOLDER, as in "
-                          f"{entry['command']}")
-    if out.output is None:
-        out.output = str(Path("runs", "weights", name + suffix))
-        check_writable(Path(out.output).parent, "output (default)", folder=True)
-        Path(out.output).parent.mkdir(parents=True, exist_ok=True)
     copy = f"checkpoint={given} is a copy of the shipped weight {name} (same sha256): " if copy_of else ""
     recipe = f"recipe {entry['recipe']} {' '.join(entry['overrides'])}".rstrip()
-    return out, f"{copy}weights {name}: sha256 verified; {recipe}"
+    return Shipped(name, entry, path,
+                   [f"recipe={entry['recipe']}", *entry["overrides"], *tokenizer_override(entry, path), *mine],
+                   f"{copy}weights {name}: sha256 verified; {recipe}")
+
+
+def weights_config(argv: List[str], suffix: str = ".eval.json"):
+    """eval.py / export.py: the config for a shipped weight (see `shipped`): its recipe and overrides, the command
+    line's other keys over them, checkpoint set to the verified file, and output (unless given) under
+    runs/weights/ rather than beside the file in the repository.
+    Returns (config, note), or (None, None) when no shipped weight is asked for."""
+    weight = shipped(argv)
+    if weight is None:
+        return None, None
+    out, smoke_note = load_config([*weight.overrides, f"checkpoint={weight.path}",
+                                   "decode.average_last=1"])  # averaged already
+    if smoke_note is not None:  # the recipe's data ships in no package: the smoke data would score nonsense
+        raise ConfigError(f"weights={weight.name}: {weight.entry['recipe']} needs its data; give dataset.path=FOLDER, "
+                          f"as in {weight.entry['command']}")
+    if out.output is None:
+        out.output = str(Path("runs", "weights", weight.name + suffix))
+        check_writable(Path(out.output).parent, "output (default)", folder=True)
+        Path(out.output).parent.mkdir(parents=True, exist_ok=True)
+    return out, weight.note
