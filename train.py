@@ -49,6 +49,7 @@ from zoo.compose import compose
 from zoo.config import register_schema
 from zoo.errors import ConfigError, DeviceError, TracedError, WriteError, device_failure, fail, write_error
 from zoo.interrupt import Interrupted, exit_line, received
+from zoo.machine import machine
 from zoo.runtime import (any_rank, device_notes, init_distributed, mindspore_log, msrun_env, onednn_note,
                          parameter_checksum, seed_everything, set_context, sink_mode, source_commit)
 
@@ -603,7 +604,7 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
         "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
         "onednn": onednn_note(), "smoke": run.smoke_note,
-        "commit": source_commit(),
+        "commit": source_commit(), "machine": machine(),  # the one it finished on: times compare only on one kind
     }
     log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net),
              extra={"every_rank": True})

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import mindspore as ms
 from omegaconf import OmegaConf
 
-from bench.machine import machine, machine_kind
+from zoo.machine import machine, machine_kind
 from engine.checkpoint import inference_network
 from engine.load import load_config
 from engine.optim import lr_schedule, scaled_lr

@@ -37,7 +37,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from bench.machine import machine, machine_kind
+from zoo.machine import machine, machine_kind
 from engine import train_run
 from engine.checkpoint import CHECKPOINT_NAME, checkpoints
 from zoo.cli import pop_all, pop_flag, pop_option

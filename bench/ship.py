@@ -19,7 +19,7 @@ import mindspore as ms
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from bench.machine import machine, machine_kind
+from zoo.machine import machine, machine_kind
 from bench.reproduce import training_wall_time
 from bench.verify import score
 from data import task

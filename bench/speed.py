@@ -45,7 +45,7 @@ from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_hand
 from amp.profile import op_times
 from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,
                           train_step)
-from bench.machine import machine
+from zoo.machine import machine
 from cpu_kernels import has_ops, library, why_not
 from zoo.runtime import AUTO_CAP, onednn_note
 
