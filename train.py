@@ -260,9 +260,13 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
         summaries.append({"rung": number, "setting": describe(amp_cfg), **rung.amp_summary})
         if rung.outcome == "finished":
             top1 = finish(run, rung, transitions, summaries)
-            verdict = not_learning(amp_cfg, run.evaluator.history[-1], cfg.model.num_classes, cfg.optimizer.lr)
-            if transitions and verdict:  # metrics.json is written; the exit code says the run failed
-                fail(f"{verdict} ({run_dir / 'metrics.json'})", code=1)
+            last = run.evaluator.history[-1]
+            verdict = not_learning(amp_cfg, last, cfg.model.num_classes, cfg.optimizer.lr, fell_back=bool(transitions))
+            loss = last.get("loss", 0.0)
+            if verdict and (transitions or loss != loss or abs(loss) == float("inf")):  # metrics.json is written;
+                fail(f"{verdict} ({run_dir / 'metrics.json'})", code=1)  # the exit code says the run failed
+            if verdict and run.is_main:  # at chance: a short run may be meant (a smoke test), so a warning
+                log.warning(verdict)
             return top1
         if rung.outcome == "stopped":
             stop = rung.stop

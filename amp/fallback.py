@@ -54,16 +54,21 @@ def ladder(amp_cfg) -> List:
     return rungs
 
 
-def not_learning(amp_cfg, final: dict, num_classes: int, lr: float) -> Optional[str]:
-    """The ladder's last word on a run it stepped down: one that ends no better than chance (or with a loss
-    that is not finite) did not learn, and at O0 (fp32) the cause is not precision. None: it learns."""
-    if "top1" not in final:
-        return None
-    chance = 1.0 / max(num_classes, 1)
+def not_learning(amp_cfg, final: dict, num_classes: int, lr: float, fell_back: bool = True) -> Optional[str]:
+    """Whether a finished run learned: one that ends no better than chance (or with a loss that is not finite)
+    did not. After the ladder stepped down, the line says whether precision can be the cause (at O0, fp32, it is
+    not); a run that never fell back may simply be short. None: it learns."""
     loss = final.get("loss", 0.0)
-    if final["top1"] > 1.5 * chance and loss == loss and abs(loss) != float("inf"):
+    finite = loss == loss and abs(loss) != float("inf")
+    if "top1" not in final:  # translation: the loss alone
+        return None if finite else f"the run ends with a loss that is not finite ({loss}); optimizer.lr={lr:g}"
+    chance = 1.0 / max(num_classes, 1)
+    if final["top1"] > 1.5 * chance and finite:
         return None
     scores = f"top-1 {final['top1']:.2%}, chance {chance:.2%}; loss {loss:.4g}"
+    if not fell_back:
+        return (f"the run ends no better than chance ({scores}): train it longer, or look at the learning rate "
+                f"(optimizer.lr={lr:g}) and the data")
     if str(amp_cfg.level) == "O0":
         return (f"the fallback ladder reached O0 (fp32) and the run still does not learn ({scores}): the cause is "
                 f"not precision; look at the learning rate (optimizer.lr={lr:g}) and the data")

@@ -3,6 +3,7 @@ every path a command writes is checked before the work, every checkpoint read is
 copy is known by its hash, runs started together never collide and record their command line, and a full disk
 or a pipe gets no traceback and no progress bar. Subprocesses where the exit code, a signal or the command line
 is the point."""
+import json
 import os
 import shutil
 import signal
@@ -304,3 +305,17 @@ def test_the_fallback_ladder_says_when_precision_is_not_the_cause():
     assert "train at amp.level=O0" in not_learning(o2, chance, 10, 5.0)
     assert not_learning(o0, {"top1": 0.9, "loss": 0.3}, 10, 0.01) is None
     assert not_learning(o0, {"top1": 0.9, "loss": float("nan")}, 10, 0.01) is not None
+    assert "train it longer" in not_learning(o2, chance, 10, 5.0, fell_back=False)  # a short run may be meant
+    assert not_learning(o2, {"bleu": 30.0, "loss": 2.1}, 10, 1e-3) is None  # translation: the loss alone
+    assert "not finite" in not_learning(o2, {"bleu": 0.0, "loss": float("inf")}, 10, 1e-3)
+
+
+def test_a_run_that_ends_at_chance_says_so(tmp_path):
+    """A run that never fell back and ends no better than chance exits 0 (a short run may be meant) but says so
+    on the console, beside its metrics.json; a learning rate of 1e-9 keeps the network at its initial weights."""
+    result = run_cli("train.py", "recipe=lenet_o2", "trainer.max_steps=3", "optimizer.lr=1e-9",
+                     "logger.progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    top1 = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["top1"]
+    said = "the run ends no better than chance" in result.stdout + result.stderr
+    assert said == (top1 <= 0.15), (top1, result.stderr[-1500:])
