@@ -40,7 +40,7 @@ from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, 
 from engine.load import load_config, user_keys, validate
 from engine.metrics import NetWithEval, metrics
 from engine.optim import lr_schedule, scaled_lr, schedule_moved
-from engine.rundir import claim, claim_by_rank0, refuse_fresh_start, resume_config
+from engine.rundir import claim, claim_by_rank0, keep_tokenizer, refuse_fresh_start, resume_config
 from engine.step import build_train_step
 from engine.weights import find as find_weights, shipped_tokenizer
 from models.decoding import translate
@@ -336,6 +336,8 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
         log.warning(smoke_note)
     if cfg.runtime.distributed:
         claim_by_rank0(run_dir, rank, any_rank)
+    if task(cfg) == "translation":  # the run keeps the tokenizer its token ids come from
+        keep_tokenizer(cfg, run_dir, rank)
     if rank == 0:
         config_file = run_dir / "config.yaml"
         if start.checkpoint and config_file.exists():  # a resume: keep the first config, add this one beside it

@@ -7,15 +7,21 @@
   holds a run's checkpoints or its metrics.json.
 - The run's own config rules a resume (`resume_config`) and an evaluation of its checkpoints (`run_config_for`):
   a command-line key that would change the run is refused, naming the run's value.
+- A translation run keeps the sentencepiece model its token ids come from (`keep_tokenizer`), and everything
+  after its start uses that copy: a tokenizer trained again from changed data or a cleared cache would give its
+  checkpoints other ids, and a plausible wrong BLEU.
 """
 import dataclasses
 import fcntl
+import filecmp
 import os
+import shutil
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
+from data.translation import tokenizer_file
 from engine.checkpoint import CHECKPOINT_NAME, checkpoints
 from zoo.config import Config
 from zoo.errors import ConfigError
@@ -207,6 +213,32 @@ def run_of_checkpoint(checkpoint) -> Optional[Path]:
     return run if (run / "config.yaml").exists() else None
 
 
+TOKENIZER = "tokenizer.model"
+
+
+def keep_tokenizer(cfg, run_dir, rank: int) -> None:
+    """Point `cfg.dataset.params.spm_model` at the run's own copy of its tokenizer (run_dir/tokenizer.model).
+    A fresh start: rank 0 copies in the model `tokenizer_file(cfg.dataset)` gives (the one given, or the cached one
+    trained on the data); ranks of msrun that find no copy yet use that same model. A resume uses the copy; a
+    different spm_model given with it is refused (it would change the token ids the checkpoints were trained on)."""
+    kept = Path(run_dir) / TOKENIZER
+    given = cfg.dataset.params.get("spm_model")
+    if kept.is_file():
+        if given and Path(str(given)).expanduser().is_file() and not filecmp.cmp(Path(str(given)).expanduser(), kept,
+                                                                                   shallow=False):
+            raise ConfigError(f"dataset.params.spm_model={given} is not the tokenizer this run was trained with "
+                              f"({kept}); drop it (the run uses its own), or start a new run in another hydra.run.dir")
+    elif rank == 0:
+        source = tokenizer_file(cfg.dataset)
+        tmp = kept.with_name(f".{TOKENIZER}.tmp{os.getpid()}")
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, kept)  # atomic: a half-copied tokenizer is never the run's
+    else:
+        return
+    with open_dict(cfg):
+        cfg.dataset.params.spm_model = str(kept.resolve())
+
+
 def run_config_for(cfg, given: List[str]) -> tuple:
     """eval.py and export.py: a checkpoint written by train.py is evaluated with its run's config.yaml, and the
     command line's keys over it. A `recipe=` that contradicts the run is refused. Returns (config, note or None)."""
@@ -218,4 +250,7 @@ def run_config_for(cfg, given: List[str]) -> tuple:
         raise ConfigError(f"recipe={cfg.recipe_name}, but checkpoint={cfg.checkpoint} belongs to a {run.recipe_name} "
                           f"run ({run_dir / 'config.yaml'}); drop recipe= to evaluate it as it was trained")
     out = OmegaConf.merge(run, _with_given(run, cfg, [k for k in given if k != "recipe"] + ["checkpoint", "output"]))
+    kept = run_dir / TOKENIZER
+    if kept.is_file() and "dataset.params.spm_model" not in given:  # wherever the run directory is now
+        OmegaConf.update(out, "dataset.params.spm_model", str(kept), force_add=True)
     return out, f"evaluating with the config of the run it belongs to: {run.recipe_name} ({run_dir / 'config.yaml'})"

@@ -228,3 +228,29 @@ def test_a_run_written_with_a_key_since_removed_still_loads(tmp_path):
     cfg = load_run_config(tmp_path)
     assert "seeds" not in cfg.target and cfg.recipe_name == "lenet_o2" and cfg.model.params.width == 8
     assert cfg.model.name == "lenet5" and cfg.dataset.name == saved["dataset"]["name"], "keys without a default"
+
+
+def test_a_translation_run_keeps_its_tokenizer(tmp_path):
+    """The run's token ids come from one sentencepiece model: the run keeps a copy, a resume uses it, and another
+    model given to the resume is refused rather than silently changing the ids."""
+    from omegaconf import OmegaConf
+
+    from engine.rundir import keep_tokenizer
+    model, other = tmp_path / "spm.model", tmp_path / "other.model"
+    model.write_bytes(b"first model")
+    other.write_bytes(b"another model")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = lambda spm: OmegaConf.create({"dataset": {"name": "multi30k", "params": {"spm_model": spm}}})  # noqa: E731
+    later_rank = cfg(str(model))
+    keep_tokenizer(later_rank, run_dir, rank=1)  # msrun: rank 0 writes the copy; the others use the same model
+    assert later_rank.dataset.params.spm_model == str(model) and not (run_dir / "tokenizer.model").exists()
+    first = cfg(str(model))
+    keep_tokenizer(first, run_dir, rank=0)
+    assert (run_dir / "tokenizer.model").read_bytes() == b"first model"
+    assert first.dataset.params.spm_model == str((run_dir / "tokenizer.model").resolve())
+    resumed = cfg(None)
+    keep_tokenizer(resumed, run_dir, rank=0)
+    assert resumed.dataset.params.spm_model == first.dataset.params.spm_model
+    with pytest.raises(ConfigError, match=r"spm_model=.*other.model is not the tokenizer this run was trained with"):
+        keep_tokenizer(cfg(str(other)), run_dir, rank=0)

@@ -310,18 +310,23 @@ def test_multi_bleu_is_the_papers_scorer_by_hand():
 def test_transformer_recipe_end_to_end_with_averaging(tmp_path):
     run_dir = tmp_path / "run"
     one_shape = "dataset.params.buckets=[48]"  # one graph to compile instead of three (a user's key wins over smoke)
+    cache = f"+dataset.params.cache_dir={tmp_path / 'cache'}"
     result = run_cli("train.py", "recipe=transformer_base_o2", "smoke.trainer.epochs=2", "decode.beam=2", one_shape,
-                     "trainer.eval_every=0", "logger.progress_bar=false", f"hydra.run.dir={run_dir}")  # final eval only
+                     cache, "trainer.eval_every=0", "logger.progress_bar=false", f"hydra.run.dir={run_dir}")  # final eval only
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["smoke"].startswith("SMOKE RUN") and metrics["final"]["beam"] == 2
     hyps = (run_dir / "hypotheses.txt").read_text().splitlines()
     assert len(hyps) == metrics["final"]["sentences"] > 50
+    [cached] = (tmp_path / "cache").glob("spm-*.model")  # the run keeps the tokenizer its token ids come from
+    assert (run_dir / "tokenizer.model").read_bytes() == cached.read_bytes()
     ckpt = metrics["checkpoint"]
+    elsewhere = tmp_path / "another-cache"  # the run's copy is used: no tokenizer is looked for or trained there
     same = run_cli("eval.py", "recipe=transformer_base_o2", f"checkpoint={ckpt}", "decode.beam=2", one_shape,
-                   "decode.average_last=1", f"output={tmp_path / 'e1.json'}")
+                   "decode.average_last=1", f"++dataset.params.cache_dir={elsewhere}", f"output={tmp_path / 'e1.json'}")
     assert same.returncode == 0, same.stderr[-2000:]
     assert json.loads((tmp_path / "e1.json").read_text())["bleu"] == pytest.approx(metrics["final"]["bleu"])
+    assert not elsewhere.exists()
     avg = run_cli("eval.py", "recipe=transformer_base_o2", f"checkpoint={ckpt}", "decode.beam=2", one_shape,
                   "decode.average_last=2", f"output={tmp_path / 'e2.json'}")
     assert avg.returncode == 0, avg.stderr[-2000:]
