@@ -94,7 +94,8 @@ def test_a_ladder_that_reaches_o0_and_still_fails_says_the_cause_is_not_precisio
     DATASETS.add("mnist_broken", build, task="classification")
     try:
         with pytest.raises(SystemExit) as exit_info:
-            run(["dataset.name=mnist_broken", "amp.fallback.enabled=true"], tmp_path / "run")
+            run(["dataset.name=mnist_broken", "amp.fallback.enabled=true", "amp.level=O1", "amp.loss_scale.type=none"],
+                tmp_path / "run")  # the ladder's last two rungs: O1 without a loss scale, then O0
     finally:
         DATASETS.remove("mnist_broken")
     assert exit_info.value.code == 1
