@@ -330,6 +330,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     log.info("command: python %s", shlex.join(sys.argv))  # also in .hydra/overrides.yaml
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
+    os.environ.setdefault("MS_OM_PATH", str(run_dir.resolve()))  # MindSpore's analyze_fail.ir: here, not in the cwd
     for note in device_notes(cfg.runtime, device):
         log.info(note)
     if smoke_note:
@@ -583,8 +584,10 @@ def compile_error(run: Run, error: Exception) -> str:
     log_trace(error)
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and not ln.strip().startswith("-")]
     reason = next((ln for ln in lines if ln.startswith("For ")), lines[0] if lines else type(error).__name__)
+    analysis = sorted(Path(os.environ.get("MS_OM_PATH", ".")).glob(f"rank_{run.rank}/om/analyze_fail.ir"))
+    graph = f"; MindSpore's account of the graph: {analysis[0]}" if analysis else ""
     return (f"model {run.cfg.model.name!r} (recipe {run.cfg.recipe_name}) does not compile or fails its first "
-            f"step: {reason} (full trace in {trace_file(run)})")
+            f"step: {reason} (full trace in {trace_file(run)}{graph})")
 
 
 def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:

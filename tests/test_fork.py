@@ -64,14 +64,18 @@ def test_a_forked_model_that_does_not_compile_is_one_line(tmp_path):
                            "return self.fc2(self.flatten(x))  # shape bug: fc2 takes `hidden` features")
     env, search = fork(tmp_path, "my_models", broken, "tinynet_o2", RECIPE)
     run = tmp_path / "run"
-    result = run_cli("train.py", search, "recipe=tinynet_o2", "logger.progress_bar=false", f"hydra.run.dir={run}",
-                     env=env)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    result = run_cli(str(ROOT / "train.py"), search, "recipe=tinynet_o2", "logger.progress_bar=false",
+                     f"hydra.run.dir={run}", env=env, cwd=cwd)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "model 'tinynet' (recipe tinynet_o2) does not compile" in errors[0]
     assert "MatMul" in errors[0] or "Dense" in errors[0], errors[0]
     assert "Traceback" in (run / "train.log").read_text(), "the full trace is kept in train.log"
+    assert f"MindSpore's account of the graph: {run / 'rank_0/om/analyze_fail.ir'}" in errors[0]
+    assert not any(cwd.iterdir()), "nothing of MindSpore's in the user's folder"
 
 
 def one_error(result) -> str:
