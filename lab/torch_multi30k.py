@@ -17,9 +17,10 @@ The same as `recipe=transformer_tiny_multi30k_o0`, read from that recipe:
 Writes OUT_DIR/curve.json (resumable: a checkpoint per epoch, `last.pt`) and, with --ours, a plot of both curves
 OUT_DIR/curve.png and the comparison in OUT_DIR/compare.json.
 """
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -179,4 +180,4 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -9,11 +9,10 @@ the median over rounds of its time relative to the kept step in the same round. 
 than alone because a part's cost there (memory traffic, what MindSpore fuses or copies around it) is what
 counts. Results go to bench/results/transformer_parts.json.
 """
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import contextlib
 import statistics
-import sys
 
 import mindspore as ms
 import mindspore.nn as nn
@@ -79,8 +78,8 @@ def main(argv) -> dict:
         with swap:
             cells[name] = train_step(cfg, 60, 1000)
     runs = {name: (lambda c=cell: c(*batch)[0].asnumpy()) for name, cell in cells.items()}
-    for run in runs.values():
-        run()  # compile
+    for fn in runs.values():
+        fn()  # compile
     times = alternate(runs, rounds, steps)
     kept = times["kept (every part in its fast form)"]
     result = {"shape": f"128x{length}", "rounds": rounds, "steps_per_round": steps, "variants": {}}
@@ -92,4 +91,4 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -13,10 +13,9 @@ compiled graphs (about 3 GB each at 128 x 32), so a run with every setting holds
 PyTorch alone (`--settings 0`) for the headline ratio, then the AMP settings. PyTorch is a bench-only dependency
 (`pip install torch`); without it the peer rows say so.
 """
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import statistics
-import sys
 import time
 
 import mindspore as ms
@@ -116,4 +115,4 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)
