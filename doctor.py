@@ -13,7 +13,7 @@ One line per check, `ok`, `fails: ...; <what to do>` or `skipped: ...`, and exit
                returns the sum of the ranks
 On a CPU the device checks say "skipped: no device". Send the whole output when a line fails.
 """
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+import zoo.entry  # first: a command's start-up, before MindSpore loads
 
 import hashlib
 import json
@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from amp.loss_scale import AmpTrainStep, plan_loss_scale, saturation_mode
 from amp.policy import CastOutput
 from engine.metrics import NetWithLoss
+from zoo.errors import fail
 from zoo.runtime import msrun_env, pick_device, plugin_errors, source_commit
 
 ROOT = Path(__file__).resolve().parent
@@ -260,7 +261,15 @@ def run(name: str, check: Callable[[], Tuple[str, str]], lines: List[str]) -> st
     return status
 
 
-def main() -> int:
+def main(argv: List[str]) -> None:
+    """Every check; exit 1 when any fails."""
+    if argv:
+        fail(f"doctor.py takes no arguments; got {argv[0]!r}")
+    if checks():
+        raise SystemExit(1)
+
+
+def checks() -> int:
     if msrun_env():  # before any Tensor, as MindSpore asks; msrun's scheduler runs this command too, to schedule
         from mindspore.communication import init
         ms.set_device(pick_device("auto"))
@@ -307,4 +316,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    zoo.entry.run(main)  # (doctor's own `run` runs one check)

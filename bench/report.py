@@ -1,10 +1,17 @@
-"""BENCHMARKS.md and the plots, from a bench results.json (bench.run writes both)."""
+"""BENCHMARKS.md and the plots, from a bench results.json (bench.run writes both).
+
+    python -m bench.report FOLDER        (FOLDER/results.json in, FOLDER/BENCHMARKS.md and the plots out)
+"""
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+
 import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import List
 
 from bench.common import describe
+from zoo.errors import fail
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -176,8 +183,12 @@ def write_report(results, out: Path) -> None:
     (out / "BENCHMARKS.md").write_text("\n".join(lines) + "\n")
 
 
-if __name__ == "__main__":
-    import json
-    import sys
-    folder = Path(sys.argv[1])
+def main(argv: List[str]) -> None:
+    if len(argv) != 1 or not (Path(argv[0]) / "results.json").is_file():
+        fail(f"give one folder holding a bench results.json (bench.run's --out); got {' '.join(argv) or 'nothing'}")
+    folder = Path(argv[0])
     write_report(json.loads((folder / "results.json").read_text()), folder)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -24,7 +24,10 @@ from a worktree, keeps its checkout clean). --plan prints what would run and run
 prints the table from the runs so far and runs nothing, writing it only with --write;
 --only RECIPE (repeatable) runs only those recipes (the table keeps every row); --seeds N runs only the first N
 seeds of each (one seed of everything first, say; the table keeps every recorded run).
+A stop signal (Ctrl-C, SIGTERM) reaches the train.py it runs, which saves; then it exits 130 / 143 with one line.
 """
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+
 import json
 import re
 import statistics
@@ -43,6 +46,7 @@ from engine.checkpoint import CHECKPOINT_NAME, checkpoints
 from zoo.cli import pop_all, pop_flag, pop_option
 from zoo.compose import compose
 from zoo.errors import choices_hint, fail
+from zoo.interrupt import Interrupted
 
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
@@ -163,16 +167,16 @@ def plot_curves(rows: List[dict], out: Path) -> List[Path]:
 
     written = []
     for fam in sorted({family(r["recipe"]) for r in rows}):
-        runs = [(r, run) for r in rows if family(r["recipe"]) == fam
-                for run in r["runs"] + r.get("unfinished", []) if run.get("curve")]
+        runs = [(r, rec) for r in rows if family(r["recipe"]) == fam
+                for rec in r["runs"] + r.get("unfinished", []) if rec.get("curve")]
         if not runs:
             continue
         fig, ax = plt.subplots(figsize=(7, 4.2))
-        for row, run in runs:
-            steps, values = zip(*run["curve"])
-            done = run in row["runs"]
+        for row, rec in runs:
+            steps, values = zip(*rec["curve"])
+            done = rec in row["runs"]
             ax.plot(steps, values, marker="o", markersize=3, linestyle="-" if done else "--",
-                    label=f"{row['recipe']} seed {run['seed']}" + ("" if done else f" (unfinished, epoch {run['epoch']})"))
+                    label=f"{row['recipe']} seed {rec['seed']}" + ("" if done else f" (unfinished, epoch {rec['epoch']})"))
         ax.set_xlabel("step")
         ax.set_ylabel(f"test {runs[0][0]['target']['metric']}")
         ax.set_title(f"{fam}: every precision level at equal steps")
@@ -189,7 +193,9 @@ def plot_curves(rows: List[dict], out: Path) -> List[Path]:
 def multi30k_scorer(run_dir: Path) -> dict:
     result = run_dir / "multi30k_result.json"
     if not result.is_file():
-        subprocess.check_call([sys.executable, "-m", "bench.multi30k", str(run_dir)], cwd=ROOT)
+        code = train_run.wait(subprocess.Popen([sys.executable, "-m", "bench.multi30k", str(run_dir)], cwd=ROOT))
+        if code != 0:
+            raise subprocess.CalledProcessError(code, f"python -m bench.multi30k {run_dir}")
     return json.loads(result.read_text())
 
 
@@ -257,7 +263,12 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
                 continue
             run_dir.mkdir(parents=True, exist_ok=True)
             row["started"] = True
-            code = runner(cmd, run_dir.parent / f"{run_id}.out")
+            try:
+                code = runner(cmd, run_dir.parent / f"{run_id}.out")
+            except Interrupted as e:  # the signal came to reproduce and was passed on to the run, which saved
+                e.note = (f"{run_id} stopped (train.py's last line in {run_dir.parent / f'{run_id}.out'} says what "
+                          f"it saved); run the same command again to continue it")
+                raise
             if code != 0 or not (run_dir / "metrics.json").is_file():
                 print(f"{run_id}: train.py exited {code} before finishing (see {run_dir.parent}/{run_id}.out); "
                       f"run bench.reproduce again to continue it", flush=True)
@@ -480,7 +491,12 @@ def parse(argv: List[str]):
     return (all_recipes, given, runs.resolve(), out, plan, [] if table_only else (only or None),
             None if seeds is None else int(seeds), readme, write or not (plan or table_only))
 
-if __name__ == "__main__":
-    recipes, given, runs, out, plan, only, max_seeds, readme, write = parse(sys.argv[1:])
+
+def main(argv: List[str]) -> None:
+    recipes, given, runs, out, plan, only, max_seeds, readme, write = parse(argv)
     print(reproduce(recipes, given, runs, out, plan, readme=readme, only=only, max_seeds=max_seeds,
                     write=write)["table"])
+
+
+if __name__ == "__main__":
+    run(main)

@@ -5,9 +5,14 @@
 Each cell of the matrix is one `train.py` run in its own process (a fresh MindSpore per run, so no compile
 cache or allocator state leaks between cells), with a fixed budget. Results go to
 bench/results/<device>-<date>/: results.json (one record per run), BENCHMARKS.md (the table), and PNG plots.
-A killed bench picks up where it stopped: finished runs in results.json are not run again.
+A killed bench picks up where it stopped: finished runs in results.json are not run again, and a run it stopped
+starts anew (its times hold only for one session). A stop signal (Ctrl-C, SIGTERM) reaches the train.py it runs;
+then it exits 130 / 143 with one line.
 """
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -20,8 +25,10 @@ from tqdm import tqdm
 
 from bench.common import machine
 from bench.report import write_report
+from engine import train_run
 from zoo.cli import pop_option
 from zoo.errors import fail
+from zoo.interrupt import Interrupted
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,10 +60,15 @@ def run_id(recipe, level, ls, seed) -> str:
 
 
 def train(run_dir: Path, args) -> dict:
-    """One train.py run; returns its metrics.json plus the peak resident memory of the process tree."""
-    proc = subprocess.Popen([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}",
-                             "logger.progress_bar=false"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    """One train.py run; returns its metrics.json plus the peak resident memory of the process tree. Its stderr
+    goes to RUN_DIR.err beside the run."""
+    if run_dir.exists():  # stopped in an earlier bench: a run's times hold only for one session
+        shutil.rmtree(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    err_file = run_dir.with_name(run_dir.name + ".err")
+    with open(err_file, "w") as err_out:
+        proc = subprocess.Popen([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}",
+                                 "logger.progress_bar=false"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err_out)
     peak = [0]
 
     def watch():
@@ -70,8 +82,9 @@ def train(run_dir: Path, args) -> dict:
             time.sleep(0.1)
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
-    _, err = proc.communicate()
+    train_run.wait(proc)  # a stop signal to the bench reaches the run too
     thread.join()
+    err = err_file.read_text()
     if proc.returncode != 0:
         return {"status": "failed", "error": err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"}
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -131,7 +144,12 @@ def main(argv) -> Path:
         run_dir = out / "raw" / run_id(recipe, level, ls, seed)
         args = [f"recipe={recipe}", f"amp.level={level}", f"amp.loss_scale.type={ls}", f"runtime.seed={seed}",
                 *budget]
-        m = train(run_dir, args)
+        try:
+            m = train(run_dir, args)
+        except Interrupted as e:
+            e.note = (f"{run_dir.name} stopped; the runs that finished are in {results_file}: run the same command "
+                      f"again to continue (the stopped run starts anew)")
+            raise
         m["run_dir"] = str(run_dir.relative_to(ROOT)) if run_dir.is_relative_to(ROOT) else str(run_dir)
         results["runs"].append(record(recipe, level, ls, seed, m))
         results_file.write_text(json.dumps(results, indent=2))  # after every run: a killed bench resumes here
@@ -141,4 +159,4 @@ def main(argv) -> Path:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -25,7 +25,7 @@ gets on this machine.
 
 PyTorch (and torchvision) are bench-only dependencies: pip install torch==2.14.1 torchvision==0.29.1.
 """
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import os
 import re
@@ -196,6 +196,9 @@ def top_ops(by_op: Dict[str, float], step_ms: float, top: int = 15) -> Dict[str,
 
 
 def main(argv: List[str]) -> dict:
+    if argv[:1] == [WORKER]:  # a variant in a process of its own (own_process)
+        worker(argv[1], argv[2:])
+        return {}
     rounds, argv = pop_option(argv, "--rounds", 6)
     steps, argv = pop_option(argv, "--steps", 3)
     batch, argv = pop_option(argv, "--batch", 0)
@@ -269,7 +272,4 @@ def main(argv: List[str]) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == [WORKER]:
-        worker(sys.argv[2], sys.argv[3:])
-    else:
-        main(sys.argv[1:])
+    run(main)

@@ -1,4 +1,4 @@
-"""train.py in a process of its own, for the tools that train many runs (bench.reproduce, amp.search): one
+"""train.py in a process of its own, for the tools that train many runs (bench.reproduce, bench.run, amp.search): one
 run killed or diverged cannot take the tool down, and a run directory that holds a checkpoint continues."""
 import signal
 import subprocess
@@ -21,13 +21,17 @@ INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signa
 
 
 def run_logged(cmd: List[str], log: Path, cwd: Optional[Path] = None) -> int:
-    """Run cmd with its output appended to log; its exit code. A stop signal to this process reaches the run
-    too (SIGTERM to the tool alone would otherwise leave it training), and the tool waits for it to save."""
+    """Run cmd with its output appended to log; its exit code (see `wait`)."""
     with open(log, "a") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            return proc.wait()
-        except BaseException as e:  # zoo.interrupt.Interrupted (any other error: the run is stopped as well)
-            proc.send_signal(getattr(e, "signum", signal.SIGTERM))
-            proc.wait()
-            raise
+        return wait(subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT))
+
+
+def wait(proc: subprocess.Popen) -> int:
+    """proc's exit code, once it ends. A stop signal to this process reaches proc too (SIGTERM to the tool alone
+    would otherwise leave its run training), and the tool waits for the run to save before it goes on up."""
+    try:
+        return proc.wait()
+    except BaseException as e:  # zoo.interrupt.Interrupted (any other error: the run is stopped as well)
+        proc.send_signal(getattr(e, "signum", signal.SIGTERM))
+        proc.wait()
+        raise

@@ -10,9 +10,8 @@ Transformer-Tiny), with BLEU; and, on the first `--check` test sentences, whethe
 hypotheses equal the full-recompute reference's (models/decoding.py) at beam 1 and beam 4. Written to
 bench/results/decode.json.
 """
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
-import sys
 import time
 from pathlib import Path
 
@@ -77,4 +76,4 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -9,6 +9,8 @@ forward) and a LeNet-5 train step (batch 32) after warm-up:
   env         set in the environment before the process starts
 Ratios are measured side by side in one run; absolute times depend on the machine.
 """
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+
 import json
 import os
 import statistics
@@ -17,6 +19,8 @@ import sys
 from pathlib import Path
 
 from bench.common import machine
+from zoo.cli import pop_option
+from zoo.errors import fail
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,7 +62,10 @@ def child(mode: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(repeats: int = 3) -> dict:
+def main(argv) -> dict:
+    repeats, argv = pop_option(argv, "--repeats", 3)
+    if argv:
+        fail(f"unknown argument {argv[0]!r}; valid: --repeats N")
     modes = ["none", "in-process", "env"]
     runs = {m: [] for m in modes}
     for _ in range(repeats):
@@ -83,4 +90,4 @@ def main(repeats: int = 3) -> dict:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3)
+    run(main)

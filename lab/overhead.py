@@ -15,10 +15,9 @@ Pairing block by block matters on a shared machine, where whole runs of the same
 by more than the overhead measured (docs/benchmarks.md, "Our driver against bare MindSpore"). Bare MindSpore
 accepts only a fixed loss scale without overflow skipping (or none) on CPU, so the recipe must use one of those.
 """
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -150,4 +149,4 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -10,10 +10,9 @@ and kept as Tensors. The ratio of steps per second is the pipeline's efficiency;
 falls short, the pipeline alone (iterated with no training) says whether it is too slow to produce batches
 (its rate is below the training step rate) or competes with training for the cores.
 """
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import statistics
-import sys
 import time
 
 import mindspore as ms
@@ -77,4 +76,4 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -9,10 +9,9 @@ process-wide are measured elsewhere: the oneDNN ISA cap (lab.onednn_isa), datase
 (lab.pipeline dataset.num_workers=N); graph-kernel fusion (`enable_graph_kernel=True`) is not offered: on the CPU
 build it did not finish compiling LeNet (docs/benchmarks.md, "Speed settings on this machine").
 """
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import statistics
-import sys
 import time
 
 import mindspore as ms
@@ -62,4 +61,4 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

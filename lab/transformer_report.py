@@ -8,9 +8,10 @@ curve.json / compare.json (lab.torch_multi30k); with two or more runs, their val
 updates (against the first run given); copies them and the curve plots into OUT_DIR and writes
 OUT_DIR/BENCHMARKS.md. Every number in it comes from those files.
 """
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+
 import json
 import shutil
-import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -73,20 +74,20 @@ def decode_table(lines):
 
 
 def multi30k_tables(lines, runs, out: Path):
-    for run in map(Path, runs):
-        result = run / "multi30k_result.json"
-        curve = run / "multi30k_curve.json"
-        name = run.name
+    for run_dir in map(Path, runs):
+        result = run_dir / "multi30k_result.json"
+        curve = run_dir / "multi30k_curve.json"
+        name = run_dir.name
         if curve.is_file():
             c = json.loads(curve.read_text())
             last = c[max(c, key=int)]
-            lines += [f"### Multi30k run `{name}`: val BLEU per epoch", "",
+            lines += [f"### Multi30k run_dir `{name}`: val BLEU per epoch", "",
                       f"![val BLEU per epoch]({name}_curve.png)", "",
                       f"{len(c)} epochs scored; epoch {max(map(int, c))}: val BLEU {last['bleu_lowercase']:.2f} "
                       f"lowercased, {last['bleu']:.2f} cased (beam {last['beam']}).", ""]
             shutil.copy(curve, out / f"{name}_curve.json")
-            if (run / "multi30k_curve.png").is_file():
-                shutil.copy(run / "multi30k_curve.png", out / f"{name}_curve.png")
+            if (run_dir / "multi30k_curve.png").is_file():
+                shutil.copy(run_dir / "multi30k_curve.png", out / f"{name}_curve.png")
         if result.is_file():
             r = json.loads(result.read_text())
             shutil.copy(result, out / f"{name}_result.json")
@@ -207,4 +208,4 @@ def main(argv) -> Path:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

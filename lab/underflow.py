@@ -10,9 +10,8 @@ share of the fp32 gradient's non-zero values that come back as exactly zero (und
 error of the whole gradient. bench.run's matrix trains the same recipe at O3 with no scale and with a dynamic
 one, for the outcome; BENCHMARKS.md shows both.
 """
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
-import sys
 from pathlib import Path
 
 import mindspore as ms
@@ -76,4 +75,4 @@ def main(argv) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run(main)

@@ -31,7 +31,7 @@ def test_a_failing_check_prints_fails_with_what_to_do_and_exits_non_zero(monkeyp
     monkeypatch.setattr(os, "environ", os.environ.copy())  # importing doctor prepares the process: keep ours
     import doctor
     monkeypatch.setattr(doctor, "device_hardware", lambda: "Ascend")
-    assert doctor.main() == 1
+    assert doctor.checks() == 1
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("device       fails: this machine has Ascend devices but MindSpore 2.10.0 cannot use "
                                "them (Load dynamic library: libmindspore_ascend.so.2 failed"), lines

@@ -102,6 +102,62 @@ def _children(pid):
     return [int(p) for p in found]
 
 
+def _idx_files(folder, train=1600, test=200):
+    """A Fashion-MNIST-shaped folder of random images (the four idx files): epochs of 25 steps."""
+    folder.mkdir()
+    rng = np.random.RandomState(0)
+    for split, n in (("train", train), ("t10k", test)):
+        images = rng.randint(0, 256, (n, 28, 28)).astype(np.uint8)
+        (folder / f"{split}-images-idx3-ubyte").write_bytes(
+            b"".join(v.to_bytes(4, "big") for v in (2051, n, 28, 28)) + images.tobytes())
+        (folder / f"{split}-labels-idx1-ubyte").write_bytes(
+            b"".join(v.to_bytes(4, "big") for v in (2049, n)) + rng.randint(0, 10, n).astype(np.uint8).tobytes())
+    return folder
+
+
+def _wait_for(path, text, proc, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None and not (path.exists() and text in path.read_text()):
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[0][-2000:]
+
+
+def test_a_signal_to_reproduce_reaches_its_training_run(tmp_path):
+    """SIGTERM to `python -m bench.reproduce` alone: the train.py it runs is stopped too and saves (not left
+    training, orphaned), and reproduce ends in one line and 143."""
+    data = _idx_files(tmp_path / "fashion")
+    run_dir = tmp_path / "runs" / "lenet_fashion_o0-s1"
+    proc = start("-m", "bench.reproduce", "--only", "lenet_fashion_o0", "--seeds", "1", "--data",
+                 f"fashion_mnist={data}", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out"))
+    _wait_for(run_dir / "train.log", "epoch 1/", proc)
+    train = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-2000:]
+    assert "Traceback" not in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("interrupted by SIGTERM: lenet_fashion_o0-s1 stopped") and "again" in last, last
+    assert train and not [pid for pid in train if os.path.exists(f"/proc/{pid}")], "train.py was left running"
+    assert list(run_dir.glob("checkpoints/*.ckpt"))
+    child = (tmp_path / "runs" / "lenet_fashion_o0-s1.out").read_text().strip().splitlines()[-1]
+    assert child.startswith("interrupted by SIGTERM") and "saved" in child, child
+
+
+def test_a_signal_to_the_bench_matrix_reaches_its_training_run(tmp_path):
+    """The same for `python -m bench.run`: its first run is stopped while it compiles, nothing is left running."""
+    out_dir = tmp_path / "bench"
+    proc = start("-m", "bench.run", "--quick", "--out", str(out_dir))
+    _wait_for(out_dir / "raw" / "lenet_o0-O0-none-s1" / "train.log", "loss scale:", proc)
+    train = _children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-2000:]
+    assert "Traceback" not in out and out.strip().splitlines()[-1].startswith(
+        "interrupted by SIGTERM: lenet_o0-O0-none-s1 stopped"), out[-2000:]
+    assert train and not [pid for pid in train if os.path.exists(f"/proc/{pid}")], "train.py was left running"
+    assert "interrupted by SIGTERM" in (out_dir / "raw" / "lenet_o0-O0-none-s1.err").read_text()
+
+
 @pytest.fixture(scope="module")
 def lenet_checkpoint(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ckpt") / "run"

@@ -93,3 +93,22 @@ def test_fp16_ops_times_each_op_in_both_precisions(tmp_path):
     bad = run_cli("-m lab.fp16_ops", "--shape", "2,x")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --shape '2,x': give positive sizes separated by commas, e.g. 128,64,28,28"]
+
+
+def test_the_transformer_experiments_compose_the_setting_their_records_were_taken_at():
+    """lab.transformer_parts, transformer_speed and torch_multi30k recorded their figures at the old Multi30k
+    setting (cased text, 8,000-piece sentencepiece, one 4,096-token batch an update). The recipes now default
+    to the published one (10,000 BPE pieces, two batches an update), so each experiment pins setting=cased_4k."""
+    from bench.common import bench_config
+    from lab import torch_multi30k, transformer_parts, transformer_speed
+
+    default = bench_config(["recipe=transformer_tiny_multi30k_o0"], smoke=False)
+    assert (default.model.num_classes, default.trainer.update_freq) == (10000, 2)  # what the pin guards against
+    composed = [transformer_parts.config(), torch_multi30k.config(["runtime.seed=2"]),
+                *(transformer_speed.our_config(recipe, extra) for _, recipe, extra in transformer_speed.SETTINGS)]
+    for cfg in composed:
+        assert (cfg.model.num_classes, cfg.trainer.update_freq, cfg.trainer.max_steps) == (8000, 1, 8000)
+        assert not cfg.dataset.params.get("lowercase") and cfg.dataset.params.get("spm_type", "unigram") == "unigram"
+    assert composed[1].runtime.seed == 2  # the command line's overrides still apply
+    with pytest.raises(SystemExit):  # its loop has no gradient accumulation
+        torch_multi30k.config(["trainer.update_freq=2"])

@@ -230,6 +230,38 @@ def test_only_the_entry_helper_sets_up_mindspore():
     assert out.stdout.split()[-2:] == ["None", "None"]
 
 
+def is_main_block(node) -> bool:
+    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+            and getattr(node.test.left, "id", "") == "__name__"
+            and getattr(node.test.comparators[0], "value", "") == "__main__")
+
+
+def test_every_command_starts_like_one():
+    """Every module with `if __name__ == "__main__":` (the top-level commands, bench/, lab/, tools/) imports
+    zoo.entry before anything else (its import is the start-up: MindSpore's C++ logs off, a stop signal one line
+    and 128 + N) and ends with run(main) (a ConfigError one `error:` line, exit 2; -h its docstring). train.py
+    alone is Hydra's: @hydra.main reads the command line, and its main catches what run(main) would."""
+    paths = [*ROOT.glob("*.py"), *(p for d in ("bench", "lab", "tools") for p in (ROOT / d).glob("*.py"))]
+    commands, wrong = [], []
+    for path in paths:
+        body = ast.parse(path.read_text()).body
+        block = next((node for node in body if is_main_block(node)), None)
+        if block is None:
+            continue
+        name = str(path.relative_to(ROOT))
+        commands.append(name)
+        first = next(node for node in body if isinstance(node, (ast.Import, ast.ImportFrom)))
+        if not (getattr(first, "module", None) == "zoo.entry"
+                or [a.name for a in getattr(first, "names", [])] == ["zoo.entry"] and isinstance(first, ast.Import)):
+            wrong.append(f"{name}: first import is not zoo.entry")
+        if name != "train.py" and [ast.unparse(node) for node in block.body] not in (["run(main)"],
+                                                                                     ["zoo.entry.run(main)"]):
+            wrong.append(f"{name}: the __main__ block is not run(main)")
+    assert wrong == []
+    assert {"train.py", "eval.py", "export.py", "doctor.py", "bench/reproduce.py", "bench/run.py",
+            "lab/torch_multi30k.py", "tools/amp_search.py"} <= set(commands)
+
+
 def schema_keys(schema=Config, prefix=""):
     for f in dataclasses.fields(schema):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
