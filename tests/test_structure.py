@@ -282,6 +282,20 @@ def test_the_configuration_doc_names_every_key():
     assert [k for k in schema_keys() if not named(k)] == []
 
 
+def test_every_link_in_the_docs_leads_somewhere():
+    """A relative link in a tracked Markdown file (README, docs/, recipes/, lab/, bench/ results) names a file or
+    folder of the repository, relative to the file the link is in: the one a reader's click opens."""
+    import re
+    import subprocess
+    tracked = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+    broken = [f"{name}: {target}" for name in tracked
+              for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / name).read_text())
+              if not target.startswith(("http:", "https:", "mailto:")) and not (ROOT / name).parent.joinpath(target).exists()]
+    assert broken == []
+
+
 def test_no_import_waits_for_a_start_up_trick():
     """No E402 exemption anywhere: a command imports what it needs at the top, zoo.entry first (its import is the
     start-up), and nothing has to run between imports."""
