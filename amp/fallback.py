@@ -60,8 +60,11 @@ def not_learning(amp_cfg, final: dict, num_classes: int, lr: float, fell_back: b
     not); a run that never fell back may simply be short. None: it learns."""
     loss = final.get("loss", 0.0)
     finite = loss == loss and abs(loss) != float("inf")
+    if not finite and (not fell_back or "top1" not in final):
+        return (f"the run ends with a loss that is not finite ({loss}): its weights are not usable; look at the "
+                f"learning rate (optimizer.lr={lr:g}), the data, or train with amp.fallback.enabled=true")
     if "top1" not in final:  # translation: the loss alone
-        return None if finite else f"the run ends with a loss that is not finite ({loss}); optimizer.lr={lr:g}"
+        return None
     chance = 1.0 / max(num_classes, 1)
     if final["top1"] > 1.5 * chance and finite:
         return None

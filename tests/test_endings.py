@@ -364,6 +364,7 @@ def test_the_fallback_ladder_says_when_precision_is_not_the_cause():
     assert "train it longer" in not_learning(o2, chance, 10, 5.0, fell_back=False)  # a short run may be meant
     assert not_learning(o2, {"bleu": 30.0, "loss": 2.1}, 10, 1e-3) is None  # translation: the loss alone
     assert "not finite" in not_learning(o2, {"bleu": 0.0, "loss": float("inf")}, 10, 1e-3)
+    assert "not finite" in not_learning(o2, {"top1": 0.9, "loss": float("nan")}, 10, 1e-3, fell_back=False)
 
 
 def test_a_run_that_ends_at_chance_says_so(tmp_path):
