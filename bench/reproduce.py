@@ -275,8 +275,13 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
                 continue
         if plan_only:  # finished but not scored yet: scoring decodes, and --plan runs nothing
             continue
-        record = {"run": run_id, "seed": seed, "data": data, "run_dir": str(run_dir),
-                  **score(row, run_dir, scorer)}
+        try:
+            record = {"run": run_id, "seed": seed, "data": data, "run_dir": str(run_dir),
+                      **score(row, run_dir, scorer)}
+        except subprocess.CalledProcessError as e:  # the scorer's own output says why; the run is kept
+            print(f"{run_id}: scoring failed ({e.cmd} exited {e.returncode}); the run is finished and kept: run "
+                  f"bench.reproduce again to score it", flush=True)
+            continue
         row["runs"].append(record)
         row["unfinished"] = [rec for rec in row["unfinished"] if rec["run"] != run_id]
         if not write:

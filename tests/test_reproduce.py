@@ -272,3 +272,25 @@ def test_an_unfinished_run_is_recorded_and_outlives_its_run_directory(tmp_path, 
     done = next(line for line in rp.reproduce(**args)["table"].splitlines() if "`lenet_fashion_o2`" in line)
     assert len(fake_runner.calls) == 1 and "unfinished:" not in done and "**90.10**" in done
     assert json.loads((tmp_path / "out" / "reproduce.json").read_text())["unfinished"] == {}
+
+
+def test_a_scorer_that_fails_keeps_the_run_and_scores_it_next_time(tmp_path, fake_runner, monkeypatch, capsys):
+    """bench.multi30k failing after a 5-hour run is one line, not a traceback; the finished run is kept and the
+    next reproduce scores it without training it again."""
+    import subprocess
+    data = tmp_path / "multi30k"
+    data.mkdir()
+    seeds(monkeypatch, transformer_tiny_multi30k_o0=[1])
+
+    def failing(run_dir):
+        raise subprocess.CalledProcessError(1, f"python -m bench.multi30k {run_dir}")
+    args = dict(recipes=["transformer_tiny_multi30k_o0"], given={"multi30k": str(data)}, runs=tmp_path / "runs",
+                out=tmp_path / "out", runner=fake_runner, readme=None)
+    rp.reproduce(**args, scorer=failing)
+    assert "scoring failed (python -m bench.multi30k" in capsys.readouterr().out
+    test = {"bleu_lowercase": 40.5, "bleu": 40.1}
+    scored = lambda run_dir: {"averaged_test_2016_flickr": test, "averaged_val": test,  # noqa: E731
+                              "averaged": list(range(10)), "beam": 5}
+    table = rp.reproduce(**args, scorer=scored)["table"]
+    assert len(fake_runner.calls) == 1, "the finished run is not trained again"
+    assert "**40.50**" in next(line for line in table.splitlines() if "`transformer_tiny_multi30k_o0`" in line)
