@@ -26,7 +26,7 @@ from data import task
 from data.translation import tokenizer_file
 from engine.checkpoint import average_checkpoints, checkpoints, epoch_checkpoints, read_checkpoint
 from engine.load import flatten, load_config
-from engine.rundir import TOKENIZER, load_run_config, resume_configs
+from engine.rundir import load_run_config, resume_configs
 from engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256
 from models import build_model
 from zoo.cli import pop_flag
@@ -108,8 +108,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     }
     if task(cfg) == "translation":  # the run's own sentencepiece model ships beside its weights
         spm_path = folder / f"{name}.spm.model"
-        kept = run_dir / TOKENIZER  # the run's own copy; a run from before it kept one: the data's cached model
-        shutil.copyfile(kept if kept.is_file() else tokenizer_file(cfg.dataset), spm_path)
+        shutil.copyfile(tokenizer_file(cfg.dataset), spm_path)  # the run's own copy (load_run_config), or the cached one
         entry["tokenizer"] = {"file": spm_path.name, "sha256": sha256(spm_path), "bytes": spm_path.stat().st_size}
     entries = read_manifest(folder)
     entries[name] = entry

@@ -33,6 +33,8 @@ HELD: Dict[Path, int] = {}  # directory -> the descriptor whose lock this proces
 MAY_CHANGE = ("trainer.epochs", "trainer.max_steps", "trainer.eval_every", "trainer.ckpt_every",
               "trainer.save_every_steps", "trainer.keep_last", "trainer.log_every", "logger", "resume", "checkpoint",
               "output", "dataset.path", "runtime.profile", "runtime.device", "runtime.device_id", "runtime.onednn_isa")
+TOKENIZER = "tokenizer.model"  # a translation run's own copy of its sentencepiece model (keep_tokenizer)
+SPM_MODEL = "dataset.params.spm_model"
 
 
 def resume_configs(run_dir) -> List[Path]:
@@ -45,7 +47,8 @@ def load_run_config(run_dir, latest: bool = False):
     """A run directory's config.yaml over the current schema (keys added since the run get their defaults, keys
     removed since are dropped); a missing, empty or unreadable one is one ConfigError naming it. `latest`: the
     config its last process ran with (a resume writes config.resume-N.yaml beside config.yaml, with the keys it
-    may change, such as trainer.epochs, as it ran)."""
+    may change, such as trainer.epochs, as it ran). A run that keeps its tokenizer reads it from its own copy,
+    wherever the run directory is now (config.yaml names the copy where the run was)."""
     path = Path(run_dir) / "config.yaml"
     if latest and path.is_file():
         path = (resume_configs(run_dir) or [path])[-1]
@@ -57,11 +60,15 @@ def load_run_config(run_dir, latest: bool = False):
         if not OmegaConf.is_dict(saved) or len(saved) == 0:
             raise ValueError("it holds no settings")
         schema = OmegaConf.structured(Config)
-        return OmegaConf.merge(schema, still_known(OmegaConf.to_container(saved), schema))
+        cfg = OmegaConf.merge(schema, still_known(OmegaConf.to_container(saved), schema))
     except Exception as e:  # noqa: BLE001  (YAML, OmegaConf and schema errors alike)
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"{path} cannot be read as the run's config ({msg}); it is written by train.py: "
                           f"restore it, or start a new run in another hydra.run.dir") from None
+    kept = kept_tokenizer(run_dir)
+    if kept is not None:
+        OmegaConf.update(cfg, SPM_MODEL, str(kept), force_add=True)
+    return cfg
 
 
 def still_known(saved: dict, schema) -> dict:
@@ -213,7 +220,11 @@ def run_of_checkpoint(checkpoint) -> Optional[Path]:
     return run if (run / "config.yaml").exists() else None
 
 
-TOKENIZER = "tokenizer.model"
+def kept_tokenizer(run_dir) -> Optional[Path]:
+    """The run's own copy of its tokenizer (`keep_tokenizer`), or None (not a translation run, or one from before
+    runs kept it)."""
+    kept = Path(run_dir) / TOKENIZER
+    return kept.resolve() if kept.is_file() else None
 
 
 def keep_tokenizer(cfg, run_dir, rank: int) -> None:
@@ -250,7 +261,7 @@ def run_config_for(cfg, given: List[str]) -> tuple:
         raise ConfigError(f"recipe={cfg.recipe_name}, but checkpoint={cfg.checkpoint} belongs to a {run.recipe_name} "
                           f"run ({run_dir / 'config.yaml'}); drop recipe= to evaluate it as it was trained")
     out = OmegaConf.merge(run, _with_given(run, cfg, [k for k in given if k != "recipe"] + ["checkpoint", "output"]))
-    kept = run_dir / TOKENIZER
-    if kept.is_file() and "dataset.params.spm_model" not in given:  # wherever the run directory is now
-        OmegaConf.update(out, "dataset.params.spm_model", str(kept), force_add=True)
+    kept = kept_tokenizer(run_dir)
+    if kept is not None and SPM_MODEL not in given:  # the run's, though a `dataset=` group is given
+        OmegaConf.update(out, SPM_MODEL, str(kept), force_add=True)
     return out, f"evaluating with the config of the run it belongs to: {run.recipe_name} ({run_dir / 'config.yaml'})"

@@ -254,3 +254,22 @@ def test_a_translation_run_keeps_its_tokenizer(tmp_path):
     assert resumed.dataset.params.spm_model == first.dataset.params.spm_model
     with pytest.raises(ConfigError, match=r"spm_model=.*other.model is not the tokenizer this run was trained with"):
         keep_tokenizer(cfg(str(other)), run_dir, rank=0)
+
+
+def test_a_moved_run_reads_its_own_tokenizer(tmp_path):
+    """config.yaml names the run's copy of its tokenizer where the run was; moved elsewhere, everything that reads
+    the run (a resume, bench.multi30k, bench.ship) uses the copy where it is now, not a missing or foreign file."""
+    from omegaconf import OmegaConf
+
+    from data.translation import tokenizer_file
+    from engine.rundir import load_run_config
+    started, _ = load_config(["recipe=transformer_base_o2"])
+    OmegaConf.update(started, "dataset.params.spm_model", str(tmp_path / "was-here" / "tokenizer.model"),
+                     force_add=True)
+    run_dir = tmp_path / "moved"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(started, resolve=True))
+    (run_dir / "tokenizer.model").write_bytes(b"the run's model")
+    for latest in (False, True):
+        cfg = load_run_config(run_dir, latest=latest)
+        assert tokenizer_file(cfg.dataset) == (run_dir / "tokenizer.model").resolve()
