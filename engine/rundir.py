@@ -194,18 +194,31 @@ def resume_config(cfg, given: List[str], run_dir) -> tuple:
         raise ConfigError(f"resume: recipe={cfg.recipe_name}, but {run_dir} holds a {run.recipe_name} run; resume "
                           f"it without recipe= (its own config.yaml is used), or give another hydra.run.dir")
     taken = []
+    keeps = kept_tokenizer(run_dir) is not None  # a tokenizer given is compared by content (keep_tokenizer), not path
     for key in given:
         if key == "recipe":
             continue
-        mine, theirs = OmegaConf.select(cfg, key), OmegaConf.select(run, key)
-        if may_change(key):
+        mine, theirs = _plain(OmegaConf.select(cfg, key)), _plain(OmegaConf.select(run, key))
+        if keeps and SPM_MODEL.startswith(key + "."):  # `dataset=GROUP` again: the run's copy is its spm_model
+            mine, theirs = _without(mine, SPM_MODEL[len(key) + 1:]), _without(theirs, SPM_MODEL[len(key) + 1:])
+        if may_change(key) or (keeps and key == SPM_MODEL):
             taken.append(key)
-        elif _plain(mine) != _plain(theirs):
-            raise ConfigError(f"resume: {key}={_plain(mine)} would change the run, which has {key}={_plain(theirs)} "
+        elif mine != theirs:
+            raise ConfigError(f"resume: {key}={mine} would change the run, which has {key}={theirs} "
                               f"({run_dir / 'config.yaml'}); a resume continues a run as it was started: drop "
                               f"{key}, or start a new run in another hydra.run.dir")
     out = _with_given(run, cfg, taken + ["resume"])
     return OmegaConf.merge(run, out), taken
+
+
+def _without(tree, path: str):
+    """A plain config tree without the key at the dotted `path` in it."""
+    head, _, rest = path.partition(".")
+    if not isinstance(tree, dict) or head not in tree:
+        return tree
+    if not rest:
+        return {k: v for k, v in tree.items() if k != head}
+    return {**tree, head: _without(tree[head], rest)}
 
 
 def _plain(value):

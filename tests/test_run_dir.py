@@ -273,3 +273,34 @@ def test_a_moved_run_reads_its_own_tokenizer(tmp_path):
     for latest in (False, True):
         cfg = load_run_config(run_dir, latest=latest)
         assert tokenizer_file(cfg.dataset) == (run_dir / "tokenizer.model").resolve()
+
+
+@pytest.mark.parametrize("dataset", ["dataset=multi30k_published", "++dataset.params.spm_model=GIVEN"])
+def test_a_resume_that_repeats_the_command_line_keeps_its_tokenizer(tmp_path, dataset):
+    """The command that started a translation run, again with resume=auto, continues it: config.yaml names the
+    run's copy of its tokenizer, which the command line's `dataset=` group or spm_model is not refused for; a
+    tokenizer of other content still is (keep_tokenizer)."""
+    from omegaconf import OmegaConf
+
+    from engine.load import user_keys
+    from engine.rundir import keep_tokenizer
+    given, other = tmp_path / "spm.model", tmp_path / "other.model"
+    given.write_bytes(b"the model")
+    other.write_bytes(b"another model")
+    argv = ["recipe=transformer_base_o2", dataset.replace("GIVEN", str(given))]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    started, _ = load_config(argv)
+    if not started.dataset.params.get("spm_model"):  # stands for the model cached for the data
+        OmegaConf.update(started, "dataset.params.spm_model", str(given), force_add=True)
+    keep_tokenizer(started, run_dir, rank=0)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(started, resolve=True))
+    again = argv + ["resume=auto"]
+    cfg, _ = resume_config(load_config(again)[0], user_keys(again), run_dir)
+    keep_tokenizer(cfg, run_dir, rank=0)
+    assert cfg.dataset.params.spm_model == str((run_dir / "tokenizer.model").resolve())
+    assert cfg.dataset.params.vocab_size == started.dataset.params.vocab_size
+    changed = [argv[0], f"++dataset.params.spm_model={other}", "resume=auto"]
+    cfg, _ = resume_config(load_config(changed)[0], user_keys(changed), run_dir)
+    with pytest.raises(ConfigError, match=r"other.model is not the tokenizer this run was trained with"):
+        keep_tokenizer(cfg, run_dir, rank=0)
