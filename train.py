@@ -338,7 +338,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     if cfg.runtime.distributed:
         claim_by_rank0(run_dir, rank, any_rank)
     if task(cfg) == "translation":  # the run keeps the tokenizer its token ids come from
-        keep_tokenizer(cfg, run_dir, rank)
+        keep_tokenizer(cfg, run_dir, rank, resuming=start.checkpoint is not None)
     if rank == 0:
         config_file = run_dir / "config.yaml"
         if start.checkpoint and config_file.exists():  # a resume: keep the first config, add this one beside it

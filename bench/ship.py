@@ -108,7 +108,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     }
     if task(cfg) == "translation":  # the run's own sentencepiece model ships beside its weights
         spm_path = folder / f"{name}.spm.model"
-        shutil.copyfile(tokenizer_file(cfg.dataset), spm_path)  # the run's own copy (load_run_config), or the cached one
+        shutil.copyfile(tokenizer_file(cfg.dataset), spm_path)  # the run's copy (load_run_config), or the cached
         entry["tokenizer"] = {"file": spm_path.name, "sha256": sha256(spm_path), "bytes": spm_path.stat().st_size}
     entries = read_manifest(folder)
     entries[name] = entry

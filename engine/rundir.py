@@ -240,18 +240,15 @@ def kept_tokenizer(run_dir) -> Optional[Path]:
     return kept.resolve() if kept.is_file() else None
 
 
-def keep_tokenizer(cfg, run_dir, rank: int) -> None:
+def keep_tokenizer(cfg, run_dir, rank: int, resuming: bool) -> None:
     """Point `cfg.dataset.params.spm_model` at the run's own copy of its tokenizer (run_dir/tokenizer.model).
-    A fresh start: rank 0 copies in the model `tokenizer_file(cfg.dataset)` gives (the one given, or the cached one
-    trained on the data); ranks of msrun that find no copy yet use that same model. A resume uses the copy; a
-    different spm_model given with it is refused (it would change the token ids the checkpoints were trained on)."""
+    A new run (no checkpoint to continue): rank 0 copies in the model `tokenizer_file(cfg.dataset)` gives (the one
+    given, or the cached one trained on the data), over any copy a start that saved nothing left; the other ranks
+    of msrun use that same model. A resume uses the copy (a run from before runs kept one: rank 0
+    copies it in); a different spm_model given with it is refused (`check_tokenizer`)."""
     kept = Path(run_dir) / TOKENIZER
-    given = cfg.dataset.params.get("spm_model")
-    if kept.is_file():
-        if given and Path(str(given)).expanduser().is_file() and not filecmp.cmp(Path(str(given)).expanduser(), kept,
-                                                                                   shallow=False):
-            raise ConfigError(f"dataset.params.spm_model={given} is not the tokenizer this run was trained with "
-                              f"({kept}); drop it (the run uses its own), or start a new run in another hydra.run.dir")
+    if resuming and kept.is_file():
+        check_tokenizer(cfg.dataset, kept)
     elif rank == 0:
         source = tokenizer_file(cfg.dataset)
         tmp = kept.with_name(f".{TOKENIZER}.tmp{os.getpid()}")
@@ -261,6 +258,15 @@ def keep_tokenizer(cfg, run_dir, rank: int) -> None:
         return
     with open_dict(cfg):
         cfg.dataset.params.spm_model = str(kept.resolve())
+
+
+def check_tokenizer(dataset_cfg, kept: Path) -> None:
+    """A spm_model given for a run that keeps its tokenizer: refused unless it is the same model, since another
+    would change the token ids the checkpoints were trained on (a plausible wrong BLEU)."""
+    given = dataset_cfg.params.get("spm_model")
+    if given and not filecmp.cmp(tokenizer_file(dataset_cfg), kept, shallow=False):
+        raise ConfigError(f"dataset.params.spm_model={given} is not the tokenizer this run was trained with "
+                          f"({kept}); drop it (the run's own is used), or train a new run with it")
 
 
 def run_config_for(cfg, given: List[str]) -> tuple:

@@ -243,17 +243,21 @@ def test_a_translation_run_keeps_its_tokenizer(tmp_path):
     run_dir.mkdir()
     cfg = lambda spm: OmegaConf.create({"dataset": {"name": "multi30k", "params": {"spm_model": spm}}})  # noqa: E731
     later_rank = cfg(str(model))
-    keep_tokenizer(later_rank, run_dir, rank=1)  # msrun: rank 0 writes the copy; the others use the same model
+    keep_tokenizer(later_rank, run_dir, rank=1, resuming=False)  # msrun: rank 0 copies; the others use the model
     assert later_rank.dataset.params.spm_model == str(model) and not (run_dir / "tokenizer.model").exists()
     first = cfg(str(model))
-    keep_tokenizer(first, run_dir, rank=0)
+    keep_tokenizer(first, run_dir, rank=0, resuming=False)
     assert (run_dir / "tokenizer.model").read_bytes() == b"first model"
     assert first.dataset.params.spm_model == str((run_dir / "tokenizer.model").resolve())
     resumed = cfg(None)
-    keep_tokenizer(resumed, run_dir, rank=0)
+    keep_tokenizer(resumed, run_dir, rank=0, resuming=True)
     assert resumed.dataset.params.spm_model == first.dataset.params.spm_model
     with pytest.raises(ConfigError, match=r"spm_model=.*other.model is not the tokenizer this run was trained with"):
-        keep_tokenizer(cfg(str(other)), run_dir, rank=0)
+        keep_tokenizer(cfg(str(other)), run_dir, rank=0, resuming=True)
+    anew = cfg(str(other))  # a new run where an earlier start saved no checkpoint: its tokenizer, not the old copy
+    keep_tokenizer(anew, run_dir, rank=0, resuming=False)
+    assert (run_dir / "tokenizer.model").read_bytes() == b"another model"
+    assert anew.dataset.params.spm_model == first.dataset.params.spm_model
 
 
 def test_a_moved_run_reads_its_own_tokenizer(tmp_path):
@@ -293,14 +297,14 @@ def test_a_resume_that_repeats_the_command_line_keeps_its_tokenizer(tmp_path, da
     started, _ = load_config(argv)
     if not started.dataset.params.get("spm_model"):  # stands for the model cached for the data
         OmegaConf.update(started, "dataset.params.spm_model", str(given), force_add=True)
-    keep_tokenizer(started, run_dir, rank=0)
+    keep_tokenizer(started, run_dir, rank=0, resuming=False)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(started, resolve=True))
     again = argv + ["resume=auto"]
     cfg, _ = resume_config(load_config(again)[0], user_keys(again), run_dir)
-    keep_tokenizer(cfg, run_dir, rank=0)
+    keep_tokenizer(cfg, run_dir, rank=0, resuming=True)
     assert cfg.dataset.params.spm_model == str((run_dir / "tokenizer.model").resolve())
     assert cfg.dataset.params.vocab_size == started.dataset.params.vocab_size
     changed = [argv[0], f"++dataset.params.spm_model={other}", "resume=auto"]
     cfg, _ = resume_config(load_config(changed)[0], user_keys(changed), run_dir)
     with pytest.raises(ConfigError, match=r"other.model is not the tokenizer this run was trained with"):
-        keep_tokenizer(cfg, run_dir, rank=0)
+        keep_tokenizer(cfg, run_dir, rank=0, resuming=True)
