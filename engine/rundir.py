@@ -271,7 +271,8 @@ def check_tokenizer(dataset_cfg, kept: Path) -> None:
 
 def run_config_for(cfg, given: List[str]) -> tuple:
     """eval.py and export.py: a checkpoint written by train.py is evaluated with its run's config.yaml, and the
-    command line's keys over it. A `recipe=` that contradicts the run is refused. Returns (config, note or None)."""
+    command line's keys over it. A `recipe=` that contradicts the run, or a tokenizer other than the one it kept,
+    is refused. Returns (config, note or None)."""
     run_dir = run_of_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
     if run_dir is None:
         return cfg, None
@@ -281,6 +282,7 @@ def run_config_for(cfg, given: List[str]) -> tuple:
                           f"run ({run_dir / 'config.yaml'}); drop recipe= to evaluate it as it was trained")
     out = OmegaConf.merge(run, _with_given(run, cfg, [k for k in given if k != "recipe"] + ["checkpoint", "output"]))
     kept = kept_tokenizer(run_dir)
-    if kept is not None and SPM_MODEL not in given:  # the run's, though a `dataset=` group is given
+    if kept is not None:  # the run's own, though a `dataset=` group is given; another one given is refused
+        check_tokenizer(out.dataset, kept)
         OmegaConf.update(out, SPM_MODEL, str(kept), force_add=True)
     return out, f"evaluating with the config of the run it belongs to: {run.recipe_name} ({run_dir / 'config.yaml'})"

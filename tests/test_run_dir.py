@@ -308,3 +308,29 @@ def test_a_resume_that_repeats_the_command_line_keeps_its_tokenizer(tmp_path, da
     cfg, _ = resume_config(load_config(changed)[0], user_keys(changed), run_dir)
     with pytest.raises(ConfigError, match=r"other.model is not the tokenizer this run was trained with"):
         keep_tokenizer(cfg, run_dir, rank=0, resuming=True)
+
+
+def test_eval_of_a_translation_checkpoint_uses_the_runs_tokenizer(tmp_path):
+    """eval.py / export.py of a train.py checkpoint decode with the tokenizer its run kept, whatever the command
+    line's dataset= group says; a spm_model given that is another model is refused (a plausible wrong BLEU)."""
+    from omegaconf import OmegaConf
+
+    from engine.load import user_keys
+    from engine.rundir import run_config_for
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    started, _ = load_config(["recipe=transformer_base_o2"])
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(started, resolve=True))
+    (run_dir / "tokenizer.model").write_bytes(b"the run's model")
+    same, other = tmp_path / "same.model", tmp_path / "other.model"
+    same.write_bytes(b"the run's model")
+    other.write_bytes(b"another model")
+    ckpt = run_dir / "checkpoints" / "transformer-e0001-s00000010.ckpt"
+    kept = str((run_dir / "tokenizer.model").resolve())
+    for extra in ([], ["dataset=multi30k_published"], [f"++dataset.params.spm_model={same}"]):
+        argv = [f"checkpoint={ckpt}", *extra]
+        cfg, _ = run_config_for(load_config(argv)[0], user_keys(argv))
+        assert cfg.dataset.params.spm_model == kept, extra
+    argv = [f"checkpoint={ckpt}", f"++dataset.params.spm_model={other}"]
+    with pytest.raises(ConfigError, match=r"other.model is not the tokenizer this run was trained with"):
+        run_config_for(load_config(argv)[0], user_keys(argv))
