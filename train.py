@@ -40,7 +40,8 @@ from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, 
 from engine.load import load_config, user_keys, validate
 from engine.metrics import NetWithEval, metrics
 from engine.optim import lr_schedule, scaled_lr, schedule_moved
-from engine.rundir import claim, claim_by_rank0, keep_tokenizer, refuse_fresh_start, resume_config
+from engine.rundir import (claim, claim_by_rank0, keep_tokenizer, kept_tokenizer, refuse_fresh_start, resume_config,
+                           run_of_checkpoint)
 from engine.step import build_train_step
 from engine.weights import find as find_weights, shipped_tokenizer
 from models.decoding import translate
@@ -294,7 +295,8 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
 
 def start_from(cfg) -> Tuple[Any, Optional[Tuple[Path, str]]]:
     """weights=NAME (a shipped weight, sha256 checked) or checkpoint=FILE: the weights a new run starts from, not
-    a resume (its optimizer and schedule start fresh). A translation weight brings its tokenizer (its token ids)."""
+    a resume (its optimizer and schedule start fresh). A translation weight, or the checkpoint of a translation run
+    that kept its tokenizer, brings that tokenizer (its token ids) unless dataset.params.spm_model is given."""
     if cfg.weights and cfg.checkpoint:
         raise ConfigError(f"weights={cfg.weights} and checkpoint={cfg.checkpoint}: give one to start from")
     if cfg.checkpoint:
@@ -302,15 +304,17 @@ def start_from(cfg) -> Tuple[Any, Optional[Tuple[Path, str]]]:
         if not path.is_file():
             raise ConfigError(f"checkpoint={cfg.checkpoint} is not a file; give a .ckpt file to start from, or "
                               f"weights=NAME for a shipped weight")
-        return cfg, (path, f"checkpoint {cfg.checkpoint}")
-    if not cfg.weights:
+        run = run_of_checkpoint(path)  # a train.py run's checkpoint: the tokenizer that run kept
+        tokenizer, init = kept_tokenizer(run) if run else None, (path, f"checkpoint {cfg.checkpoint}")
+    elif cfg.weights:
+        name, entry, path = find_weights(cfg.weights)
+        tokenizer, init = shipped_tokenizer(entry, path), (path, f"weights {name} (sha256 verified)")
+    else:
         return cfg, None
-    name, entry, path = find_weights(cfg.weights)
-    tokenizer = shipped_tokenizer(entry, path)
-    if tokenizer and not cfg.dataset.params.get("spm_model"):
+    if tokenizer and task(cfg) == "translation" and not cfg.dataset.params.get("spm_model"):
         with open_dict(cfg):
             cfg.dataset.params.spm_model = str(tokenizer)
-    return cfg, (path, f"weights {name} (sha256 verified)")
+    return cfg, init
 
 
 def forget_this_command(run_dir: Path) -> None:

@@ -334,3 +334,23 @@ def test_eval_of_a_translation_checkpoint_uses_the_runs_tokenizer(tmp_path):
     argv = [f"checkpoint={ckpt}", f"++dataset.params.spm_model={other}"]
     with pytest.raises(ConfigError, match=r"other.model is not the tokenizer this run was trained with"):
         run_config_for(load_config(argv)[0], user_keys(argv))
+
+
+def test_a_run_started_from_a_translation_runs_checkpoint_takes_its_tokenizer(tmp_path):
+    """train.py checkpoint=FILE (a fine-tune) of a translation run's checkpoint uses the tokenizer that run kept,
+    as weights=NAME uses the weight's: its embeddings are for those token ids, not for a model trained anew."""
+    from omegaconf import OmegaConf
+
+    import train
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["recipe=transformer_base_o2"])[0]))
+    (run_dir / "tokenizer.model").write_bytes(b"the run's model")
+    ckpt = run_dir / "checkpoints" / "transformer-e0001-s00000010.ckpt"
+    ckpt.write_bytes(b"weights")
+    cfg, init = train.start_from(load_config(["recipe=transformer_base_o2", f"checkpoint={ckpt}"])[0])
+    assert cfg.dataset.params.get("spm_model") == str((run_dir / "tokenizer.model").resolve()) and init[0] == ckpt
+    mine = tmp_path / "mine.model"
+    cfg, _ = train.start_from(load_config(["recipe=transformer_base_o2", f"checkpoint={ckpt}",
+                                           f"++dataset.params.spm_model={mine}"])[0])
+    assert cfg.dataset.params.spm_model == str(mine), "a tokenizer given is the user's choice"
