@@ -101,6 +101,7 @@ def first_process() -> bool:
 
 
 CREATED: List[Path] = []  # run directories this process created
+USERS_OM_PATH = os.environ.get("MS_OM_PATH")  # where the user asked MindSpore to write its graph files, if anywhere
 
 
 def claim_run_dir(argv: List[str]) -> None:
@@ -334,7 +335,8 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     log.info("command: python %s", shlex.join(sys.argv))  # also in .hydra/overrides.yaml
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
-    os.environ.setdefault("MS_OM_PATH", str(run_dir.resolve()))  # MindSpore's analyze_fail.ir: here, not in the cwd
+    # MindSpore's analyze_fail.ir: in this run's directory (each job of -m its own), not in the cwd
+    os.environ["MS_OM_PATH"] = USERS_OM_PATH or str(run_dir.resolve())
     for note in device_notes(cfg.runtime, device):
         log.info(note)
     if smoke_note:

@@ -78,6 +78,22 @@ def test_a_forked_model_that_does_not_compile_is_one_line(tmp_path):
     assert not any(cwd.iterdir()), "nothing of MindSpore's in the user's folder"
 
 
+def test_each_job_of_a_multirun_gets_its_own_account_of_the_graph(tmp_path):
+    """`train.py -m` runs its jobs in one process: the job that does not compile has MindSpore's analyze_fail.ir
+    in its own run directory, and its error line names that file, not one in the first job's directory."""
+    broken = MODEL.replace("return self.fc2(self.relu(self.fc1(self.flatten(x))))",
+                           "return self.fc2(self.flatten(x))  # compiles only with hidden=1024 (32 x 32 inputs)")
+    env, search = fork(tmp_path, "my_models", broken, "tinynet_o2", RECIPE)
+    sweep = tmp_path / "sweep"
+    result = run_cli("train.py", "-m", search, "recipe=tinynet_o2", "model.params.hidden=1024,64",
+                     "trainer.max_steps=2", "logger.progress_bar=false", f"hydra.sweep.dir={sweep}", env=env)
+    assert result.returncode == 2 and (sweep / "0-tinynet_o2" / "metrics.json").is_file(), result.stderr[-3000:]
+    errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and f"MindSpore's account of the graph: {sweep / '1-tinynet_o2' / 'rank_0/om/analyze_fail.ir'}" \
+        in errors[0], errors
+    assert not (sweep / "0-tinynet_o2" / "rank_0").exists()
+
+
 def one_error(result) -> str:
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
