@@ -81,7 +81,7 @@ def multi30k_tables(lines, runs, out: Path):
         if curve.is_file():
             c = json.loads(curve.read_text())
             last = c[max(c, key=int)]
-            lines += [f"### Multi30k run_dir `{name}`: val BLEU per epoch", "",
+            lines += [f"### Multi30k run `{name}`: val BLEU per epoch", "",
                       f"![val BLEU per epoch]({name}_curve.png)", "",
                       f"{len(c)} epochs scored; epoch {max(map(int, c))}: val BLEU {last['bleu_lowercase']:.2f} "
                       f"lowercased, {last['bleu']:.2f} cased (beam {last['beam']}).", ""]

@@ -28,6 +28,17 @@ def test_transformer_report_lines_runs_up_at_equal_updates(tmp_path):
     assert (tmp_path / "runs_compared.png").stat().st_size > 0
 
 
+def test_transformer_report_names_each_multi30k_run(tmp_path):
+    from lab.transformer_report import multi30k_tables
+    run_dir, out = tmp_path / "tiny_o0", tmp_path / "out"
+    run_dir.mkdir()
+    out.mkdir()
+    (run_dir / "multi30k_curve.json").write_text(json.dumps({"1": {"bleu_lowercase": 30.0, "bleu": 29.0, "beam": 1}}))
+    lines = []
+    multi30k_tables(lines, [run_dir], out)
+    assert lines[0] == "### Multi30k run `tiny_o0`: val BLEU per epoch"
+
+
 def test_transformer_report_compares_a_kept_curve_by_its_update_freq(tmp_path):
     """A run directory lost with its machine leaves its curve in bench/results (NAME_curve.json): the report
     still lines it up at equal updates, by the update_freq its records carry."""
