@@ -282,6 +282,9 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
             print(f"{run_id}: scoring failed ({e.cmd} exited {e.returncode}); the run is finished and kept: run "
                   f"bench.reproduce again to score it", flush=True)
             continue
+        except Interrupted as e:  # not "nothing was written": the run is trained, and earlier runs are recorded
+            e.note = f"{run_id} is trained and kept, its scoring stopped; run the same command again to score it"
+            raise
         row["runs"].append(record)
         row["unfinished"] = [rec for rec in row["unfinished"] if rec["run"] != run_id]
         if not write:

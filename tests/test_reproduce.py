@@ -294,3 +294,21 @@ def test_a_scorer_that_fails_keeps_the_run_and_scores_it_next_time(tmp_path, fak
     table = rp.reproduce(**args, scorer=scored)["table"]
     assert len(fake_runner.calls) == 1, "the finished run is not trained again"
     assert "**40.50**" in next(line for line in table.splitlines() if "`transformer_tiny_multi30k_o0`" in line)
+
+
+def test_a_signal_while_scoring_says_the_run_is_kept(tmp_path, fake_runner, monkeypatch):
+    """A stop signal while bench.multi30k decodes (minutes) ends reproduce with a line that says the run is
+    trained and the same command scores it, not 'nothing was written'."""
+    import signal
+
+    from zoo.interrupt import Interrupted
+    data = tmp_path / "multi30k"
+    data.mkdir()
+    seeds(monkeypatch, transformer_tiny_multi30k_o0=[1])
+
+    def stopped(run_dir):
+        raise Interrupted(signal.SIGTERM)
+    with pytest.raises(Interrupted) as info:
+        rp.reproduce(recipes=["transformer_tiny_multi30k_o0"], given={"multi30k": str(data)}, runs=tmp_path / "runs",
+                     out=tmp_path / "out", runner=fake_runner, readme=None, scorer=stopped)
+    assert info.value.note.startswith("transformer_tiny_multi30k_o0-s1 is trained and kept"), info.value.note
