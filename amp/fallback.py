@@ -61,9 +61,10 @@ def not_learning(amp_cfg, final: dict, num_classes: int, lr: float, fell_back: b
     loss = final.get("loss", 0.0)
     finite = loss == loss and abs(loss) != float("inf")
     if not finite and (not fell_back or "top1" not in final):
+        ladder_too = "" if amp_cfg.get("fallback", {}).get("enabled") else ", or train with amp.fallback.enabled=true"
         return (f"the run ends with a loss that is not finite ({loss}): its weights are not usable; look at the "
-                f"learning rate (optimizer.lr={lr:g}), the data, or train with amp.fallback.enabled=true")
-    if "top1" not in final:  # translation: the loss alone
+                f"learning rate (optimizer.lr={lr:g}) and the data{ladder_too}")
+    if "top1" not in final:  # no accuracy: the loss alone (translation has one: token top-1, chance 1/vocabulary)
         return None
     chance = 1.0 / max(num_classes, 1)
     if final["top1"] > 1.5 * chance and finite:

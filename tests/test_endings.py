@@ -365,6 +365,9 @@ def test_the_fallback_ladder_says_when_precision_is_not_the_cause():
     assert not_learning(o2, {"bleu": 30.0, "loss": 2.1}, 10, 1e-3) is None  # translation: the loss alone
     assert "not finite" in not_learning(o2, {"bleu": 0.0, "loss": float("inf")}, 10, 1e-3)
     assert "not finite" in not_learning(o2, {"top1": 0.9, "loss": float("nan")}, 10, 1e-3, fell_back=False)
+    assert "amp.fallback.enabled=true" in not_learning(o2, {"loss": float("nan")}, 10, 1e-3, fell_back=False)
+    with_ladder = OmegaConf.merge(o2, {"fallback": {"enabled": True}})  # on, and it never stepped down
+    assert "fallback" not in not_learning(with_ladder, {"top1": 0.9, "loss": float("inf")}, 10, 1e-3, fell_back=False)
 
 
 def test_a_run_that_ends_at_chance_says_so(tmp_path):
