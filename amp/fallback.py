@@ -9,6 +9,7 @@ O2 with scale 128 -> O1 with scale 128 -> O1 without loss scaling -> O0 (the ord
 recommends).
 """
 import collections
+import math
 from typing import List, Optional
 
 from mindspore.train import Callback
@@ -54,12 +55,16 @@ def ladder(amp_cfg) -> List:
     return rungs
 
 
+def finite_loss(final: dict) -> bool:
+    """Whether an evaluation record's loss is a number (a run's final weights are usable only then)."""
+    return math.isfinite(final.get("loss", 0.0))
+
+
 def not_learning(amp_cfg, final: dict, num_classes: int, lr: float, fell_back: bool = True) -> Optional[str]:
     """Whether a finished run learned: one that ends no better than chance (or with a loss that is not finite)
     did not. After the ladder stepped down, the line says whether precision can be the cause (at O0, fp32, it is
     not); a run that never fell back may simply be short. None: it learns."""
-    loss = final.get("loss", 0.0)
-    finite = loss == loss and abs(loss) != float("inf")
+    loss, finite = final.get("loss", 0.0), finite_loss(final)
     if not finite and (not fell_back or "top1" not in final):
         ladder_too = "" if amp_cfg.get("fallback", {}).get("enabled") else ", or train with amp.fallback.enabled=true"
         return (f"the run ends with a loss that is not finite ({loss}): its weights are not usable; look at the "
