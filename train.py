@@ -90,8 +90,8 @@ def main(cfg) -> Optional[float]:
         fail(str(e), code=1)
     except OSError as e:  # WriteError (a checkpoint, metrics.json, the eval history) or any other file of the run
         where = e if isinstance(e, WriteError) else f"could not write {e.filename or run_dir}: {e.strerror or e}"
-        fail(f"{where}; every complete checkpoint is intact: free space (or fix the permission), then continue "
-             f"with python train.py hydra.run.dir={run_dir} resume=auto", code=1)
+        fail(f"{where}; every complete checkpoint is intact: free space (or fix the permission), then "
+             f"{continue_with(run_dir, cfg.recipe_name)}", code=1)
 
 
 def first_process() -> bool:

@@ -132,7 +132,8 @@ def test_disk_full_is_one_line_and_the_checkpoints_stay_whole(tmp_path):
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: could not write {run_dir / 'checkpoints' / 'lenet5-e0001-s00000125.ckpt'}: File "
-                           f"too large; every complete checkpoint is intact") and "resume=auto" in last, out.stderr
+                           f"too large; every complete checkpoint is intact") and last.endswith(
+        f"continue with: python train.py recipe=lenet_o0 hydra.run.dir={run_dir} resume=auto"), out.stderr
     assert "Traceback" not in out.stderr
     assert not list((run_dir / "checkpoints").glob("*.ckpt")) and not list((run_dir / "checkpoints").rglob("*.tmp"))
 
