@@ -102,6 +102,7 @@ def first_process() -> bool:
 
 CREATED: List[Path] = []  # run directories this process created
 USERS_OM_PATH = os.environ.get("MS_OM_PATH")  # where the user asked MindSpore to write its graph files, if anywhere
+STARTED = time.time()  # files MindSpore wrote since are this process's
 
 
 def claim_run_dir(argv: List[str]) -> None:
@@ -590,8 +591,9 @@ def compile_error(run: Run, error: Exception) -> str:
     log_trace(error)
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip() and not ln.strip().startswith("-")]
     reason = next((ln for ln in lines if ln.startswith("For ")), lines[0] if lines else type(error).__name__)
-    analysis = sorted(Path(os.environ.get("MS_OM_PATH", ".")).glob(f"rank_{run.rank}/om/analyze_fail.ir"))
-    graph = f"; MindSpore's account of the graph: {analysis[0]}" if analysis else ""
+    analysis = Path(os.environ.get("MS_OM_PATH", ".")) / f"rank_{run.rank}" / "om" / "analyze_fail.ir"
+    written = analysis.is_file() and analysis.stat().st_mtime >= STARTED  # not one an earlier process left there
+    graph = f"; MindSpore's account of the graph: {analysis}" if written else ""
     return (f"model {run.cfg.model.name!r} (recipe {run.cfg.recipe_name}) does not compile or fails its first "
             f"step: {reason} (full trace in {trace_file(run)}{graph})")
 

@@ -94,6 +94,26 @@ def test_each_job_of_a_multirun_gets_its_own_account_of_the_graph(tmp_path):
     assert not (sweep / "0-tinynet_o2" / "rank_0").exists()
 
 
+def test_a_graph_account_an_earlier_process_left_is_not_named(tmp_path, monkeypatch):
+    """A run directory kept after a model that did not compile, started again: when this process fails in its
+    first step without a new analyze_fail.ir, the line does not offer the earlier process's as this failure's."""
+    import os
+    import types
+
+    import train
+    left = tmp_path / "rank_0" / "om" / "analyze_fail.ir"
+    left.parent.mkdir(parents=True)
+    left.write_text("the earlier graph")
+    os.utime(left, (train.STARTED - 60, train.STARTED - 60))
+    monkeypatch.setenv("MS_OM_PATH", str(tmp_path))
+    run = types.SimpleNamespace(rank=0, run_dir=tmp_path, is_main=True,
+                                cfg=types.SimpleNamespace(model=types.SimpleNamespace(name="tinynet"),
+                                                          recipe_name="tinynet_o2"))
+    assert "account of the graph" not in train.compile_error(run, RuntimeError("For 'MatMul' ..."))
+    left.touch()  # written by this process
+    assert f"account of the graph: {left}" in train.compile_error(run, RuntimeError("For 'MatMul' ..."))
+
+
 def one_error(result) -> str:
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
