@@ -336,8 +336,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     log.info("command: python %s", shlex.join(sys.argv))  # also in .hydra/overrides.yaml
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())
-    # MindSpore's analyze_fail.ir: in this run's directory (each job of -m its own), not in the cwd
-    os.environ["MS_OM_PATH"] = USERS_OM_PATH or str(run_dir.resolve())
+    os.environ["MS_OM_PATH"] = USERS_OM_PATH or str(run_dir.resolve())  # analyze_fail.ir: this run's, not the cwd
     for note in device_notes(cfg.runtime, device):
         log.info(note)
     if smoke_note:
@@ -347,13 +346,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     if task(cfg) == "translation":  # the run keeps the tokenizer its token ids come from
         keep_tokenizer(cfg, run_dir, rank, resuming=start.checkpoint is not None)
     if rank == 0:
-        config_file = run_dir / "config.yaml"
-        if start.checkpoint and config_file.exists():  # a resume: keep the first config, add this one beside it
-            config_file = run_dir / f"config.resume-{len(list(run_dir.glob('config*.yaml')))}.yaml"
-        try:
-            config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        except OSError as e:
-            raise write_error(config_file, e) from None
+        write_run_config(cfg, run_dir, resuming=start.checkpoint is not None)
     seed_everything(cfg.runtime.seed)
     sink, sink_note = sink_mode(device, cfg.trainer.sink, shapes_vary=task(cfg) == "translation",
                                 max_steps=cfg.trainer.max_steps, profile=cfg.runtime.profile)
@@ -388,6 +381,17 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
                           start.step if start.checkpoint else None)
     return Run(cfg, run_dir, device, rank, world, sink, steps_per_epoch, per_step, test_ds, writer, lr, StepTimer(),
                evaluator, t_start, smoke_note)
+
+
+def write_run_config(cfg, run_dir: Path, resuming: bool) -> None:
+    """The run's config.yaml; a resume keeps the first and writes its own beside it (config.resume-N.yaml)."""
+    config_file = run_dir / "config.yaml"
+    if resuming and config_file.exists():
+        config_file = run_dir / f"config.resume-{len(list(run_dir.glob('config*.yaml')))}.yaml"
+    try:
+        config_file.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    except OSError as e:
+        raise write_error(config_file, e) from None
 
 
 def rank_logging() -> None:
