@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600, env=None) -> subprocess.CompletedProcess:
     """Run one of the project's commands as a user would, in a fresh process (`env`: added variables)."""
-    env = dict(os.environ, **(env or {}))
+    env = {**{k: v for k, v in os.environ.items() if k != "MS_OM_PATH"}, **(env or {})}  # an in-process
+    # train() of an earlier test sets MS_OM_PATH to its run directory: not the place for this command's files
     env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])), HYDRA_FULL_ERROR="0")
     return subprocess.run([sys.executable, *script.split(), *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
