@@ -116,7 +116,7 @@ def weights_argv(argv: List[str]) -> Tuple[List[str], Optional[Path], str]:
     """amp.audit and amp.report: the command line to compose, the checkpoint to load (None: the network's initial
     weights) and what weights these are, in words. A shipped weight (see `shipped`): its manifest's recipe and
     overrides under the command line's other keys. A train.py checkpoint: its run's recipe unless recipe= is
-    given. Any other: the command line's recipe."""
+    given (as_trained then reads its whole config). Any other: the command line's recipe."""
     weight = shipped(argv)
     if weight is not None:
         return weight.overrides, weight.path, f"shipped weights {weight.name} ({weight.path}, sha256 verified)"
@@ -129,6 +129,16 @@ def weights_argv(argv: List[str]) -> Tuple[List[str], Optional[Path], str]:
             rest = [f"recipe={load_run_config(run).recipe_name}", *rest]
         return rest, path, f"checkpoint {path}"
     return rest, None, "freshly initialised"
+
+
+def as_trained(cfg, checkpoint: Optional[Path], argv: List[str]):
+    """amp.audit and amp.report: a train.py checkpoint's network is its run's (its config.yaml, the command line's
+    keys over it, as eval.py reads it), not the recipe as written: a run's num_classes, model.params or smoke
+    model differ. Any other weights: cfg as composed."""
+    if checkpoint is None or run_of_checkpoint(checkpoint) is None:
+        return cfg
+    cfg.checkpoint = str(checkpoint)
+    return run_config_for(cfg, user_keys(argv))[0]
 
 
 def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):

@@ -160,3 +160,18 @@ def test_audit_and_report_look_at_the_weights_they_are_given():
     assert top(audited.stdout) > 5 * top(fresh.stdout)
     wrong = run_cli("-m amp.audit", "weights=lenet_fashion_o2", "recipe=resnet34_o2")
     assert wrong.returncode == 2 and "drop recipe=" in wrong.stderr
+
+
+def test_a_runs_checkpoint_is_looked_at_in_its_runs_network(tmp_path_factory):
+    """checkpoint= of a train.py run: the network its run trained (its config.yaml: here 3 input channels), not the
+    recipe as written (1), or the weights would not load."""
+    from tests.conftest import finished_run_dir
+    run = finished_run_dir(tmp_path_factory, "three_channels", "recipe=lenet_o2", "dataset.channels=3", "+model.params.in_channels=3",
+                           "trainer.max_steps=2", "logger.progress_bar=false")
+    [ckpt] = (run / "checkpoints").glob("*.ckpt")
+    report = run_cli("-m amp.report", f"checkpoint={ckpt}")
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "| fc3 | Dense | float16 |" in report.stdout and f"checkpoint {ckpt}" in report.stdout
+    audited = run_cli("-m amp.audit", f"checkpoint={ckpt}")
+    assert audited.returncode == 0, audited.stderr[-2000:]
+    assert f"weights: checkpoint {ckpt}" in audited.stdout

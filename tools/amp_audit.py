@@ -37,7 +37,7 @@ from amp.ranking import EXACT
 from data import create_dataset
 from engine.checkpoint import load_weights
 from engine.load import load_config, user_keys, validate
-from engine.weights import weights_argv
+from engine.weights import as_trained, weights_argv
 from models import build_model
 from zoo.cli import pop_option
 from zoo.errors import ConfigError, fail
@@ -177,10 +177,12 @@ def to_markdown(result: Dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def audit_config(argv: List[str]):
-    """(config, note or None) for the audit: the recipe's own data, or a stand-in batch where the recipe's
-    default data path is absent (one given on the command line must exist)."""
+def audit_config(argv: List[str], checkpoint=None):
+    """(config, note or None) for the audit: the recipe's own data (a train.py checkpoint: its run's config), or
+    a stand-in batch where the recipe's default data path is absent (one given on the command line must exist)."""
     cfg, smoke_note = load_config(argv, needs_data=False)
+    cfg = as_trained(cfg, checkpoint, argv)
+    smoke_note = smoke_note if cfg.dataset.path is None else None
     path = cfg.dataset.path
     if (path is None or Path(path).expanduser().exists() or "dataset.path" in user_keys(argv)
             or cfg.dataset.name != "mnist"):
@@ -202,7 +204,7 @@ def main(argv: List[str]) -> None:
         out = str(check_writable(out, "--json"))
     try:
         argv, checkpoint, weights = weights_argv(argv)  # a trained network's activations are what fp16 must hold
-        cfg, smoke_note = audit_config(argv)
+        cfg, smoke_note = audit_config(argv, checkpoint)
         if smoke_note:
             print(smoke_note, file=sys.stderr)
         set_context(cfg.runtime)

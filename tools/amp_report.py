@@ -14,7 +14,7 @@ from amp.policy import apply_policy
 from amp.precision import diff, precision_report, to_markdown
 from engine.checkpoint import load_weights
 from engine.load import load_config
-from engine.weights import weights_argv
+from engine.weights import as_trained, weights_argv
 from models import build_model
 from zoo.config import LEVELS
 from zoo.errors import fail
@@ -26,6 +26,7 @@ def build_report(overrides: List[str]) -> Dict:
     overrides, checkpoint, weights = weights_argv(overrides)
     # a report builds the network and reads no data
     cfg, _ = load_config(overrides, needs_data=False, smoke=checkpoint is None)
+    cfg = as_trained(cfg, checkpoint, overrides)
     net = build_model(cfg)
     if checkpoint is not None:
         load_weights(net, checkpoint, cfg.model.name)
