@@ -69,12 +69,18 @@ def not_learning(amp_cfg, final: dict, num_classes: int, lr: float, fell_back: b
         ladder_too = "" if amp_cfg.get("fallback", {}).get("enabled") else ", or train with amp.fallback.enabled=true"
         return (f"the run ends with a loss that is not finite ({loss}): its weights are not usable; look at the "
                 f"learning rate (optimizer.lr={lr:g}) and the data{ladder_too}")
-    if "top1" not in final:  # no accuracy: the loss alone (translation has one: token top-1, chance 1/vocabulary)
+    if "bleu" in final:  # translation: token top-1 counts padding and frequent tokens; the loss against a
+        uniform = math.log(max(num_classes, 2))  # uniform guess over the vocabulary (label smoothing keeps it)
+        if finite and loss < uniform:
+            return None
+        scores = f"loss {loss:.4g}, a uniform guess over {num_classes:,} tokens {uniform:.4g}; BLEU {final['bleu']:.2f}"
+    elif "top1" in final:
+        chance = 1.0 / max(num_classes, 1)
+        if final["top1"] > 1.5 * chance and finite:
+            return None
+        scores = f"top-1 {final['top1']:.2%}, chance {chance:.2%}; loss {loss:.4g}"
+    else:  # no measure of learning beyond a finite loss
         return None
-    chance = 1.0 / max(num_classes, 1)
-    if final["top1"] > 1.5 * chance and finite:
-        return None
-    scores = f"top-1 {final['top1']:.2%}, chance {chance:.2%}; loss {loss:.4g}"
     if not fell_back:
         return (f"the run ends no better than chance ({scores}): train it longer, or look at the learning rate "
                 f"(optimizer.lr={lr:g}) and the data")

@@ -365,6 +365,11 @@ def test_the_fallback_ladder_says_when_precision_is_not_the_cause():
     assert not_learning(o2, {"bleu": 30.0, "loss": 2.1}, 10, 1e-3) is None  # translation: the loss alone
     assert "not finite" in not_learning(o2, {"bleu": 0.0, "loss": float("inf")}, 10, 1e-3)
     assert "not finite" in not_learning(o2, {"top1": 0.9, "loss": float("nan")}, 10, 1e-3, fell_back=False)
+    # translation: the loss against a uniform guess over the vocabulary (ln 1000 = 6.91), not token top-1
+    stuck = {"top1": 0.05, "bleu": 0.0, "loss": 7.2}
+    assert "a uniform guess over 1,000 tokens 6.908" in not_learning(o0, stuck, 1000, 1e-3)
+    assert "the cause is not precision" in not_learning(o0, stuck, 1000, 1e-3)
+    assert not_learning(o2, {"top1": 0.03, "bleu": 0.01, "loss": 5.49}, 1000, 1e-3, fell_back=False) is None
     assert "amp.fallback.enabled=true" in not_learning(o2, {"loss": float("nan")}, 10, 1e-3, fell_back=False)
     with_ladder = OmegaConf.merge(o2, {"fallback": {"enabled": True}})  # on, and it never stepped down
     assert "fallback" not in not_learning(with_ladder, {"top1": 0.9, "loss": float("inf")}, 10, 1e-3, fell_back=False)
