@@ -28,10 +28,12 @@ def load_config(argv: List[str], composed=None, smoke: bool = True,
     dataset.path (benchmarks of the full-size network on synthetic batches); needs_data=False: a tool that
     only builds the network (amp.report) accepts a dataset.path that is not on this machine."""
     argv = expand_home(argv)
+    if composed is None:
+        no_hydra_flags(argv)
     check_slips(argv)
     import_plugins()
     try:
-        cfg = composed if composed is not None else compose(hydra_flags(argv)[1])
+        cfg = composed if composed is not None else compose(argv)
     except Exception as e:  # Hydra/OmegaConf composition errors
         raise ConfigError(one_line(e, argv)) from None
     cfg, note, kept = apply_smoke(cfg, user_keys(argv)) if smoke else (cfg, None, [])
@@ -44,6 +46,15 @@ def load_config(argv: List[str], composed=None, smoke: bool = True,
         raise
     cfg.description = describe(cfg, argv)
     return cfg, note
+
+
+def no_hydra_flags(argv: List[str]) -> None:
+    """The commands that are not Hydra applications (eval.py, export.py, the amp tools) take key=value overrides
+    only: a Hydra flag there is one line, not silently dropped."""
+    flags = hydra_flags(argv)[0]
+    if flags:
+        raise ConfigError(f"{flags[0]}: this command takes key=value overrides only (Hydra's flags, such as --cfg "
+                          f"job, are train.py's)")
 
 
 # Keys that say how a run is driven, not what it trains: a description need not name them.

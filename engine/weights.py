@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Tuple
 
-from engine.load import load_config, user_keys, validate
+from engine.load import load_config, no_hydra_flags, user_keys, validate
 from engine.rundir import load_run_config, run_config_for, run_of_checkpoint
 from zoo.compose import expand_home, hydra_flags
 from zoo.errors import ConfigError, choices_hint
@@ -117,6 +117,7 @@ def weights_argv(argv: List[str]) -> Tuple[List[str], Optional[Path], str]:
     weights) and what weights these are, in words. A shipped weight (see `shipped`): its manifest's recipe and
     overrides under the command line's other keys. A train.py checkpoint: its run's recipe unless recipe= is
     given (as_trained then reads its whole config). Any other: the command line's recipe."""
+    no_hydra_flags(argv)
     weight = shipped(argv)
     if weight is not None:
         return weight.overrides, weight.path, f"shipped weights {weight.name} ({weight.path}, sha256 verified)"
@@ -146,10 +147,7 @@ def checkpoint_config(argv: List[str], suffix: str = ".eval.json"):
     weight: its manifest's recipe, sha256 checked first, the command line's keys over it (any key of that
     recipe); a train.py checkpoint: its run's config.yaml; any other: the command line's recipe. Notes go to
     stderr."""
-    flags = hydra_flags(argv)[0]
-    if flags:  # not a Hydra application: its flags would be ignored
-        raise ConfigError(f"{flags[0]}: this command takes key=value overrides only (Hydra's flags, such as --cfg "
-                          f"job, are train.py's)")
+    no_hydra_flags(argv)
     if "resume" in user_keys(argv):
         raise ConfigError("resume is train.py's (it continues a training run); give checkpoint=FILE or weights=NAME")
     cfg, note = weights_config(argv, suffix)

@@ -63,3 +63,18 @@ def test_eval_names_a_hydra_flag_it_would_ignore():
         checkpoint_config(["weights=lenet_fashion_o0", "--cfg", "job"])
     with pytest.raises(ConfigError, match=r"^resume is train.py's"):
         checkpoint_config(["weights=lenet_fashion_o0", "resume=auto"])
+
+
+def test_the_amp_tools_name_a_hydra_flag_they_would_ignore():
+    """amp.report / amp.audit (and anything else that composes through load_config outside train.py) are no
+    Hydra applications either: `--cfg job` there is one line, with weights= or without."""
+    from engine.load import load_config
+    from engine.weights import weights_argv
+    from zoo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--cfg=job: this command takes key=value overrides only"):
+        weights_argv(["weights=lenet_fashion_o3", "--cfg", "job"])
+    with pytest.raises(ConfigError, match=r"^--cfg=job: this command takes key=value overrides only"):
+        load_config(["recipe=lenet_o2", "--cfg", "job"])
+    result = run_cli("-m amp.report", "recipe=lenet_o2", "--cfg", "job")
+    assert result.returncode == 2 and result.stderr.startswith("error: --cfg=job: this command takes"), result.stderr
