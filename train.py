@@ -10,6 +10,7 @@ Everything lands in the run directory.
 """
 import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
+import filecmp
 import json
 import logging
 import os
@@ -298,7 +299,8 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
 def start_from(cfg) -> Tuple[Any, Optional[Tuple[Path, str]]]:
     """weights=NAME (a shipped weight, sha256 checked) or checkpoint=FILE: the weights a new run starts from, not
     a resume (its optimizer and schedule start fresh). A translation weight, or the checkpoint of a translation run
-    that kept its tokenizer, brings that tokenizer (its token ids) unless dataset.params.spm_model is given."""
+    that kept its tokenizer, brings that tokenizer (its token ids); another dataset.params.spm_model is the
+    user's choice, with a warning."""
     if cfg.weights and cfg.checkpoint:
         raise ConfigError(f"weights={cfg.weights} and checkpoint={cfg.checkpoint}: give one to start from")
     if cfg.checkpoint:
@@ -313,7 +315,12 @@ def start_from(cfg) -> Tuple[Any, Optional[Tuple[Path, str]]]:
         tokenizer, init = shipped_tokenizer(entry, path), (path, f"weights {name} (sha256 verified)")
     else:
         return cfg, None
-    if tokenizer and task(cfg) == "translation" and not cfg.dataset.params.get("spm_model"):
+    given = cfg.dataset.params.get("spm_model") if task(cfg) == "translation" else None
+    if tokenizer and given and Path(given).expanduser().is_file() and not filecmp.cmp(Path(given).expanduser(),
+                                                                                        tokenizer, shallow=False):
+        log.warning("dataset.params.spm_model=%s is not the tokenizer of the %s (%s): their embeddings index that "
+                    "one's pieces, so each of yours starts from another piece's vector", given, init[1], tokenizer)
+    if tokenizer and task(cfg) == "translation" and not given:
         with open_dict(cfg):
             cfg.dataset.params.spm_model = str(tokenizer)
     return cfg, init

@@ -4,6 +4,7 @@ behaviour, with nothing lost or silently changed."""
 import errno
 import hashlib
 import json
+import logging
 import os
 import resource
 import signal
@@ -337,7 +338,7 @@ def test_eval_of_a_translation_checkpoint_uses_the_runs_tokenizer(tmp_path):
         run_config_for(load_config(argv)[0], user_keys(argv))
 
 
-def test_a_run_started_from_a_translation_runs_checkpoint_takes_its_tokenizer(tmp_path):
+def test_a_run_started_from_a_translation_runs_checkpoint_takes_its_tokenizer(tmp_path, caplog):
     """train.py checkpoint=FILE (a fine-tune) of a translation run's checkpoint uses the tokenizer that run kept,
     as weights=NAME uses the weight's: its embeddings are for those token ids, not for a model trained anew."""
     from omegaconf import OmegaConf
@@ -352,6 +353,9 @@ def test_a_run_started_from_a_translation_runs_checkpoint_takes_its_tokenizer(tm
     cfg, init = train.start_from(load_config(["recipe=transformer_base_o2", f"checkpoint={ckpt}"])[0])
     assert cfg.dataset.params.get("spm_model") == str((run_dir / "tokenizer.model").resolve()) and init[0] == ckpt
     mine = tmp_path / "mine.model"
-    cfg, _ = train.start_from(load_config(["recipe=transformer_base_o2", f"checkpoint={ckpt}",
-                                           f"++dataset.params.spm_model={mine}"])[0])
+    mine.write_bytes(b"another model")
+    with caplog.at_level(logging.WARNING, logger="amp_zoo"):
+        cfg, _ = train.start_from(load_config(["recipe=transformer_base_o2", f"checkpoint={ckpt}",
+                                               f"++dataset.params.spm_model={mine}"])[0])
     assert cfg.dataset.params.spm_model == str(mine), "a tokenizer given is the user's choice"
+    assert "mine.model is not the tokenizer of the checkpoint" in caplog.text, "and it is said, not silent"
