@@ -248,8 +248,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
     done = finished(cfg, run_dir, start)
     if done is not None:
         forget_this_command(run_dir)
-        print(f"{run_dir} is finished ({done['steps']:,} steps, {done['epochs']} epochs): nothing to do; to train "
-              f"it further, resume with a larger trainer.epochs", flush=True)
+        print(finished_note(run_dir, done, cfg.trainer.max_steps), flush=True)
         return done.get("final", {}).get("top1", 0.0)
     run = setup(cfg, run_dir, smoke_note, start)
     if start.params is not None:  # a resume: its earlier processes' time counts
@@ -449,6 +448,17 @@ def finished(cfg, run_dir: Path, start: Start) -> Optional[dict]:
     else:  # a metrics.json from before steps_per_epoch was recorded
         more = t.epochs > done["epochs"] or (t.max_steps and t.max_steps > done["steps"])
     return None if more or start.step != done["steps"] else done
+
+
+def finished_note(run_dir: Path, done: dict, max_steps: int) -> str:
+    """What a resume of a finished run says, naming the key that ended it: a run cut by trainer.max_steps
+    goes further only with a larger one, whatever trainer.epochs says."""
+    if max_steps and done["steps"] >= max_steps and done["steps"] < done["epochs"] * done.get("steps_per_epoch", 0):
+        return (f"{run_dir} is finished at step {done['steps']:,} of {done['epochs'] * done['steps_per_epoch']:,} "
+                f"(trainer.max_steps={max_steps:,}, trainer.epochs={done['epochs']}): nothing to do; to train it "
+                f"further, resume with a larger trainer.max_steps (0: to the end of trainer.epochs)")
+    return (f"{run_dir} is finished ({done['steps']:,} steps, {done['epochs']} epochs): nothing to do; to train "
+            f"it further, resume with a larger trainer.epochs")
 
 
 def step_of(params: Optional[dict]) -> int:

@@ -57,6 +57,20 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run):
         {k: v for k, v in before.items() if k != "train.log"}, "no config.resume-N.yaml, no new checkpoint"
 
 
+def test_a_finished_run_names_the_key_that_ended_it(tmp_path):
+    """A run cut by trainer.max_steps continues only with a larger max_steps: pointing at trainer.epochs,
+    which a user would raise to no effect, was wrong."""
+    from train import finished_note
+    cut = {"steps": 300, "epochs": 10, "steps_per_epoch": 125}
+    assert finished_note(tmp_path, cut, 300) == (
+        f"{tmp_path} is finished at step 300 of 1,250 (trainer.max_steps=300, trainer.epochs=10): nothing to do; "
+        f"to train it further, resume with a larger trainer.max_steps (0: to the end of trainer.epochs)")
+    for max_steps in (0, 2000):  # the epochs ended it
+        note = finished_note(tmp_path, {**cut, "steps": 1250}, max_steps)
+        assert note.endswith("(1,250 steps, 10 epochs): nothing to do; to train it further, resume with a larger "
+                             "trainer.epochs")
+
+
 def test_a_second_process_is_refused_while_the_first_holds_the_directory(finished_run):
     claim(finished_run)  # this test process stands for a run in progress
     try:
