@@ -279,10 +279,10 @@ def run_config_for(cfg, given: List[str]) -> tuple:
     run = load_run_config(run_dir)
     if "recipe" in given and cfg.recipe_name != run.recipe_name:
         raise ConfigError(f"recipe={cfg.recipe_name}, but checkpoint={cfg.checkpoint} belongs to a {run.recipe_name} "
-                          f"run ({run_dir / 'config.yaml'}); drop recipe= to evaluate it as it was trained")
+                          f"run ({run_dir / 'config.yaml'}); drop recipe= to use it as it was trained")
     out = OmegaConf.merge(run, _with_given(run, cfg, [k for k in given if k != "recipe"] + ["checkpoint", "output"]))
     kept = kept_tokenizer(run_dir)
     if kept is not None:  # the run's own, though a `dataset=` group is given; another one given is refused
         check_tokenizer(out.dataset, kept)
         OmegaConf.update(out, SPM_MODEL, str(kept), force_add=True)
-    return out, f"evaluating with the config of the run it belongs to: {run.recipe_name} ({run_dir / 'config.yaml'})"
+    return out, f"using the config of the run it belongs to: {run.recipe_name} ({run_dir / 'config.yaml'})"

@@ -170,7 +170,7 @@ def lenet_checkpoint(tmp_path_factory):
 def test_a_signal_during_evaluation_writes_nothing(lenet_checkpoint, tmp_path):
     out_file = tmp_path / "eval.json"
     code, out = signal_when(start("eval.py", f"checkpoint={lenet_checkpoint}", f"output={out_file}"),
-                            signal.SIGINT, "evaluating with the config of the run")  # then it builds and evaluates
+                            signal.SIGINT, "using the config of the run")  # then it builds and evaluates
     if code == 0:
         pytest.skip("the evaluation finished before the signal")
     assert code in (130, 143), out[-2000:]
@@ -226,6 +226,7 @@ def test_export_leaves_no_partial_file(lenet_checkpoint, tmp_path):
     out = tmp_path / "lenet.mindir"
     result = run_cli("export.py", f"checkpoint={lenet_checkpoint}", f"output={out}")
     assert result.returncode == 0, result.stderr[-2000:]
+    assert "using the config of the run it belongs to: lenet_o2" in result.stderr  # export evaluates nothing
     assert [p.name for p in tmp_path.iterdir()] == ["lenet.mindir"] and out.stat().st_size > 0
 
 

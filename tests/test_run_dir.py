@@ -122,7 +122,7 @@ def test_eval_without_recipe_uses_the_runs_config(finished_run, tmp_path):
     metrics = json.loads((finished_run / "metrics.json").read_text())
     out = run_cli("eval.py", f"checkpoint={ckpt}", f"output={tmp_path / 'e.json'}")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "evaluating with the config of the run it belongs to: lenet_o0" in out.stderr
+    assert "using the config of the run it belongs to: lenet_o0" in out.stderr
     record = json.loads((tmp_path / "e.json").read_text())
     assert record["recipe"] == "lenet_o0" and record["top1"] == pytest.approx(metrics["final"]["top1"])
     wrong = run_cli("eval.py", "recipe=lenet_o2", f"checkpoint={ckpt}")
