@@ -85,6 +85,7 @@ def test_search_keeps_exactly_the_overflowing_cell_and_resumes(plugin):
     assert (root / "out" / "search.png").stat().st_size > 0
     recipe = (root / "out" / "rescalenet_o2_searched.yaml").read_text()
     assert "- rescalenet_o2" in recipe and "keep_fp32: [rescale]" in recipe
+    assert "# Copy this file beside rescalenet_o2.yaml and run" in recipe  # a fork's recipes/recipe/, not recipes/
     # the winning policy as a user runs it: only the rescale computes in fp32
     (root / "recipes" / "recipe" / "rescalenet_o2_searched.yaml").write_text(recipe)
     report = run_cli("-m amp.report", args[0], "recipe=rescalenet_o2_searched", env=env)

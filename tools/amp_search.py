@@ -326,7 +326,7 @@ def searched_recipe(result: dict, out: Path) -> Optional[Path]:
             f"# {result['recipe']} with the policy `python -m amp.search recipe={result['recipe']}` found: the most low\n"
             f"# precision within {result['tolerance']:g} {result['metric']} of O0 over seeds {result['seeds']} "
             f"({c['low_flops']:.1%} of FLOPs, {c['delta']:+.2f}).\n"
-            f"# Copy this file into recipes/ and run: python train.py recipe={name}\n"
+            f"# Copy this file beside {result['recipe']}.yaml and run: python train.py recipe={name}\n"
             f"defaults:\n  - {result['recipe']}\n  - _self_\n\n"
             f"description: {result['recipe']} with the amp.search policy (O3, keep-list of {len(c['keep_fp32'])})\n\n"
             f"amp:\n  level: O3\n  keep_fp32: [{', '.join(c['keep_fp32'])}]\n")
