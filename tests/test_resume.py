@@ -147,7 +147,7 @@ def test_resume_auto_starts_a_run_then_continues_it(tmp_path):
     assert not list(run_dir.glob("config.resume-*.yaml"))  # a start, not a resume
     again = run_cli(*cmd, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert f"{run_dir} is finished (3 steps" in again.stdout
+    assert f"{run_dir} is finished at step 3 of" in again.stdout and "a larger trainer.max_steps" in again.stdout
     assert len(list((tmp_path / "runs" / "lenet_o0").iterdir())) == 1
 
 
