@@ -10,7 +10,6 @@ Everything lands in the run directory.
 """
 import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
-import filecmp
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from engine.load import load_config, user_keys, validate
 from engine.metrics import NetWithEval, metrics
 from engine.optim import lr_schedule, scaled_lr, schedule_moved
 from engine.rundir import (claim, claim_by_rank0, keep_tokenizer, kept_tokenizer, refuse_fresh_start, resume_config,
-                           run_of_checkpoint)
+                           run_of_checkpoint, same_tokenizer)
 from engine.step import build_train_step
 from engine.weights import find as find_weights, shipped_tokenizer
 from models.decoding import translate
@@ -315,8 +314,7 @@ def start_from(cfg) -> Tuple[Any, Optional[Tuple[Path, str]]]:
     else:
         return cfg, None
     given = cfg.dataset.params.get("spm_model") if task(cfg) == "translation" else None
-    if tokenizer and given and Path(given).expanduser().is_file() and not filecmp.cmp(Path(given).expanduser(),
-                                                                                        tokenizer, shallow=False):
+    if tokenizer and given and Path(given).expanduser().is_file() and not same_tokenizer(given, tokenizer):
         log.warning("dataset.params.spm_model=%s is not the tokenizer of the %s (%s): their embeddings index that "
                     "one's pieces, so each of yours starts from another piece's vector", given, init[1], tokenizer)
     if tokenizer and task(cfg) == "translation" and not given:

@@ -260,11 +260,16 @@ def keep_tokenizer(cfg, run_dir, rank: int, resuming: bool) -> None:
         cfg.dataset.params.spm_model = str(kept.resolve())
 
 
+def same_tokenizer(model, kept: Path) -> bool:
+    """Whether the sentencepiece model file `model` is `kept`, by content (a copy elsewhere is the same model)."""
+    return filecmp.cmp(Path(str(model)).expanduser(), kept, shallow=False)
+
+
 def check_tokenizer(dataset_cfg, kept: Path) -> None:
     """A spm_model given for a run that keeps its tokenizer: refused unless it is the same model, since another
     would change the token ids the checkpoints were trained on (a plausible wrong BLEU)."""
     given = dataset_cfg.params.get("spm_model")
-    if given and not filecmp.cmp(tokenizer_file(dataset_cfg), kept, shallow=False):
+    if given and not same_tokenizer(tokenizer_file(dataset_cfg), kept):
         raise ConfigError(f"dataset.params.spm_model={given} is not the tokenizer this run was trained with "
                           f"({kept}); drop it (the run's own is used), or train a new run with it")
 
