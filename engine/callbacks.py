@@ -19,6 +19,7 @@ from mindspore.train import Callback
 from tqdm import tqdm
 
 from amp.telemetry import crossed
+from zoo import interrupt
 from zoo.errors import write_error
 
 log = logging.getLogger("amp_zoo")
@@ -106,7 +107,8 @@ class SafeWriter:
         if self.failed:
             return None
         try:
-            return getattr(self.writer, name)(*args, **kwargs)
+            with interrupt.deferred():  # its queue's lock and wake-up are not safe to cut short (zoo.interrupt)
+                return getattr(self.writer, name)(*args, **kwargs)
         except Exception as e:  # noqa: BLE001  (OSError from the event file, or from its writer thread)
             self._fail(e)
             return None
@@ -301,6 +303,8 @@ class GracefulStop(Callback):
         self.seen = run_context.original_args().cur_step_num
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.previous[sig] = signal.signal(sig, self._handler)
+        if interrupt.received() is not None:  # a signal that MindSpore's compiler swallowed (zoo.interrupt): stop
+            self._handler(interrupt.received(), None)
 
     def on_train_step_end(self, run_context):
         cb = run_context.original_args()

@@ -210,6 +210,23 @@ def test_a_single_process_stops_at_the_next_step_and_names_the_signal():
     assert saved == [4] and stop.signal == "SIGINT"
 
 
+def test_a_signal_the_compiler_swallowed_stops_at_the_first_step(monkeypatch):
+    """MindSpore's compiler may clear the Interrupted a signal raised (zoo.interrupt): training still stops at its
+    first step and saves, instead of running to the end with exit 0."""
+    import signal
+    from zoo import interrupt
+    monkeypatch.setattr(interrupt, "_received", [signal.SIGTERM])
+    saved = []
+    stop = GracefulStop(lambda net, step: saved.append(step))
+    ctx = Context()
+    stop.on_train_begin(ctx)
+    try:
+        drive([stop], Counters(), ctx, 3, 1)
+    finally:
+        stop.on_train_end(ctx)
+    assert saved == [1] and ctx.stopped and stop.signum == signal.SIGTERM
+
+
 def test_the_device_id_is_left_to_mindspore_unless_the_user_sets_one(monkeypatch):
     calls = []
     monkeypatch.setattr(ms, "set_device", lambda *args: calls.append(args))

@@ -6,10 +6,18 @@ the shell's exit code for the signal (128 + its number: 130 for SIGINT, 143 for 
 evaluating, decoding); the command that knows what it wrote catches it and calls `exit_line` with that. One that
 is not caught (a signal while modules import) still ends in the one line, through `sys.excepthook`. Training
 itself stops more gently: engine.callbacks.GracefulStop finishes the step and saves first.
+
+An exception raised at any bytecode is not safe everywhere, so two places are guarded:
+- inside `deferred()` (the TensorBoard writer's calls) a signal waits for the block's end: raised between a
+  `Condition`'s release and its bookkeeping, it loses the writer thread's wake-up and the exit hangs for ever;
+- C code may swallow the exception (MindSpore's compiler probes Python attributes with PyObject_HasAttr, which
+  clears any error): `received()` still knows, GracefulStop stops at the next step, and `finished()` ends the
+  command with the signal's code instead of exit 0.
 """
 import os
 import signal
 import sys
+from contextlib import contextmanager
 from typing import Optional
 
 NOTHING = "nothing was written; run the command again"
@@ -32,11 +40,27 @@ class Interrupted(BaseException):
 
 
 _received: list = []  # the signals this process received (read by `received`; written by the handler alone)
+_deferring = [0]      # how deep in `deferred()` blocks the main thread is
 
 
 def _raise(signum, frame):
     _received.append(signum)
-    raise Interrupted(signum)
+    if not _deferring[0]:
+        raise Interrupted(signum)
+
+
+@contextmanager
+def deferred():
+    """A block that a stop signal does not cut short: a signal that arrives in it raises `Interrupted` when the
+    block ends."""
+    before = len(_received)
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+    if not _deferring[0] and len(_received) > before:
+        raise Interrupted(_received[before])
 
 
 def received() -> Optional[int]:
@@ -73,7 +97,15 @@ def install() -> None:
     sys.excepthook = _hook
 
 
+SWALLOWED = "the signal came while MindSpore compiled, which cannot be stopped, and the command then finished: " \
+            "what it wrote is complete"
+
+
 def finished() -> None:
-    """The command's work is done and reported: a signal from here on (while Python shuts down) changes nothing."""
+    """The command's work is done and reported: a signal from here on (while Python shuts down) changes nothing.
+    A signal received before, that C code swallowed, still ends the command with its code, so that
+    `train.py && eval.py` stops where the user asked it to."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    if _received:
+        exit_line(Interrupted(_received[0]), SWALLOWED)
