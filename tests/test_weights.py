@@ -11,7 +11,7 @@ import mindspore as ms
 from omegaconf import OmegaConf
 
 from bench.verify import data_here, verify
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 from zoo.errors import ConfigError
 from engine.load import flatten
 from engine.weights import FIELDS, WEIGHTS, find, read_manifest, sha256
@@ -75,17 +75,17 @@ def test_verify_gets_a_lenet_weights_number_back():
     assert row["ok"], row
 
 
-def test_eval_by_name_writes_outside_the_repository():
+def test_eval_by_name_writes_outside_the_repository(tmp_path):
+    """From any directory: the result goes to ./runs/weights/, not into weights/ of the checkout."""
     if data_here(ENTRIES["lenet_fashion_o0"]) is None:
         pytest.skip(f"needs Fashion-MNIST: {FASHION}")
-    out = run_cli("eval.py", "weights=lenet_fashion_o0")
+    out = run_cli(str(ROOT / "eval.py"), "weights=lenet_fashion_o0", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "weights lenet_fashion_o0: sha256 verified" in out.stderr
     record = json.loads(out.stdout.splitlines()[-2])
     assert record["top1"] == pytest.approx(ENTRIES["lenet_fashion_o0"]["metric"]["top1"], abs=2e-4)
-    assert not list(WEIGHTS.glob("*.json")) or sorted(p.name for p in WEIGHTS.glob("*.json")) == ["MANIFEST.json"]
-    assert Path("runs/weights/lenet_fashion_o0.eval.json").exists() or \
-        (Path(__file__).resolve().parent.parent / "runs/weights/lenet_fashion_o0.eval.json").exists()
+    assert sorted(p.name for p in WEIGHTS.glob("*.json")) == ["MANIFEST.json"]
+    assert json.loads((tmp_path / "runs/weights/lenet_fashion_o0.eval.json").read_text())["split"] == "test"
 
 
 def test_a_weight_takes_any_key_of_its_own_recipe(tmp_path):
