@@ -361,8 +361,12 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     steps_per_epoch = create_dataset(cfg.dataset, "train", shard).get_dataset_size()
     by_tokens = cfg.dataset.max_tokens > 0  # token batching: throughput counts a step's (padded) token budget
     per_step = (cfg.dataset.max_tokens if by_tokens else cfg.dataset.batch_size) * world
-    log.info("data: %s, %d steps of %s per epoch", cfg.dataset.path or "embedded", steps_per_epoch,
-             f"up to {cfg.dataset.max_tokens} tokens" if by_tokens else cfg.dataset.batch_size)
+    t = cfg.trainer
+    capped = t.max_steps and t.max_steps < t.epochs * steps_per_epoch  # the run ends before its epochs do
+    log.info("data: %s, %d steps of %s per epoch%s", cfg.dataset.path or "embedded", steps_per_epoch,
+             f"up to {cfg.dataset.max_tokens} tokens" if by_tokens else cfg.dataset.batch_size,
+             f"; the run ends at step {t.max_steps} (trainer.max_steps), in epoch "
+             f"{planned_epochs(t.epochs, t.max_steps, steps_per_epoch)} of {t.epochs}" if capped else "")
     writer = None
     if cfg.logger.tensorboard and rank == 0:  # TensorBoard drops a killed process's events from here on (from
         # step 0 when it died before its first checkpoint and the run starts over)

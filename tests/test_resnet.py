@@ -218,7 +218,8 @@ def test_resnet34_o2_smoke_run_from_a_fresh_checkout(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["smoke"].startswith("SMOKE RUN") and metrics["steps"] == 40
-    assert "SMOKE RUN" in (tmp_path / "train.log").read_text()
+    log = (tmp_path / "train.log").read_text()
+    assert "SMOKE RUN" in log and "the run ends at step 40 (trainer.max_steps), in epoch 1 of 1" in log
     # the pipeline learns: the training loss falls from ln(10) + noise. After 40 steps BatchNorm's running
     # statistics are young, so the eval top-1 swings with the seed (0.19-0.53 over seeds 1-3); above chance
     events = EventAccumulator(str(tmp_path / "tb"))
