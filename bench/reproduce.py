@@ -135,11 +135,18 @@ def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
               "throughput": metrics.get("samples_per_s"), "throughput_unit": metrics.get("throughput_unit"),
               "wall_time_s": training_wall_time(run_dir) or metrics["wall_time_s"],
               "machine": machine_kind(metrics.get("machine") or machine())}  # trained here, unless it says otherwise
+    run_cfg = OmegaConf.load(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else None
+    if run_cfg is not None and run_cfg.trainer.get("update_freq", 1) > 1:  # steps count batches
+        record["update_freq"] = int(run_cfg.trainer.update_freq)
     if metric.startswith("bleu"):  # the published protocol: averaged checkpoints, beam, test split
         result = scorer(run_dir)
         test = result["averaged_test_2016_flickr"]
-        record.update(value=test[metric], cased=test["bleu"], val=result["averaged_val"][metric],
+        record.update(value=test[metric], val=result["averaged_val"][metric],
                       protocol=f"last {len(result['averaged'])} averaged, beam {result['beam']}")
+        if run_cfg is not None and run_cfg.dataset.params.get("lowercase"):  # a lowercase model: the paper's scorer
+            record["moses_lc"] = test["bleu_moses_lc"]                     # (its cased score says nothing)
+        else:
+            record["cased"] = test["bleu"]
     else:
         value = metrics["final"][metric]
         record.update(value=round(100 * value if metric.startswith("top") else value, 2), protocol="final checkpoint",
@@ -421,12 +428,17 @@ def render(rows: List[dict]) -> str:
         values = [x["value"] for x in runs]
         ours = f"**{statistics.mean(values):.2f}**" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
         ours += f" ({', '.join(f'{v:.2f}' for v in values)})" if len(values) > 1 else ""
-        if "cased" in runs[0]:
-            ours += f"; cased {statistics.mean(x['cased'] for x in runs):.2f}, val {statistics.mean(x['val'] for x in runs):.2f}"
+        if "moses_lc" in runs[0]:
+            ours += f"; paper's scorer {statistics.mean(x['moses_lc'] for x in runs):.2f}"
+        elif "cased" in runs[0]:
+            ours += f"; cased {statistics.mean(x['cased'] for x in runs):.2f}"
+        if "val" in runs[0]:
+            ours += f", val {statistics.mean(x['val'] for x in runs):.2f}"
         sibling = family(r["recipe"]) + "_o0"
         cpu = machines.get(r["recipe"])
         notes = [runs[0]["device"] + (f" ({cpu})" if cpu else ""), runs[0]["amp"], runs[0]["protocol"],
-                 f"{runs[0]['steps']:,} steps"]
+                 f"{runs[0]['steps']:,} steps" + (f" ({runs[0]['steps'] // runs[0]['update_freq']:,} updates of "
+                                                  f"{runs[0]['update_freq']})" if runs[0].get("update_freq") else "")]
         overflows = sum(x["overflow_steps"] for x in runs)
         if r["level"] != "O0":
             notes.append(f"{overflows} overflowed steps")

@@ -296,6 +296,29 @@ def test_a_scorer_that_fails_keeps_the_run_and_scores_it_next_time(tmp_path, fak
     assert "**40.50**" in next(line for line in table.splitlines() if "`transformer_tiny_multi30k_o0`" in line)
 
 
+def test_a_lowercase_run_is_shown_with_the_papers_scorer_and_its_updates(tmp_path, fake_runner, monkeypatch):
+    """The published Multi30k setting writes lowercase and accumulates 2 batches an update: its row gives the
+    paper's scorer (bleu_moses_lc) beside sacrebleu's, not a cased score of lowercase output, and its updates."""
+    data = tmp_path / "multi30k"
+    data.mkdir()
+    seeds(monkeypatch, transformer_tiny_multi30k_o2=[1])
+
+    def runner(cmd, log):
+        code = fake_runner(cmd, log)
+        run_dir = rp.Path(dict(a.split("=", 1) for a in cmd[2:] if "=" in a)["hydra.run.dir"])
+        (run_dir / "config.yaml").write_text("trainer: {update_freq: 2}\ndataset: {params: {lowercase: true}}\n")
+        return code
+    test = {"bleu_lowercase": 40.61, "bleu": 8.4, "bleu_moses_lc": 40.52}
+    scored = lambda run_dir: {"averaged_test_2016_flickr": test, "averaged_val": test,  # noqa: E731
+                              "averaged": list(range(10)), "beam": 5}
+    table = rp.reproduce(recipes=["transformer_tiny_multi30k_o2"], given={"multi30k": str(data)},
+                         runs=tmp_path / "runs", out=tmp_path / "out", runner=runner, readme=None,
+                         scorer=scored)["table"]
+    row = next(line for line in table.splitlines() if "`transformer_tiny_multi30k_o2`" in line)
+    assert "**40.61**; paper's scorer 40.52, val 40.61" in row and "cased" not in row
+    assert "18,740 steps (9,370 updates of 2)" in row
+
+
 def test_a_signal_while_scoring_says_the_run_is_kept(tmp_path, fake_runner, monkeypatch):
     """A stop signal while bench.multi30k decodes (minutes) ends reproduce with a line that says the run is
     trained and the same command scores it, not 'nothing was written'."""
