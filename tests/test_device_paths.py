@@ -3,6 +3,7 @@ whole sink to cur_step_num before a host step's callbacks run), the device and s
 under msrun, saturation-mode overflow checks, and bf16 on a 910A. What only a device can confirm is listed in
 the README's "Ascend and GPU" section."""
 import logging
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -175,6 +176,16 @@ def test_profile_window_is_real_steps_after_the_compile_step(monkeypatch, tmp_pa
     assert (tmp_path / "profile.md").exists()
 
 
+@contextmanager
+def handling(stop, ctx):
+    """GracefulStop's signal handlers in place for the block, as between on_train_begin and on_train_end."""
+    stop.on_train_begin(ctx)
+    try:
+        yield
+    finally:
+        stop.on_train_end(ctx)
+
+
 def test_ranks_stop_together_at_the_next_boundary():
     saved = []
     asks = []
@@ -185,11 +196,8 @@ def test_ranks_stop_together_at_the_next_boundary():
 
     stop = GracefulStop(lambda net, step: saved.append(step), agree=agree, every=10)
     ctx = Context()
-    stop.on_train_begin(ctx)
-    try:
+    with handling(stop, ctx):
         drive([stop], Counters(), ctx, 30, 1)
-    finally:
-        stop.on_train_end(ctx)
     assert saved == [20] and stop.step == 20 and ctx.stopped, "acts at the boundary every rank reaches"
     assert stop.signal == "a signal to another rank" and asks == [False, False]
 
@@ -198,15 +206,11 @@ def test_a_single_process_stops_at_the_next_step_and_names_the_signal():
     import os
     import signal
     saved = []
-    stop = GracefulStop(lambda net, step: saved.append(step))
-    ctx = Context()
-    stop.on_train_begin(ctx)
-    try:
+    stop, ctx = GracefulStop(lambda net, step: saved.append(step)), Context()
+    with handling(stop, ctx):
         drive([stop], Counters(), ctx, 3, 1)
         os.kill(os.getpid(), signal.SIGINT)
         drive([stop], Counters(), ctx, 3, 1)
-    finally:
-        stop.on_train_end(ctx)
     assert saved == [4] and stop.signal == "SIGINT"
 
 
@@ -217,13 +221,9 @@ def test_a_signal_the_compiler_swallowed_stops_at_the_first_step(monkeypatch):
     from zoo import interrupt
     monkeypatch.setattr(interrupt, "_received", [signal.SIGTERM])
     saved = []
-    stop = GracefulStop(lambda net, step: saved.append(step))
-    ctx = Context()
-    stop.on_train_begin(ctx)
-    try:
+    stop, ctx = GracefulStop(lambda net, step: saved.append(step)), Context()
+    with handling(stop, ctx):
         drive([stop], Counters(), ctx, 3, 1)
-    finally:
-        stop.on_train_end(ctx)
     assert saved == [1] and ctx.stopped and stop.signum == signal.SIGTERM
 
 
