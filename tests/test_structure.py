@@ -282,9 +282,22 @@ def test_the_configuration_doc_names_every_key():
     assert [k for k in schema_keys() if not named(k)] == []
 
 
+def _anchors(text: str) -> set:
+    """The #anchors GitHub gives a Markdown file's headings: lowercased, punctuation dropped, spaces to hyphens,
+    a repeated one numbered."""
+    import re
+    seen, out = {}, set()
+    for heading in re.findall(r"^#+\s+(.+?)\s*$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", re.sub(r"`|\*\*|\[([^]]*)\]\([^)]*\)", r"\1", heading).lower()).replace(" ", "-")
+        out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
 def test_every_link_in_the_docs_leads_somewhere():
     """A relative link in a tracked Markdown file (README, docs/, recipes/, lab/, bench/ results) names a file or
-    folder of the repository, relative to the file the link is in: the one a reader's click opens."""
+    folder of the repository, relative to the file the link is in: the one a reader's click opens; and its
+    #anchor, if any, a heading of that file (in recipe cards too: `docs/x.md#anchor` in a comment)."""
     import re
     import subprocess
     files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
@@ -295,10 +308,18 @@ def test_every_link_in_the_docs_leads_somewhere():
     def leads(name, target):
         path = os.path.normpath(os.path.join(os.path.dirname(name), target))
         return path in tracked or path == "."
-    broken = [f"{name}: {target}" for name in files if name.endswith(".md")
-              for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / name).read_text())
-              if not target.startswith(("http:", "https:", "mailto:")) and not leads(name, target)]
+    links = [(name, target, anchor) for name in files if name.endswith(".md")
+             for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", (ROOT / name).read_text())
+             if not target.startswith(("http:", "https:", "mailto:"))]
+    broken = [f"{name}: {target}" for name, target, _ in links if target and not leads(name, target)]
     assert broken == [], "a link to a file that is not in the repository"
+    cards = [(name, target, anchor) for name in files if name.startswith("recipes/") and name.endswith(".yaml")
+             for target, anchor in re.findall(r"(docs/[\w.-]+\.md)#([\w-]+)", (ROOT / name).read_text())]
+    anchored = [(name, os.path.normpath(os.path.join(os.path.dirname(name), target)) if target else name, anchor)
+                for name, target, anchor in links if anchor] + cards
+    lost = [f"{name}: {path}#{anchor}" for name, path, anchor in anchored
+            if path.endswith(".md") and (ROOT / path).is_file() and anchor not in _anchors((ROOT / path).read_text())]
+    assert lost == [], "a link to a heading that the file does not have"
 
 
 def test_no_import_waits_for_a_start_up_trick():

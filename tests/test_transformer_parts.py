@@ -138,7 +138,7 @@ def test_tiny_recipes_compose_as_published(recipe):
     d, t = cfg.dataset.params, cfg.trainer  # the published setting: lowercased Moses text, 10k BPE, ~8k tokens
     assert (d.lowercase, d.moses, d.spm_type, d.vocab_size, cfg.model.num_classes) == (True, True, "bpe", 10000, 10000)
     assert (cfg.dataset.max_tokens * t.update_freq, t.max_steps // t.update_freq, t.epochs) == (8192, 8000, 124)
-    old = compose([f"recipe={recipe}", "setting=cased_4k"])  # the setting before 2026-11-27: one override away
+    old = compose([f"recipe={recipe}", "setting=cased_4k"])  # the earlier default setting: one override away
     assert (old.trainer.update_freq, old.trainer.max_steps, old.trainer.epochs, old.dataset.params.vocab_size) == (
         1, 8000, 60, 8000) and "lowercase" not in old.dataset.params
 
