@@ -79,6 +79,21 @@ def build_peer(vocab: int, d: int, heads: int, ffn: int, layers: int, dropout: f
     return Peer()
 
 
+def peer_step(model, src):
+    """The peer as a models.decoding Step for one batch: its own prefix, the whole of it decoded again each step."""
+    import torch
+
+    memory, src_pad = model.encode(src)
+    prefix = []
+
+    def step(last, t, keep):
+        prefix.append(torch.from_numpy(np.asarray(last)).long())
+        logits = model.decode(torch.stack(prefix, 1), memory, src_pad)[:, -1]
+        ids = logits.argmax(-1, keepdim=True)
+        return torch.log_softmax(logits, -1).gather(1, ids).numpy(), ids.numpy()
+    return step
+
+
 def greedy_bleu(model, cfg, split_cfg) -> dict:
     """Greedy val decoding with the peer, scored as bench.multi30k scores our checkpoints at beam 1."""
     import torch
@@ -89,15 +104,7 @@ def greedy_bleu(model, cfg, split_cfg) -> dict:
     hyps, t0 = [""] * len(examples), time.perf_counter()
     with torch.no_grad():
         for take, src in decode_batches(examples, min(cfg.decode.batch_size, len(examples))):
-            src = torch.from_numpy(src).long()
-            memory, src_pad = model.encode(src)
-            prefix = []
-
-            def step(last, t, keep):
-                prefix.append(torch.from_numpy(np.asarray(last)).long())
-                logits = model.decode(torch.stack(prefix, 1), memory, src_pad)[:, -1]
-                ids = logits.argmax(-1, keepdim=True)
-                return torch.log_softmax(logits, -1).gather(1, ids).numpy(), ids.numpy()
+            step = peer_step(model, torch.from_numpy(src).long())
             for j, h in zip(take, greedy(step, len(src), max_len)[: len(take)]):
                 hyps[j] = sp.decode(h)
     model.train()
