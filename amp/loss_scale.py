@@ -140,7 +140,8 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         overflow = ops.logical_and(self.overflow_of(grads, status), ops.logical_not(bad_input))
         if self.update_freq > 1:  # a Python constant
             # 2: an fp16 overflow (skip, and the scale steps down at the update), 1: bad input (skip only)
-            loss = self.accumulate(loss, grads, ops.cast(overflow, mstype.int32) * 2 + ops.cast(bad_input, mstype.int32))
+            loss = self.accumulate(loss, grads,
+                                   ops.cast(overflow, mstype.int32) * 2 + ops.cast(bad_input, mstype.int32))
         else:
             overflow = self.process_loss_scale(overflow)
             if not ops.logical_or(overflow, bad_input):
@@ -154,7 +155,8 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
             ops.assign_add(self.amp_skipped_steps, ov + bad)
         ops.assign(self.amp_steps_since_overflow, (self.amp_steps_since_overflow + 1) * (1 - ov))
         ops.assign_add(self.amp_floor_overflows, at_floor)
-        ops.assign_add(self.amp_nonfinite_losses, ops.cast(ops.logical_not(ops.isfinite(loss)), mstype.int32) * (1 - bad))
+        ops.assign_add(self.amp_nonfinite_losses,
+                       ops.cast(ops.logical_not(ops.isfinite(loss)), mstype.int32) * (1 - bad))
         ops.assign_add(self.amp_nonfinite_inputs, bad)
         return loss, overflow, scale
 

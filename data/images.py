@@ -123,7 +123,8 @@ def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
         raise ConfigError(f"{folder} has no images in class sub-folders (looked for "
                           f"{', '.join(sorted(DECODED))}, in any case)" + (
                               f"; it holds {flat:,} images directly: sort them into one sub-folder per class "
-                              f"(ImageNet's val/ ships flat: its devkit's labels say each image's class)" if flat else ""))
+                              f"(ImageNet's val/ ships flat: its devkit's labels say each image's class)"
+                              if flat else ""))
     check_decodable(folder)
     classes = folder_classes(root)
     extra = sorted(set(image_classes(folder)) - set(classes))

@@ -72,7 +72,8 @@ def read_idx(path: Path, kind: str) -> np.ndarray:
         with opener(path, "rb") as f:
             data = f.read()
     except (OSError, EOFError) as e:
-        raise ConfigError(f"{path} cannot be read as {'gzip' if path.suffix == '.gz' else 'an idx file'}: {e}") from None
+        raise ConfigError(f"{path} cannot be read as {'gzip' if path.suffix == '.gz' else 'an idx file'}: "
+                          f"{e}") from None
     if not data:
         raise ConfigError(f"{path} is empty (0 bytes); an MNIST idx {kind} file starts with the magic number "
                           f"{IDX_MAGIC[kind]}: a failed download or copy?")

@@ -100,7 +100,8 @@ def _read_lines(path: Path, key: str) -> List[str]:
                 raise ConfigError(f"{candidate} cannot be read as {'gzip' if candidate.suffix == '.gz' else 'text'}: "
                                   f"{e}") from None
     lang = path.suffix
-    here = sorted({f.name.split(lang)[0] for f in path.parent.glob(f"*{lang}*") if f.name.endswith((lang, lang + ".gz"))})
+    here = sorted({f.name.split(lang)[0] for f in path.parent.glob(f"*{lang}*")
+                   if f.name.endswith((lang, lang + ".gz"))})
     raise ConfigError(f"{path} (or .gz) does not exist; a translation data set is {{prefix}}.{{lang}} files, one "
                       f"sentence per line" + (f"; the {lang[1:]} files here are {', '.join(here)}: set "
                                               f"dataset.params.{key} to one of them" if here else ""))

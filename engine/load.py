@@ -184,8 +184,8 @@ def validate(cfg, needs_data: bool = True) -> None:
                           f"{cfg.dataset.name} files")
     if needs_data and cfg.dataset.path is not None and not Path(cfg.dataset.path).expanduser().exists():
         if cfg.dataset.params.get("install"):  # data a system package provides (dataset.params.install says how)
-            raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist: install {cfg.dataset.params.install}, "
-                              f"or set dataset.path to a folder with its files")
+            raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist: install "
+                              f"{cfg.dataset.params.install}, or set dataset.path to a folder with its files")
         raise ConfigError(f"dataset.path={cfg.dataset.path!r} does not exist; give a folder with the "
                           f"{cfg.dataset.name} files, or leave it unset for the embedded data")
     check_devices(cfg)

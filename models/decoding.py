@@ -96,7 +96,8 @@ def beam_search(step: Step, batch: int, beam: int, max_len: int, alpha: float = 
             break
     out = []
     for b in range(batch):
-        pool = finished[b] or [(scores[b, j] / length_penalty(max_len - 1, alpha, form), tokens[b * beam + j, 1:].tolist())
+        pool = finished[b] or [(scores[b, j] / length_penalty(max_len - 1, alpha, form),
+                                tokens[b * beam + j, 1:].tolist())
                                for j in range(beam) if np.isfinite(scores[b, j])]
         out.append(max(pool, key=lambda x: x[0])[1])
     return out

@@ -12,7 +12,8 @@ fairseq: `dropout` on embeddings and sublayer outputs, `attention_dropout` on at
 
 Speed (each choice measured on a CPU step: docs/benchmarks.md, "The Transformer at real scale"): every
 matmul is 2-D (a 3-D activation times a 2-D weight makes MindSpore broadcast the weight to every sentence, and
-reduce it again in the backward); self-attention projects Q, K and V in one matmul; masks are additive biases built once.
+reduce it again in the backward); self-attention projects Q, K and V in one matmul; masks are additive biases
+built once.
 
 Decoding (`models/decoding.py`) runs `decode_step`: one target position per call, with the keys and values of
 earlier positions in fixed-shape caches (rows, heads, max_len, head dim) per layer, so graph mode compiles
