@@ -66,7 +66,8 @@ def result_path(cfg, argv) -> Path:
         return Path(cfg.output)
     default = Path(cfg.output or f"{cfg.checkpoint}.eval.json")
     split = split_of(cfg)
-    return default if split == "test" else default.with_name(f"{default.name.removesuffix('.eval.json')}.{split}.eval.json")
+    return default if split == "test" else \
+        default.with_name(f"{default.name.removesuffix('.eval.json')}.{split}.eval.json")
 
 
 def hypotheses_file(cfg) -> Path:
@@ -88,7 +89,8 @@ def main(argv) -> None:
     partial.replace(out)
     print(json.dumps(record))
     beam = f"  (beam {result['beam']})" if "beam" in result else ""
-    print(f"{record['split']} split of {record['data']}: {summary(result, cfg.target.metric)}{beam}  (written to {out})")
+    print(f"{record['split']} split of {record['data']}: {summary(result, cfg.target.metric)}{beam}  "
+          f"(written to {out})")
 
 
 if __name__ == "__main__":

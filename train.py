@@ -634,7 +634,8 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "recipe": cfg.recipe_name, "model": cfg.model.name, "dataset": cfg.dataset.name,
         "data": cfg.dataset.path or "embedded", "device": run.device, "mode": str(cfg.runtime.mode),
         "sink": run.sink, "amp_level": rung.policy.level, "amp_dtype": rung.policy.dtype,
-        "batch_size": cfg.dataset.batch_size, "world_size": run.world, "global_batch": cfg.dataset.batch_size * run.world,
+        "batch_size": cfg.dataset.batch_size, "world_size": run.world,
+        "global_batch": cfg.dataset.batch_size * run.world,
         "epochs": cfg.trainer.epochs, "steps": steps_done, "steps_per_epoch": run.steps_per_epoch,
         "wall_time_s": round(run.wall_before_s + time.perf_counter() - run.t_start, 2),  # all processes of the run
         "train_time_s": round(run.trained_s, 2), **run.timer.summary(run.per_step),

@@ -60,8 +60,8 @@ def table(results) -> str:
         target = f"{t:.1f} ({reached}/{len(ok)} reached {ok[0]['target'] * scale:g}{unit})" if t else \
             f"not reached ({ok[0]['target'] * scale:g}{unit})"
         lines.append(
-            f"| {recipe}{' (smoke)' if ok[0]['smoke'] else ''} | {level} | {ls} | {len(ok)} | {_fmt(m, s, scale)}{unit} | "
-            f"{target} | {thr:.0f} | {thr / thr0:.2f}x | {mem / mem0:.2f}x | {comp:.1f} | "
+            f"| {recipe}{' (smoke)' if ok[0]['smoke'] else ''} | {level} | {ls} | {len(ok)} | "
+            f"{_fmt(m, s, scale)}{unit} | {target} | {thr:.0f} | {thr / thr0:.2f}x | {mem / mem0:.2f}x | {comp:.1f} | "
             f"{sum(r['overflow_steps'] or 0 for r in ok)} |")
     return "\n".join(lines)
 

@@ -183,7 +183,8 @@ def plot_curves(rows: List[dict], out: Path) -> List[Path]:
             steps, values = zip(*rec["curve"])
             done = rec in row["runs"]
             ax.plot(steps, values, marker="o", markersize=3, linestyle="-" if done else "--",
-                    label=f"{row['recipe']} seed {rec['seed']}" + ("" if done else f" (unfinished, epoch {rec['epoch']})"))
+                    label=f"{row['recipe']} seed {rec['seed']}"
+                    + ("" if done else f" (unfinished, epoch {rec['epoch']})"))
         ax.set_xlabel("step")
         ax.set_ylabel(f"test {runs[0][0]['target']['metric']}")
         ax.set_title(f"{fam}: every precision level at equal steps")
@@ -455,7 +456,8 @@ def render(rows: List[dict]) -> str:
                 f"{speed[r['recipe']] / speed[sibling]:.2f}x O0's throughput" if cpu and cpu == machines[sibling]
                 else "throughput not compared: O0 trained on another machine"))
         hours = sum(x["wall_time_s"] for x in runs) / len(runs) / 60
-        rate = f", {speed[r['recipe']]:,.0f} {runs[0].get('throughput_unit') or 'samples'}/s" if speed[r["recipe"]] else ""
+        rate = (f", {speed[r['recipe']]:,.0f} {runs[0].get('throughput_unit') or 'samples'}/s"
+                if speed[r["recipe"]] else "")
         here.append(head + f"| {ours} | {len(runs)} | {hours:.0f} min a run{rate} | {'; '.join(notes)} |")
     found = sorted({(r["group"], shown_path(r["data"])) for r in rows if r["data"] is not None})
     parts = ["\n".join(here) + "\n"]
@@ -464,7 +466,8 @@ def render(rows: List[dict]) -> str:
     if len(absent) > 2:
         parts.append("Not run here, for want of their data:\n\n" + "\n".join(absent) + "\n")
     if sources:
-        parts.append("Published settings and sources:\n\n" + "\n".join(f"{i}. {s}" for i, s in enumerate(sources, 1)) + "\n")
+        parts.append("Published settings and sources:\n\n"
+                     + "\n".join(f"{i}. {s}" for i, s in enumerate(sources, 1)) + "\n")
     return "\n".join(parts)
 
 

@@ -2,8 +2,8 @@
 
 Takes the run's final checkpoint (for translation, the last decode.average_last epoch checkpoints averaged,
 as the published protocol scores them), keeps the network's parameters only (no optimizer moments, no
-loss-scale state or AMP counters), writes weights/NAME.ckpt (fp32, or fp16 with --fp16 for large models; a translation run's sentencepiece
-model beside it as weights/NAME.spm.model),
+loss-scale state or AMP counters), writes weights/NAME.ckpt (fp32, or fp16 with --fp16 for large models; a
+translation run's sentencepiece model beside it as weights/NAME.spm.model),
 scores that file on the full test split, and writes its entry in weights/MANIFEST.json: sha256, bytes,
 parameter count, recipe and overrides, the commit that trained it, MindSpore version and machine, the metric
 with its scorer, the published anchor, and the command that re-evaluates it (bench.verify runs them all).

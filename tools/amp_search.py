@@ -323,7 +323,8 @@ def searched_recipe(result: dict, out: Path) -> Optional[Path]:
         return None
     name = f"{result['recipe']}_searched"
     text = (f"# @package _global_\n"
-            f"# {result['recipe']} with the policy `python -m amp.search recipe={result['recipe']}` found: the most low\n"
+            f"# {result['recipe']} with the policy `python -m amp.search recipe={result['recipe']}` found: "
+            f"the most low\n"
             f"# precision within {result['tolerance']:g} {result['metric']} of O0 over seeds {result['seeds']} "
             f"({c['low_flops']:.1%} of FLOPs, {c['delta']:+.2f}).\n"
             f"# Copy this file beside {result['recipe']}.yaml and run: python train.py recipe={name}\n"
@@ -345,7 +346,8 @@ def check_settings(cfg, argv: List[str]) -> List[str]:
     valid = [m for m in METRICS if m in ("top1", "top5", "loss") or task(cfg) == "translation"]
     metric = s.metric or cfg.target.metric
     if metric not in valid:
-        raise ConfigError(f"search.metric={metric!r} is not a metric of this {task(cfg)} recipe; valid: {', '.join(valid)}")
+        raise ConfigError(f"search.metric={metric!r} is not a metric of this {task(cfg)} recipe; valid: "
+                          f"{', '.join(valid)}")
     if not s.seeds or any(seed < 0 for seed in s.seeds) or len(set(s.seeds)) != len(s.seeds):
         raise ConfigError(f"search.seeds={list(s.seeds)} must be one or more distinct seeds >= 0, e.g. [1,2]")
     base = [a for a, key in zip(argv, keys) if not key.startswith("search.")]
