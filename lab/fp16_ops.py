@@ -84,11 +84,13 @@ def main(argv) -> dict:
             rounds[name].append(timed(fn, args, repeats))
     print(f"{'op':<16} {'ms':>8} {'cores busy':>11}   (shape {'x'.join(map(str, dims))})")
     for name, rs in rounds.items():
-        best = {"ms": statistics.median(r["ms"] for r in rs), "cores_busy": statistics.median(r["cores_busy"] for r in rs)}
+        best = {"ms": statistics.median(r["ms"] for r in rs),
+                "cores_busy": statistics.median(r["cores_busy"] for r in rs)}
         result["ops"][name] = best
         print(f"{name:<16} {best['ms']:>8.2f} {best['cores_busy']:>11.2f}")
     for op in ("relu", "add"):
-        print(f"{op}: fp16 takes {result['ops'][f'{op} fp16']['ms'] / result['ops'][f'{op} fp32']['ms']:.1f}x fp32's time")
+        print(f"{op}: fp16 takes {result['ops'][f'{op} fp16']['ms'] / result['ops'][f'{op} fp32']['ms']:.1f}x "
+              f"fp32's time")
     save_result("fp16_ops", result, out)
     return result
 

@@ -39,7 +39,8 @@ def replaced_forms():
             setattr(obj, name, old)
 
     def logits_3d(self, x):  # ops.matmul of a 3-D activation with the 2-D table: broadcast to every sentence
-        return ops.matmul(x, ops.cast(self.embed.embedding_table, x.dtype).T).reshape(-1, self.embed.embedding_table.shape[0])
+        return ops.matmul(x, ops.cast(self.embed.embedding_table, x.dtype).T).reshape(
+            -1, self.embed.embedding_table.shape[0])
 
     def heads_sliced(self, x, parts):  # one head-major tensor, then sliced into Q, K, V
         b, t, _ = x.shape

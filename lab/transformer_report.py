@@ -42,7 +42,8 @@ def speed_tables(lines):
         data = json.loads(path.read_text())
         lines += [f"### Train step against PyTorch (`{path.name}`)", "", on_machine(data) +
                   f"{data['peer']}; ours: {data.get('onednn', '')}. {data['rounds']} rounds of "
-                  f"{data['steps_per_round']} steps per variant, alternating; ratios are medians of per-round ratios.", "",
+                  f"{data['steps_per_round']} steps per variant, alternating; ratios are medians of per-round "
+                  f"ratios.", "",
                   "| shape | variant | ms/step | time vs our O0 | time vs PyTorch |", "|---|---|---:|---:|---:|"]
         for shape, rows in data["shapes"].items():
             for name, r in rows.items():
@@ -191,7 +192,8 @@ def main(argv) -> Path:
     lines = ["# Transformer benchmarks (CPU)", "",
              "Measured on this project's 2-core x86 machines (24 GiB, no accelerator), mindspore 2.10.0 (CPU build), "
              "Python 3.11; a table whose result recorded its machine names it (earlier ones: an Intel Xeon). "
-             "Nothing here ran on Ascend or GPU. Regenerate: `python -m lab.transformer_report OUT_DIR RUN_DIR...`.", ""]
+             "Nothing here ran on Ascend or GPU. Regenerate: `python -m lab.transformer_report OUT_DIR RUN_DIR...`.",
+             ""]
     speed_tables(lines)
     parts_table(lines)
     decode_table(lines)

@@ -116,7 +116,8 @@ def main(argv) -> dict:
         result["shapes"][key] = rows
         for name, row in rows.items():
             print(f"{key} {name}: {row}", flush=True)
-    save_result("transformer_speed" + ("" if len(chosen) == len(SETTINGS) else "_" + "_".join(map(str, chosen))), result)
+    save_result("transformer_speed" + ("" if len(chosen) == len(SETTINGS) else "_" + "_".join(map(str, chosen))),
+                result)
     return result
 
 

@@ -4,7 +4,8 @@
                               [--checkpoint PATH]
 
 One real training batch of the recipe (its smoke data when no dataset.path is given), one set of weights:
-the initial ones, or a trained checkpoint's (gradients shrink as training converges, and underflow grows). The fp32 network's gradients are the reference; then the same weights under amp.level=O3 (every Cell
+the initial ones, or a trained checkpoint's (gradients shrink as training converges, and underflow grows).
+The fp32 network's gradients are the reference; then the same weights under amp.level=O3 (every Cell
 fp16) give gradients with the loss multiplied by each scale (and divided back). Per scale it reports the
 share of the fp32 gradient's non-zero values that come back as exactly zero (underflow), and the relative
 error of the whole gradient. bench.run's matrix trains the same recipe at O3 with no scale and with a dynamic
@@ -67,8 +68,9 @@ def main(argv) -> dict:
         tiny = sum(int((nonzero[k] & (np.abs(ref[k]) * scale < 2.0 ** -24)).sum()) for k in ref)
         rows.append({"scale": scale, "underflow_share": zeroed / total, "below_fp16_tiny_share": tiny / total,
                      "relative_error": err, "finite": finite})
-        print(f"{cfg.recipe_name} O3 ({'trained' if checkpoint else 'initial'} weights), loss scale {scale:g}: {100 * zeroed / total:.2f}% of the non-zero fp32 gradient "
-              f"values come back as 0; relative error {err:.3g}{'' if finite else ' (inf/NaN: overflow)'}")
+        print(f"{cfg.recipe_name} O3 ({'trained' if checkpoint else 'initial'} weights), loss scale {scale:g}: "
+              f"{100 * zeroed / total:.2f}% of the non-zero fp32 gradient values come back as 0; relative error "
+              f"{err:.3g}{'' if finite else ' (inf/NaN: overflow)'}")
     result = {"recipe": cfg.recipe_name, "weights": checkpoint or "initial", "values": total, "rows": rows}
     save_result(f"underflow-{cfg.recipe_name}{'-trained' if checkpoint else ''}", result, timed=False)
     return result
