@@ -100,7 +100,8 @@ def test_report_says_why(pynative_mode):
 
 def test_a_keep_path_that_is_not_a_sub_module_names_the_close_ones(pynative_mode):
     from zoo.errors import ConfigError
-    with pytest.raises(ConfigError, match=r"'haed' is neither a Cell class nor a sub-module of Tiny; did you mean head"):
+    with pytest.raises(ConfigError,
+                       match=r"'haed' is neither a Cell class nor a sub-module of Tiny; did you mean head"):
         observe("O3", ["haed"])
     with pytest.raises(ConfigError, match=r"did you mean LayerNorm"):
         observe("O3", ["layernorm"])

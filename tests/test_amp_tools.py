@@ -166,8 +166,8 @@ def test_a_runs_checkpoint_is_looked_at_in_its_runs_network(tmp_path_factory):
     """checkpoint= of a train.py run: the network its run trained (its config.yaml: here 3 input channels), not the
     recipe as written (1), or the weights would not load."""
     from tests.conftest import finished_run_dir
-    run = finished_run_dir(tmp_path_factory, "three_channels", "recipe=lenet_o2", "dataset.channels=3", "+model.params.in_channels=3",
-                           "trainer.max_steps=2", "logger.progress_bar=false")
+    run = finished_run_dir(tmp_path_factory, "three_channels", "recipe=lenet_o2", "dataset.channels=3",
+                           "+model.params.in_channels=3", "trainer.max_steps=2", "logger.progress_bar=false")
     [ckpt] = (run / "checkpoints").glob("*.ckpt")
     report = run_cli("-m amp.report", f"checkpoint={ckpt}")
     assert report.returncode == 0, report.stderr[-2000:]

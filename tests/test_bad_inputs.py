@@ -125,7 +125,8 @@ def test_bad_data_files(tmp_path, recipe, make, extra, message):
     data = tmp_path / "data"
     data.mkdir()
     make(data)
-    result = run_cli("train.py", f"recipe={recipe}", f"dataset.path={data}", *extra, f"hydra.run.dir={tmp_path / 'run'}")
+    result = run_cli("train.py", f"recipe={recipe}", f"dataset.path={data}", *extra,
+                     f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
     assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
@@ -163,7 +164,8 @@ READER_CASES = [
     ("transformer_base_o2", lambda d: (_text(b"a b\n", b"c d\n")(d), (d / "m.model").mkdir()),
      ["+dataset.params.spm_model={data}/m.model"], "m.model' is a directory; give a sentencepiece .model file"),
     ("resnet34_cifar10_o2", _cifar_label, [], "data_batch_1.bin holds label 12 in record 0; CIFAR-10 labels are 0-9"),
-    ("transformer_tiny_multi30k_o0", _text(b"a small dog runs\na cat sleeps\n", b"ein kleiner hund rennt\neine katze\n"),
+    ("transformer_tiny_multi30k_o0",
+     _text(b"a small dog runs\na cat sleeps\n", b"ein kleiner hund rennt\neine katze\n"),
      [], "the 2 training pairs fill no whole batch: the fullest length bucket (14 tokens) has 2 pairs, and a batch "
          "of it holds 292 (dataset.max_tokens=4096); lower dataset.max_tokens, or give more training pairs"),
 ]

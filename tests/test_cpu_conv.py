@@ -356,9 +356,9 @@ def test_a_resnet_in_the_blocked_layout_trains_as_mindspores(graph_mode, monkeyp
     between its kernels: its loss, every weight's gradient, the moving statistics after two steps and the
     evaluation output equal the same network's built from MindSpore's own Conv2d and BatchNorm (NCHW), where a
     layer of a channel count that the block does not divide stays NCHW. Compiled (train.py's mode): MindSpore
-    keeps one gradient per custom op name, so two convolutions sharing one would get each other's. ResNet-50's gradients are left out: at
-    these sizes a random Bottleneck network's are chaotic (a 1e-6 change to the input moves them by 20%, in
-    MindSpore's own network too), so only its forward numbers compare."""
+    keeps one gradient per custom op name, so two convolutions sharing one would get each other's. ResNet-50's
+    gradients are left out: at these sizes a random Bottleneck network's are chaotic (a 1e-6 change to the input
+    moves them by 20%, in MindSpore's own network too), so only its forward numbers compare."""
     monkeypatch.setattr(cpu_conv, "onednn_runs_avx512", lambda: block == 16)
     ms.set_seed(0)
     net = create_model(model, num_classes=10, stem=stem, in_channels=3, width=width)

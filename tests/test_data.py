@@ -153,7 +153,8 @@ def test_idx_files_a_folder_or_two_down_are_named(tmp_path):
     raw = tmp_path / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
     write_idx(raw, "train", np.zeros((4, 28, 28)), np.zeros(4))
-    with pytest.raises(ConfigError, match=f"has no train-images-idx3-ubyte .*: it is in {raw}, give dataset.path={raw}$"):
+    with pytest.raises(ConfigError,
+                       match=f"has no train-images-idx3-ubyte .*: it is in {raw}, give dataset.path={raw}$"):
         create_dataset(dataset_cfg(path=str(tmp_path)), "train")
 
 

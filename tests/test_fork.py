@@ -89,8 +89,8 @@ def test_each_job_of_a_multirun_gets_its_own_account_of_the_graph(tmp_path):
                      "trainer.max_steps=2", "logger.progress_bar=false", f"hydra.sweep.dir={sweep}", env=env)
     assert result.returncode == 2 and (sweep / "0-tinynet_o2" / "metrics.json").is_file(), result.stderr[-3000:]
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 1 and f"MindSpore's account of the graph: {sweep / '1-tinynet_o2' / 'rank_0/om/analyze_fail.ir'}" \
-        in errors[0], errors
+    graph = sweep / "1-tinynet_o2" / "rank_0/om/analyze_fail.ir"
+    assert len(errors) == 1 and f"MindSpore's account of the graph: {graph}" in errors[0], errors
     assert not (sweep / "0-tinynet_o2" / "rank_0").exists()
 
 

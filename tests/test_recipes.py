@@ -12,8 +12,8 @@ RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "reci
 
 def test_recipes_exist():
     assert {"lenet_o0", "lenet_o2", "lenet_o3", "resnet34_o0", "resnet34_o2", "resnet34_o3", "resnet34_cifar10_o2",
-            "transformer_base_o0", "transformer_base_o2", "transformer_tiny_multi30k_o0", "transformer_tiny_multi30k_o2",
-            "lenet_fashion_o0", "lenet_fashion_o2", "lenet_fashion_o3"} <= set(RECIPES)
+            "transformer_base_o0", "transformer_base_o2", "transformer_tiny_multi30k_o0",
+            "transformer_tiny_multi30k_o2", "lenet_fashion_o0", "lenet_fashion_o2", "lenet_fashion_o3"} <= set(RECIPES)
 
 
 @pytest.mark.parametrize("level", ["o0", "o2", "o3"])

@@ -158,12 +158,14 @@ def test_plan_prints_hours_first_and_plan_and_table_write_nothing(tmp_path, fake
                 runs=tmp_path / "runs", out=out, runner=fake_runner)
     rp.reproduce(**args, plan_only=True)
     printed = capsys.readouterr().out
-    assert "plan: lenet_fashion_o0 seed 1: about 1.5 h" in printed and "plan: lenet_fashion_o0 seed 2: about 1.5 h" in printed
+    assert "plan: lenet_fashion_o0 seed 1: about 1.5 h" in printed
+    assert "plan: lenet_fashion_o0 seed 2: about 1.5 h" in printed
     assert "plan: lenet_fashion_o2 seed 1: time unknown" in printed  # its one record trained at another setting
     assert "plan: 3 runs to train, about 3 hours" in printed and printed.index("plan:") < printed.index("would run:")
     assert not fake_runner.calls and sorted(p.name for p in out.iterdir()) == ["reproduce.json"]
     rp.reproduce(**args, only=[], write=False)  # --table
-    assert (out / "reproduce.json").read_text() == before and sorted(p.name for p in out.iterdir()) == ["reproduce.json"]
+    assert (out / "reproduce.json").read_text() == before
+    assert sorted(p.name for p in out.iterdir()) == ["reproduce.json"]
     assert rp.hours("transformer_tiny_multi30k_o2", rp.recipe_card("transformer_tiny_multi30k_o2")["target"], {}) > 1
 
 
@@ -217,7 +219,8 @@ def test_throughput_is_compared_only_between_runs_on_one_kind_of_machine():
         run = {"value": 91.0, "throughput": throughput, "device": "CPU", "amp": "x", "protocol": "final checkpoint",
                "steps": 10, "overflow_steps": 0, "wall_time_s": 60.0, "machine": cpu}
         return {"recipe": recipe, "level": recipe[-2:].upper(), "group": "fashion_mnist", "data": "/d", "runs": [run],
-                "target": {"published": 91.6, "metric": "top1", "published_setting": "s", "source": "src", "parity": 0.5}}
+                "target": {"published": 91.6, "metric": "top1", "published_setting": "s", "source": "src",
+                           "parity": 0.5}}
 
     same = rp.render([row("lenet_fashion_o0", 1000.0, "AMD EPYC"), row("lenet_fashion_o2", 500.0, "AMD EPYC")])
     assert "CPU (AMD EPYC)" in same and "0.50x O0's throughput" in same
@@ -234,7 +237,8 @@ def test_a_run_from_before_its_recipe_changed_says_so_and_is_not_compared():
         run = {"value": value, "throughput": 10.0, "device": "CPU", "amp": "x", "protocol": "p", "steps": 10,
                "overflow_steps": 0, "wall_time_s": 60.0, "machine": "AMD EPYC", "overrides": overrides}
         return {"recipe": recipe, "level": recipe[-2:].upper(), "group": "multi30k", "data": "/d", "runs": [run],
-                "target": {"published": 41.02, "metric": "bleu", "published_setting": "s", "source": "s", "parity": 1.0}}
+                "target": {"published": 41.02, "metric": "bleu", "published_setting": "s", "source": "s",
+                           "parity": 1.0}}
 
     table = rp.render([row("tiny_o0", 40.5, []), row("tiny_o2", 38.8, ["trainer.update_freq=1"])])
     o2 = next(line for line in table.splitlines() if "`tiny_o2`" in line)

@@ -189,7 +189,8 @@ def test_image_folder_class_count_must_match_the_model(tmp_path):
     with pytest.raises(ConfigError, match=r"model.num_classes=1000 does not match the 2 class folders of .*train "
                                           r"\(n01, n02\); set model.num_classes=2"):
         load_config(["recipe=resnet34_o2", f"dataset.path={tmp_path}"])
-    assert load_config(["recipe=resnet34_o2", f"dataset.path={tmp_path}", "model.num_classes=2"])[0].model.num_classes == 2
+    assert load_config(["recipe=resnet34_o2", f"dataset.path={tmp_path}",
+                        "model.num_classes=2"])[0].model.num_classes == 2
 
 
 def test_top5_of_a_network_with_five_classes_or_fewer_is_one():

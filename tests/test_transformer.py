@@ -243,10 +243,12 @@ def copy_model():
         lengths = rng.randint(3, 10, 32)
         body = [rng.randint(4, 24, n) for n in lengths]
         pad = lambda rows, w: np.stack([np.pad(r, (0, w - len(r))) for r in rows]).astype(np.int32)  # noqa: E731
-        step(ms.Tensor(pad([np.append(b, EOS) for b in body], 12)), ms.Tensor(pad([np.insert(b, 0, BOS) for b in body], 12)),
+        step(ms.Tensor(pad([np.append(b, EOS) for b in body], 12)),
+             ms.Tensor(pad([np.insert(b, 0, BOS) for b in body], 12)),
              ms.Tensor(pad([np.append(b, EOS) for b in body], 12)))
     net.set_train(False)
-    src = np.stack([np.pad(np.append(rng.randint(4, 24, n), EOS), (0, 12 - n - 1)) for n in (3, 6, 9, 5)]).astype(np.int32)
+    src = np.stack([np.pad(np.append(rng.randint(4, 24, n), EOS), (0, 12 - n - 1))
+                    for n in (3, 6, 9, 5)]).astype(np.int32)
     return net, src
 
 
@@ -261,7 +263,8 @@ def test_incremental_decoding_equals_full_recompute(copy_model, beam):
     ms.set_context(mode=ms.PYNATIVE_MODE)  # the reference grows by a token a step: a graph would compile each length
     try:
         step = full_recompute_step(net, src, beam, max_len, 2 * beam)
-        want = beam_search(step, len(src), beam, max_len, 1.0, "fairseq") if beam > 1 else greedy(step, len(src), max_len)
+        want = (beam_search(step, len(src), beam, max_len, 1.0, "fairseq") if beam > 1
+                else greedy(step, len(src), max_len))
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
     assert got == want
@@ -312,7 +315,8 @@ def test_transformer_recipe_end_to_end_with_averaging(tmp_path):
     one_shape = "dataset.params.buckets=[48]"  # one graph to compile instead of three (a user's key wins over smoke)
     cache = f"+dataset.params.cache_dir={tmp_path / 'cache'}"
     result = run_cli("train.py", "recipe=transformer_base_o2", "smoke.trainer.epochs=2", "decode.beam=2", one_shape,
-                     cache, "trainer.eval_every=0", "logger.progress_bar=false", f"hydra.run.dir={run_dir}")  # final eval only
+                     cache, "trainer.eval_every=0", "logger.progress_bar=false",  # final eval only
+                     f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["smoke"].startswith("SMOKE RUN") and metrics["final"]["beam"] == 2

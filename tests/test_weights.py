@@ -128,7 +128,8 @@ def test_a_translation_weight_brings_its_own_tokenizer(tmp_path):
     (folder / "t.ckpt").write_bytes(b"weights")
     (folder / "t.spm.model").write_bytes(b"tokenizer")
     entry = {"file": "t.ckpt", "sha256": sha256(folder / "t.ckpt"), "recipe": "transformer_base_o2",
-             "overrides": [], "command": "python eval.py weights=t dataset.path=/data/wmt14", "tokenizer": {"file": "t.spm.model", "sha256": sha256(folder / "t.spm.model")}}
+             "overrides": [], "command": "python eval.py weights=t dataset.path=/data/wmt14",
+             "tokenizer": {"file": "t.spm.model", "sha256": sha256(folder / "t.spm.model")}}
     (folder / "MANIFEST.json").write_text(json.dumps({"t": entry}))
     argv = [f"weights={folder / 't.ckpt'}"]
     with pytest.raises(ConfigError, match=r"transformer_base_o2 needs its data; give dataset.path=FOLDER"):
