@@ -9,7 +9,7 @@ The fp32 network's gradients are the reference; then the same weights under amp.
 fp16) give gradients with the loss multiplied by each scale (and divided back). Per scale it reports the
 share of the fp32 gradient's non-zero values that come back as exactly zero (underflow), and the relative
 error of the whole gradient. bench.run's matrix trains the same recipe at O3 with no scale and with a dynamic
-one, for the outcome; BENCHMARKS.md shows both.
+one, for the outcome; docs/benchmarks.md shows both.
 """
 from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
