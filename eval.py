@@ -85,6 +85,7 @@ def main(argv) -> None:
               "data": cfg.dataset.path or ("embedded (smoke)" if smoke_note else "embedded"),
               "target_metric": cfg.target.metric, **result}
     partial = out.with_name(f".{out.name}.partial")  # written whole or not at all
+    out.parent.mkdir(parents=True, exist_ok=True)  # output= may name a folder still to make (checked writable)
     partial.write_text(json.dumps(record, indent=2))
     partial.replace(out)
     print(json.dumps(record))

@@ -228,6 +228,5 @@ def weights_config(argv: List[str], suffix: str = ".eval.json"):
                           f"as in {weight.entry['command']}")
     if out.output is None:
         out.output = str(Path("runs", "weights", weight.name + suffix))
-        check_writable(Path(out.output).parent, "output (default)", folder=True)
-        Path(out.output).parent.mkdir(parents=True, exist_ok=True)
+        check_writable(Path(out.output).parent, "output (default)", folder=True)  # made when eval.py writes
     return out, weight.note

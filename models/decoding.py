@@ -259,6 +259,7 @@ def translate(net, cfg, split: str = "test", beam: int = 4, alpha: float = 0.6, 
             hyps[j], hyps_tok[j] = sp.decode(h), sp.decode_tokenized(h)
     seconds = time.perf_counter() - t0
     if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # a folder the command line named, checked writable
         Path(out).write_text("\n".join(hyps) + "\n", encoding="utf-8")
     refs_tok = [sp.tokenized(tgt) for _, tgt in pairs][: len(hyps)]
     return {**scores(hyps, pairs, (hyps_tok, refs_tok)), "sentences": len(hyps),

@@ -279,6 +279,15 @@ def test_outputs_are_checked_before_the_work(lenet_checkpoint, tmp_path):
     assert result.returncode == 2 and "error: runs is a file; give a directory" in result.stderr
 
 
+def test_an_output_in_a_folder_still_to_make_is_written(lenet_checkpoint, tmp_path):
+    """output= may name folders that do not exist yet: they pass the check and are made when the result is
+    written (they cost the whole evaluation once, with a traceback)."""
+    out = tmp_path / "new" / "deeper" / "e.json"
+    result = run_cli("eval.py", f"checkpoint={lenet_checkpoint}", f"output={out}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(out.read_text())["split"] == "test"
+
+
 def test_export_leaves_no_partial_file(lenet_checkpoint, tmp_path):
     out = tmp_path / "lenet.mindir"
     result = run_cli("export.py", f"checkpoint={lenet_checkpoint}", f"output={out}")
