@@ -79,7 +79,7 @@ def test_a_signal_while_the_graph_compiles_saves_nothing_and_says_so(tmp_path):
 
 
 DEFERRED = """
-import os, signal, sys, threading
+import os, signal
 from zoo import interrupt
 interrupt.install()
 events = []
