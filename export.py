@@ -36,7 +36,7 @@ def export(cfg) -> Path:
         written.replace(out)
     except OSError as e:
         raise ConfigError(f"could not write {out}: {e.strerror or e}") from None
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  (each format's exporter raises its own errors)
         raise ConfigError(f"infer.format={fmt} export failed on this MindSpore build: "
                           f"{str(e).strip().splitlines()[0]}; MINDIR is supported everywhere") from None
     finally:

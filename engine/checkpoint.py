@@ -32,7 +32,7 @@ def read_checkpoint(path) -> dict:
                           f"(runs/<recipe>/<time>/checkpoints/)")
     try:
         params = ms.load_checkpoint(str(path))
-    except Exception as e:  # MindSpore raises ValueError or RuntimeError on a corrupt file
+    except Exception as e:  # noqa: BLE001  (MindSpore raises ValueError or RuntimeError on a corrupt file)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"checkpoint={str(path)!r} is not a readable MindSpore checkpoint "
                           f"(truncated or corrupt?): {reason}") from None
@@ -211,7 +211,7 @@ class AtomicCheckpoint(Callback):
                 os.fsync(f.fileno())
             os.replace(tmp, final)
             _fsync_dir(self.dir)
-        except Exception as e:  # MindSpore reports a failed write as RuntimeError, Python as OSError
+        except Exception as e:  # noqa: BLE001  (MindSpore reports a failed write as RuntimeError, Python as OSError)
             for partial in (tmp, tmp.with_suffix(".tmp")):  # ours, and the one MindSpore writes first
                 partial.unlink(missing_ok=True)
             raise write_error(final, e) from None

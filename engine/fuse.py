@@ -51,7 +51,7 @@ def find_pairs(net: nn.Cell) -> Tuple[List[Tuple[nn.Conv2d, nn.BatchNorm2d]], st
                     pairs.append((conv, bn))
         found = {id(bn) for _, bn in pairs}  # rewrite does not look inside SequentialCells: add those
         return pairs + [(c, b) for c, b in sequential if id(b) not in found], "rewrite"
-    except Exception as e:  # rewrite cannot parse every construct; fall back to what is certain
+    except Exception as e:  # noqa: BLE001  (rewrite cannot parse every construct; fall back to what is certain)
         log.info("rewrite could not parse %s (%s); folding Conv2d->BatchNorm2d in SequentialCells only",
                  type(net).__name__, str(e).splitlines()[0] if str(e) else type(e).__name__)
     return sequential, "sequential"

@@ -34,7 +34,7 @@ def load_config(argv: List[str], composed=None, smoke: bool = True,
     import_plugins()
     try:
         cfg = composed if composed is not None else compose(argv)
-    except Exception as e:  # Hydra/OmegaConf composition errors
+    except Exception as e:  # noqa: BLE001  (Hydra/OmegaConf composition errors)
         raise ConfigError(one_line(e, argv)) from None
     cfg, note, kept = apply_smoke(cfg, user_keys(argv)) if smoke else (cfg, None, [])
     try:
@@ -128,7 +128,7 @@ def apply_smoke(cfg, given: List[str] = ()) -> Tuple[object, Optional[str], List
         node[leaf] = value
     try:
         merged = OmegaConf.merge(cfg, nested)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  (an OmegaConf merge error of any kind)
         raise ConfigError(f"smoke: {one_line(e)}") from None
     with open_dict(merged):
         merged.smoke = {}
@@ -163,7 +163,7 @@ def validate(cfg, needs_data: bool = True) -> None:
     """Checks a type cannot express: ranges, registered names, sizes, paths, keep-list names."""
     try:  # keys appended with "+key=value" escape Hydra's struct check
         OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.to_container(cfg, resolve=False))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  (OmegaConf's validation errors of any kind)
         raise ConfigError(one_line(e)) from None
     check_ranges(cfg)
     DATASETS.get(cfg.dataset.name, "dataset.name")
@@ -242,5 +242,5 @@ def check_command_line(argv: List[str]) -> None:
             load_config(run)
     except ConfigError as e:
         fail(str(e))
-    except Exception as e:  # Hydra's override grammar
+    except Exception as e:  # noqa: BLE001  (Hydra's override grammar)
         fail(one_line(e))
