@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from zoo.machine import machine, machine_kind
-from bench.reproduce import training_wall_time
+from bench.reproduce import data_groups, training_wall_time
 from bench.verify import score
 from data import task
 from data.translation import tokenizer_file
@@ -104,7 +104,8 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
         "trained": trained(run_dir, metrics, final_params),
         "metric": None, "published": {k: OmegaConf.to_container(cfg.target).get(k)
                                       for k in ("metric", "published", "published_setting", "source")},
-        "command": f"python eval.py weights={name}" + (f" dataset.path=/data/{group}" if needs_path else ""),
+        "command": f"python eval.py weights={name}" + (f" dataset.path=/data/{data_groups(group)[-1]}"  # the files'
+                                                       if needs_path else ""),  # group: multi30k, not a preparation
     }
     if task(cfg) == "translation":  # the run's own sentencepiece model ships beside its weights
         spm_path = folder / f"{name}.spm.model"

@@ -2,6 +2,7 @@
 only), loading by name checks the sha256 first, a corrupt copy or a weight of another recipe is one line, and
 bench.verify gets a LeNet weight's number back from the file."""
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 import mindspore as ms
 from omegaconf import OmegaConf
 
+from bench.reproduce import data_groups
 from bench.verify import data_here, verify
 from tests.conftest import ROOT, run_cli
 from zoo.errors import ConfigError
@@ -37,6 +39,8 @@ def test_every_weight_matches_its_manifest_entry(name):
     assert sum(p.size for k, p in params.items() if "moving_" not in k) == entry["parameters"], \
         "trainable parameters, as torchvision counts them (BatchNorm running statistics apart)"
     assert entry["command"].startswith(f"python eval.py weights={name}") and entry["published"]["source"]
+    folder = re.search(r"dataset\.path=/data/(\S+)", entry["command"])
+    assert folder is None or data_groups(folder[1]) == [folder[1]], "the data's own folder, not a preparation's"
     assert not any(o.startswith("dataset.path=") for o in entry["overrides"]), "where the data was is no setting"
     assert {"top1", "top5", "scorer"} <= set(entry["metric"]) or "bleu_lowercase" in entry["metric"]
 
@@ -201,7 +205,8 @@ def plain(cfg) -> dict:
 def test_each_transformer_weight_composes_the_config_it_was_trained_with(name):
     """The Multi30k recipes' default moved to the published setting; each manifest entry pins its own setting,
     so its recipe and overrides compose exactly the config it had before (tests/shipped_configs.json: each
-    entry composed at commit 1e8c1f2, before the change), and make verify re-derives its number."""
+    entry composed at commit 1e8c1f2, before the change, with the overrides it trained with; the O2 weight at
+    the published setting trained at that commit too), and make verify re-derives its number."""
     before = json.loads((Path(__file__).parent / "shipped_configs.json").read_text())[name]
     entry = ENTRIES[name]
     now = plain(compose([f"recipe={entry['recipe']}", *entry["overrides"]]))
