@@ -89,7 +89,8 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
     net = build_model(cfg)
     names = [p.name for p in net.get_parameters()]
     needs_path = load_config([f"recipe={cfg.recipe_name}"], needs_data=False)[1] is not None  # no packaged data
-    group = HydraConfig.get().runtime.choices["dataset"]
+    data = data_groups(HydraConfig.get().runtime.choices["dataset"])[-1]  # the files' own group: multi30k, not a
+    # preparation of them such as multi30k_published
     dtype = ms.float16 if fp16 else ms.float32
     kept = [{"name": n, "data": ms.Tensor(params[n].asnumpy()).astype(dtype)} for n in names]
     folder.mkdir(parents=True, exist_ok=True)
@@ -104,8 +105,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
         "trained": trained(run_dir, metrics, final_params),
         "metric": None, "published": {k: OmegaConf.to_container(cfg.target).get(k)
                                       for k in ("metric", "published", "published_setting", "source")},
-        "command": f"python eval.py weights={name}" + (f" dataset.path=/data/{data_groups(group)[-1]}"  # the files'
-                                                       if needs_path else ""),  # group: multi30k, not a preparation
+        "command": f"python eval.py weights={name}" + (f" dataset.path=/data/{data}" if needs_path else ""),
     }
     if task(cfg) == "translation":  # the run's own sentencepiece model ships beside its weights
         spm_path = folder / f"{name}.spm.model"
