@@ -259,13 +259,15 @@ def main(argv: List[str]) -> dict:
           f"CPU kernels (cpu_kernels) {kernels}")
     for name, row in rows.items():
         print(f"  {name}: {row}")
-    if want_profile:
-        ours_name = f"ours {levels[0]}"
-        result["profile_ours_ms"] = top_ops(our_profile(variants[ours_name]), rows[ours_name]["ms"])
+    if want_profile:  # every level of ours (where O2 loses against O0 is the question), and the peer
+        profiles = {f"ours {level}": variants[f"ours {level}"] for level in levels}
         if torch is not None:
-            result["profile_pytorch_ms"] = top_ops(torch_profile(variants["PyTorch fp32"]), rows["PyTorch fp32"]["ms"])
-        for side in ("profile_ours_ms", "profile_pytorch_ms"):
-            print(f"  {side}: {result.get(side)}")
+            profiles["PyTorch fp32"] = variants["PyTorch fp32"]
+        result["profile_ms"] = {name: top_ops(our_profile(fn) if name.startswith("ours") else torch_profile(fn),
+                                              rows[name]["ms"])
+                                for name, fn in profiles.items()}
+        for name, ops_ms in result["profile_ms"].items():
+            print(f"  profile, {name}: {ops_ms}")
     name = f"speed_{cfg.recipe_name}_{cfg.model.name}_{'x'.join(map(str, shape))}"
     save_result(name, result)
     return result
