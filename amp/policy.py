@@ -132,6 +132,11 @@ def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
 
         def keep_in_fp32(cell, path):
             _mark_subtree(cell, path, "keep_fp32", reasons)
+            if getattr(cell, "fp32_inside", False) and low == mstype.float16:
+                # its kernel takes fp16, computes in fp32 and rounds its output (cpu_kernels' BatchNorm): no
+                # precision flag at all, so no Cast on its input, its parameters or its output
+                cell.add_flags_recursive(fp16=False, fp32=False, bf16=False)
+                return cell
             return CastOutput(cell.to_float(mstype.float32), low)
         if keep_names:
             _walk(net, "", kept, keep_in_fp32)
