@@ -135,6 +135,25 @@ def add_relu() -> nn.Cell:
     return AddReLU()
 
 
+class ToNCHW(nn.Cell):
+    """The explicit end of the CPU kernels' blocked layout, for a model of your own: a layer built here may return
+    its activations as (N, C/B, H, W, B) (cpu_kernels.cells.block_for); element-wise ops, the residual sum and a
+    mean over (H, W) do not care, but anything that reads channels or positions does. This returns plain NCHW
+    (a rank-4 input passes as it is), with its gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.to_plain = None
+        if use_cpu_kernels():
+            from cpu_kernels.cells import block, relayout_ops
+            self.to_plain = relayout_ops(block())[1]
+
+    def construct(self, x):
+        if x.ndim == 5:
+            return self.to_plain(x)
+        return x
+
+
 def runs_mindspore_conv(net: nn.Cell) -> bool:
     """Whether `net` runs one of MindSpore's own convolutions (a Conv Cell other than the CPU kernels', or a Cell
     holding a Conv primitive), which oneDNN runs far slower above AVX2 (zoo.runtime.cap_onednn_isa). A model that

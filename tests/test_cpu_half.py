@@ -192,3 +192,20 @@ def test_o2_keeps_cpu_batchnorm_fp32_without_casts():
     wrapped.set_train()
     assert wrapped(x).dtype == ms.float32
     assert all(p.dtype == ms.float32 for p in wrapped.get_parameters())
+
+
+def test_to_nchw_ends_the_blocked_layout_for_a_model_of_your_own(graph_mode):
+    """models.layers' convolution may return (N, C/B, H, W, B); ToNCHW gives the plain tensor MindSpore's own
+    convolution gives, and passes a plain one through."""
+    from models.layers import ToNCHW, conv2d
+    rng = np.random.RandomState(6)
+    w = ms.Tensor((rng.randn(16, 3, 3, 3) * 0.2).astype(np.float32))
+    ours = conv2d(3, 16, 3, 1, 1, weight_init=w)
+    theirs = nn.Conv2d(3, 16, 3, pad_mode="pad", padding=1, has_bias=False, weight_init=w)
+    x = ms.Tensor(rng.randn(2, 3, 8, 8).astype(np.float32))
+    blocked = ours(x)
+    assert blocked.ndim == 5
+    plain, reference = ToNCHW()(blocked), theirs(x)
+    assert plain.shape == reference.shape == (2, 16, 8, 8)
+    np.testing.assert_allclose(plain.asnumpy(), reference.asnumpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(ToNCHW()(reference).asnumpy(), reference.asnumpy())
