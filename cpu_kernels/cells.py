@@ -223,6 +223,22 @@ class CpuAddReLU(nn.Cell):
 
 
 @lru_cache(maxsize=1)
+def unscale_sum_op():
+    """eltwise.cc's UnscaleSum: a float32 gradient and the loss scale -> the gradient unscaled, and its sum as a
+    (1,) tensor (inf or NaN when an element is): amp.loss_scale's unscale and overflow check in one pass."""
+    return ops.Custom(f"{library()}:UnscaleSumOp", out_shape=_unscaled_shape, out_dtype=_unscaled_dtype,
+                      func_type="aot")
+
+
+def _unscaled_shape(g, scale):
+    return g, [1]
+
+
+def _unscaled_dtype(g, scale):
+    return g, g
+
+
+@lru_cache(maxsize=1)
 def batch_norm_op():
     """Training BatchNorm from norm.cc: x, gamma, beta, moving mean, moving var, (momentum, eps) -> y, mean,
     invstd, new moving mean, new moving var; its backward x, gamma, mean, invstd, dy -> dx, dgamma, dbeta (and

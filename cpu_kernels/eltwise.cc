@@ -8,6 +8,9 @@
 // ReluBwd (y, dy -> dx): dy where y > 0, else 0.
 // AddReluFwd (a, b -> y): max(a + b, 0), the sum rounded once; AddReluBwd (y, dy -> dx): as ReluBwd, the gradient
 // of both a and b.
+// UnscaleSum (g, scale -> g * (1 / scale), the sum of that): the loss-scale step's unscale and its overflow check
+// in one pass over a float32 gradient, where MindSpore runs a Mul and a ReduceSum (the sum is inf or NaN when any
+// element is: the step tests it with isfinite, as amp.loss_scale.finite_sum does).
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -101,6 +104,44 @@ int AddRelu(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   return 0;
 }
 
+int UnscaleSum(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != 4) return 1;
+  for (int i = 0; i < nparam; ++i)
+    if (std::strcmp(dtypes[i], "float32")) return 1;
+  const int64_t n = Count(ndims, shapes);
+  const float *g = static_cast<const float *>(params[0]);
+  const float inv = 1.0f / static_cast<const float *>(params[1])[0];  // as MindSpore's Reciprocal, then Mul
+  float *out = static_cast<float *>(params[2]);
+  const int threads = n >= (1 << 16) ? AmpZooThreads() : 1;
+  double parts[64] = {};
+  auto run = [&](int t, int k) {
+    const int64_t a = n * t / k, b = n * (t + 1) / k;
+    float acc[16] = {};
+    int64_t i = a;
+    for (; i + 16 <= b; i += 16)
+      for (int l = 0; l < 16; ++l) {
+        out[i + l] = g[i + l] * inv;
+        acc[l] += out[i + l];
+      }
+    double sum = 0;
+    for (; i < b; ++i) {
+      out[i] = g[i] * inv;
+      sum += out[i];
+    }
+    for (int l = 0; l < 16; ++l) sum += acc[l];
+    parts[t] = sum;
+  };
+  if (threads == 1) {
+    run(0, 1);
+  } else {
+    AmpZooParallel(threads < 64 ? threads : 64, run);
+  }
+  double total = 0;
+  for (int t = 0; t < 64; ++t) total += parts[t];
+  static_cast<float *>(params[3])[0] = static_cast<float>(total);
+  return 0;
+}
+
 }  // namespace
 
 // Return codes (MindSpore reports them): 1 a count, shape or dtype these ops do not take
@@ -115,4 +156,8 @@ extern "C" int AddReluFwd(int n, void **params, int *ndims, int64_t **shapes, co
 }
 extern "C" int AddReluBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   return ReluGrad(n, params, ndims, shapes, dtypes);
+}
+extern "C" int UnscaleSumOp(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                            void *) {
+  return UnscaleSum(n, params, ndims, shapes, dtypes);
 }
