@@ -76,27 +76,54 @@ def load_weights(net: nn.Cell, path, model_name: str, params: dict = None) -> di
 def initial_weights(net: nn.Cell, path, model_name: str, num_classes: int) -> List[str]:
     """train.py weights=NAME / checkpoint=FILE: a new run starts from a checkpoint's network parameters (no
     optimizer moments, step, schedule or loss scale: not a resume). A parameter whose shape differs only where
-    the file has another class count (the head) keeps its fresh initialisation; returns those names. Any other
-    difference is one error line (another model or width)."""
+    the file has another class count (the head) keeps its fresh initialisation; returns those names. The first
+    convolution of a network for another number of input channels (a shipped 1-channel Fashion-MNIST weight
+    fine-tuned on RGB images) is adapted to it (adapt_input_conv), in one log line. Any other difference is one
+    error line (another model or width)."""
     params = read_checkpoint(path)
     own = list(net.get_parameters())
     missing = [p.name for p in own if p.name not in params]
     if missing:
         raise ConfigError(f"{path} does not fit model {model_name!r}: {len(missing)} of its parameters are missing "
                           f"(e.g. {', '.join(missing[:3])}); start from a weight of the same model")
-    fresh = []
+    first_conv = next((p.name for p in own if len(p.shape) == 4), None)
+    fresh, adapted = [], {}
     for p in own:
         theirs, ours = tuple(params[p.name].shape), tuple(p.shape)
         if theirs == ours:
             continue
         axes = [i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b] if len(theirs) == len(ours) else [-1]
+        if p.name == first_conv and axes == [1]:
+            adapted[p.name] = ms.Parameter(ms.Tensor(adapt_input_conv(params[p.name].asnumpy(), ours[1])),
+                                           name=p.name)
+            log.info("%s: %s adapted from %d to %d input channels (the data's), as timm's adapt_input_conv does",
+                     path, p.name, theirs[1], ours[1])
+            continue
         if len(axes) != 1 or ours[axes[0]] != num_classes:
             raise ConfigError(f"{path} does not fit model {model_name!r}: {p.name} has shape {theirs} in the file, "
-                              f"{ours} in the model; only a head for another class count is re-initialised")
+                              f"{ours} in the model; only a head for another class count is re-initialised (and a "
+                              f"first convolution adapted to another number of input channels)")
         fresh.append(p.name)
-    ms.load_param_into_net(net, {p.name: as_dtype(params[p.name], p) for p in own if p.name not in fresh},
-                           strict_load=False)
+    ms.load_param_into_net(net, {p.name: as_dtype(adapted.get(p.name, params[p.name]), p) for p in own
+                                 if p.name not in fresh}, strict_load=False)
     return fresh
+
+
+def adapt_input_conv(weight: np.ndarray, channels: int) -> np.ndarray:
+    """A first convolution's weight (out, in, kh, kw) for `channels` input channels, after timm's
+    adapt_input_conv: to 1 channel, the sum over the file's channels (a grey image gives the response its RGB
+    copy gave); from 1 channel, the filter repeated and divided by `channels` (an RGB copy of a grey image gives
+    the response the grey image gave); from 3 channels to another count, the RGB filters repeated and scaled by
+    3 / channels."""
+    have = weight.shape[1]
+    if channels == 1:
+        return weight.sum(axis=1, keepdims=True)
+    if have == 1:
+        return np.repeat(weight, channels, axis=1) / channels
+    if have == 3:
+        return np.tile(weight, (1, -(-channels // 3), 1, 1))[:, :channels] * (3 / channels)
+    raise ConfigError(f"a first convolution of {have} input channels cannot be adapted to {channels}: only one of 1 "
+                      f"or 3 channels, or to 1 channel; set model.params.in_channels={have}")
 
 
 def as_dtype(value, like):

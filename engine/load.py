@@ -9,10 +9,10 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
-import data  # noqa: F401  (registers the datasets)
+import data  # (and registers the datasets)
 from amp.names import check_policy_names
 from amp.policy import check_device_dtype, keep_fp32_names
-from models import check_model, import_plugins  # (and registers the models)
+from models import check_model, import_plugins, model_args  # (and registers the models)
 from zoo.compose import check_slips, compose, expand_home, hydra_flags, one_line
 from zoo.config import Config, RANGES, SPECIAL
 from zoo.errors import ConfigError, fail
@@ -169,6 +169,9 @@ def validate(cfg, needs_data: bool = True) -> None:
     DATASETS.get(cfg.dataset.name, "dataset.name")
     check_model(cfg)  # the registered name first, then the model's own check
     meta = DATASETS.meta(cfg.dataset.name)
+    if needs_data:
+        check_image_folder(cfg, meta)
+    check_channels(cfg)
     classes = meta.get("classes") or len(cfg.dataset.params.get("classes") or [])
     if classes and cfg.model.num_classes != classes:
         raise ConfigError(f"model.num_classes={cfg.model.num_classes} does not match the {classes} classes of "
@@ -191,6 +194,35 @@ def validate(cfg, needs_data: bool = True) -> None:
     check_devices(cfg)
     check_policy_names(cfg.amp)
     check_device_dtype(pick_device(str(cfg.runtime.device)), cfg.amp)
+
+
+def check_image_folder(cfg, meta: dict) -> None:
+    """A folder of images in class sub-folders given to a reader of another format (a Fashion-MNIST recipe's
+    idx reader, say) is one line naming the reader that reads it, not an error about its idx files or classes."""
+    folder_reader = next((n for n in DATASETS if DATASETS.meta(n).get("classes_on_disk")), None)
+    if cfg.dataset.path is None or meta.get("classes_on_disk") or folder_reader is None:
+        return
+    found = DATASETS.meta(folder_reader)["classes_on_disk"](cfg.dataset.path)
+    if found:
+        raise ConfigError(f"dataset.path={cfg.dataset.path} is a folder of images in class sub-folders (train/"
+                          f"{found[0]}/, ...), which dataset {cfg.dataset.name} does not read; add "
+                          f"dataset={folder_reader} (the image-folder reader) and model.num_classes={len(found)}")
+
+
+def check_channels(cfg) -> None:
+    """The data's channels (data.channels) are the ones the network's first convolution takes: a mismatch is one
+    line before anything compiles, not a shape error at the first step."""
+    data.check_channels(cfg)
+    given, args = data.channels(cfg), model_args(cfg)
+    if given is None or "in_channels" not in args or args["in_channels"] == given:
+        return
+    how = f"dataset.channels={cfg.dataset.channels}" if cfg.dataset.channels else f"dataset {cfg.dataset.name}"
+    fix = (f"set model.params.in_channels={given} (a weight's first convolution is adapted to it when a run starts "
+           f"from one)")
+    if args["in_channels"] in (1, 3):
+        fix += f", or read the images with dataset.channels={args['in_channels']}"
+    raise ConfigError(f"model.params.in_channels={args['in_channels']} does not fit the {given}-channel images of "
+                      f"{how}; {fix}")
 
 
 def check_devices(cfg) -> None:

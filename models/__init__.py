@@ -47,9 +47,6 @@ def check_model(cfg) -> None:
     check = MODELS.meta(cfg.model.name).get("check")
     if check is not None:
         check(args, cfg.dataset)
-    if "in_channels" in args and cfg.dataset.channels and cfg.dataset.channels != args["in_channels"]:
-        raise ConfigError(f"dataset.channels={cfg.dataset.channels} does not fit model.params.in_channels="
-                          f"{args['in_channels']}; make them equal")
 
 
 def create_model(name: str, num_classes: int, **params):

@@ -257,3 +257,39 @@ def test_train_refuses_what_it_would_ignore(tmp_path):
     out = run_cli("train.py", "recipe=lenet_o0", "output=x.json", f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 2 and "output is for eval.py and export.py" in out.stderr, out.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("saved,wanted", [(1, 3), (3, 1)])
+def test_a_first_convolution_is_adapted_to_the_datas_channels(tmp_path, saved, wanted):
+    """A 1-channel weight (every shipped image weight) starts a 3-channel network, and the reverse, as timm's
+    adapt_input_conv: the same grey image, replicated to RGB, gives the same logits through both networks."""
+    import numpy as np
+
+    from engine.checkpoint import initial_weights
+    from models import create_model
+
+    ms.set_seed(0)
+    source = create_model("lenet5", num_classes=10, in_channels=saved)
+    ms.save_checkpoint(source, str(tmp_path / "w.ckpt"))
+    target = create_model("lenet5", num_classes=10, in_channels=wanted)
+    assert initial_weights(target, tmp_path / "w.ckpt", "lenet5", 10) == []
+    grey = np.random.RandomState(0).rand(2, 1, 32, 32).astype(np.float32)
+    given = lambda n: ms.Tensor(np.repeat(grey, n, axis=1))  # noqa: E731
+    np.testing.assert_allclose(target(given(wanted)).asnumpy(), source(given(saved)).asnumpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_train_fine_tunes_a_shipped_1_channel_weight_on_rgb_images(tmp_path):
+    """The README's fine-tune of a shipped Fashion-MNIST ResNet on your own RGB images: it died at its first step
+    (the first convolution took 1 channel); now two steps train, and the log says the convolution was adapted."""
+    from tests.test_resnet import write_image_folder
+
+    write_image_folder(tmp_path / "images")
+    run = tmp_path / "run"
+    out = run_cli("train.py", "recipe=resnet18_fashion_o2", "weights=resnet18_fashion_o2", "dataset=imagenet",
+                  f"dataset.path={tmp_path / 'images'}", "model.num_classes=2", "model.params.in_channels=3",
+                  "dataset.batch_size=2", "dataset.num_workers=1", "trainer.max_steps=2", "logger.progress_bar=false",
+                  f"hydra.run.dir={run}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    log = (run / "train.log").read_text()
+    assert "stem.0.weight adapted from 1 to 3 input channels" in log, log
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 2
