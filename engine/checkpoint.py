@@ -30,14 +30,33 @@ def read_checkpoint(path) -> dict:
     if not path.is_file():
         raise ConfigError(f"checkpoint={str(path)!r} does not exist; give a .ckpt file written by train.py "
                           f"(runs/<recipe>/<time>/checkpoints/)")
+    crc = has_crc(path)
     try:
-        params = ms.load_checkpoint(str(path))
+        params = ms.load_checkpoint(str(path), crc_check=crc)
     except Exception as e:  # noqa: BLE001  (MindSpore raises ValueError or RuntimeError on a corrupt file)
+        if crc and "crc check" in str(e.__cause__ or e):
+            raise ConfigError(f"checkpoint={str(path)!r} fails its CRC32 check: a byte changed after train.py wrote "
+                              f"it (a damaged disk or copy); it cannot be evaluated or trained from: take an earlier "
+                              f"checkpoint of the run") from None
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"checkpoint={str(path)!r} is not a readable MindSpore checkpoint "
                           f"(truncated or corrupt?): {reason}") from None
     check_finite(params, path)
     return params
+
+
+CRC_TRAILER = b"crc_num"  # what MindSpore's save_checkpoint(crc_check=True) ends a file with, before 10 bytes of CRC
+
+
+def has_crc(path) -> bool:
+    """Whether a checkpoint carries MindSpore's CRC32 (train.py's own do; a shipped weight is sha256-checked
+    instead, and a checkpoint written before train.py saved one has none): then loading checks it."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-17, os.SEEK_END)
+            return f.read(7) == CRC_TRAILER
+    except OSError:
+        return False
 
 
 def check_finite(params: dict, path) -> None:
@@ -205,10 +224,10 @@ def _fsync_dir(path) -> None:
 
 class AtomicCheckpoint(Callback):
     """Checkpoints of the whole train step (weights, optimizer moments, LR position, loss-scale state, AMP
-    counters) with the completed epochs and global step, written atomically: to a temporary file, fsynced,
-    then renamed. A process killed mid-save leaves the previous checkpoint the newest complete one. `clock`
-    gives the run's training and wall seconds so far, kept in the checkpoint so that a resumed run's times
-    count every process.
+    counters) with the completed epochs and global step and MindSpore's CRC32 (checked on every load), written
+    atomically: to a temporary file, fsynced, then renamed. A process killed mid-save leaves the previous
+    checkpoint the newest complete one. `clock` gives the run's training and wall seconds so far, kept in the
+    checkpoint so that a resumed run's times count every process.
 
     `every_steps` (> 0) also saves a resume point inside an epoch every that many steps, so that a killed
     process (a session's end, a preempted node) loses at most that many steps of a long epoch. Only the newest
@@ -233,7 +252,8 @@ class AtomicCheckpoint(Callback):
             tmp.parent.mkdir(exist_ok=True)
             times = self.clock() if self.clock else {}  # RUN_TIMES
             ms.save_checkpoint(train_network, str(tmp), append_dict={"epoch_num": epochs_done, "step_num": step,
-                                                                     **times})
+                                                                     **times},
+                               crc_check=True)  # a byte flipped later is refused on load (read_checkpoint)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, final)
