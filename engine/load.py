@@ -2,6 +2,7 @@
 amp.search, bench) gets its run: compose recipe and overrides, apply the recipe's smoke block under the
 user's own keys, and check every value before anything compiles. Any failure is a ConfigError: one line.
 """
+import math
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -141,14 +142,15 @@ def apply_smoke(cfg, given: List[str] = ()) -> Tuple[object, Optional[str], List
 
 
 def check_ranges(cfg) -> None:
-    """Every number of the schema within its range (zoo/config.py RANGES)."""
+    """Every number of the schema within its range (zoo/config.py RANGES), and finite: NaN compares false with
+    any bound, so `optimizer.lr=nan` passed and the run then diverged as if precision were the cause."""
     for key, (low, high) in RANGES.items():
         value = OmegaConf.select(cfg, key)
         if value is None or value in SPECIAL.get(key, ()):
             continue
         exclusive = isinstance(low, float) and low == 0.0
         too_low = low is not None and (value <= low if exclusive else value < low)
-        if too_low or (high is not None and value > high):
+        if too_low or (high is not None and value > high) or not math.isfinite(value):
             if exclusive:
                 valid = "positive" + (f" and at most {high}" if high is not None else "")
             elif high is None:
@@ -156,7 +158,26 @@ def check_ranges(cfg) -> None:
             else:
                 valid = f"from {low} to {high}"
             also = f" (or {', '.join(map(str, SPECIAL[key]))})" if key in SPECIAL else ""
-            raise ConfigError(f"{key}={value} must be {valid}{also}")
+            finite = "" if math.isfinite(value) else "a finite number, "
+            raise ConfigError(f"{key}={value} must be {finite}{valid}{also}")
+    for key, (valid, words) in LIST_RANGES.items():
+        values = list(OmegaConf.select(cfg, key) or [])
+        if not all(map(valid, values)):  # NaN fails every comparison
+            raise ConfigError(f"{key}={values}: each value must be {words}")
+    check_finite(cfg)
+
+
+# Lists of numbers: what each value must be, and that in words.
+LIST_RANGES = {"optimizer.betas": (lambda v: 0 <= v < 1, "from 0 to below 1"),
+               "dataset.std": (lambda v: v > 0, "positive (the images are divided by it)")}
+
+
+def check_finite(cfg) -> None:
+    """Every other number a config holds (model.params, a plugin's keys, target) is finite: one line naming it."""
+    for key, value in flatten(OmegaConf.to_container(cfg, resolve=False)).items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{key}={value} is not a finite number; give one")
 
 
 def validate(cfg, needs_data: bool = True) -> None:
