@@ -18,7 +18,7 @@ from zoo.compose import check_slips, compose, expand_home, hydra_flags, one_line
 from zoo.config import Config, RANGES, SPECIAL
 from zoo.errors import ConfigError, fail
 from zoo.paths import check_writable
-from zoo.registry import DATASETS
+from zoo.registry import DATASETS, MODELS
 from zoo.runtime import msrun_env, pick_device
 
 
@@ -45,8 +45,18 @@ def load_config(argv: List[str], composed=None, smoke: bool = True,
             raise ConfigError(f"{e}; this run is {cfg.recipe_name}'s smoke block (dataset.path unset) with your "
                               f"{', '.join(kept)} kept over the block's own value") from None
         raise
-    cfg.description = describe(cfg, argv)
+    cfg.description = describe(cfg, argv) + overrides_note(cfg)
     return cfg, note
+
+
+def overrides_note(cfg) -> str:
+    """A plugin's model or dataset registered over a shipped one's name (`override=True`): the description, which
+    the log's first lines and config.yaml carry, says whose runs."""
+    replaced = [(kind, name, registry.overridden[name]) for kind, name, registry in
+                (("model", cfg.model.name, MODELS), ("dataset", cfg.dataset.name, DATASETS))
+                if name in registry.overridden]
+    return "".join(f" [{kind} {name!r} is {where}, registered with override=True over the shipped one]"
+                   for kind, name, where in replaced)
 
 
 def no_hydra_flags(argv: List[str]) -> None:
