@@ -488,6 +488,9 @@ def data_option(value: str) -> Tuple[str, str]:
     if not (ROOT / "conf" / "dataset" / f"{group}.yaml").is_file():
         groups = [p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")]
         fail(f"--data {group}=...: {group!r} is not a dataset group; " + choices_hint(group, groups))
+    if not Path(path).expanduser().is_dir():  # a mistyped path: its data would silently count as not here
+        fail(f"--data {group}={path}: {'a file' if Path(path).expanduser().exists() else 'no such folder'}; give the "
+             f"folder that holds the {group} files")
     return group, path
 
 

@@ -119,6 +119,7 @@ def test_a_session_killed_outright_ends_at_its_last_checkpoint(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--data", "fashion"], "give GROUP=PATH"),
     (["--data", "fashon_mnist=/x"], "did you mean fashion_mnist"),
+    (["--data", "fashion_mnist=/no/such/folder"], "--data fashion_mnist=/no/such/folder: no such folder"),
     (["--only", "lenet_o9"], "is not a recipe"),
     (["--seeds", "0"], "a whole number >= 1"),
     (["--bogus"], "unknown argument '--bogus'"),

@@ -293,3 +293,17 @@ def test_train_fine_tunes_a_shipped_1_channel_weight_on_rgb_images(tmp_path):
     log = (run / "train.log").read_text()
     assert "stem.0.weight adapted from 1 to 3 input channels" in log, log
     assert json.loads((run / "metrics.json").read_text())["steps"] == 2
+
+
+def test_verify_that_verified_nothing_says_so(tmp_path):
+    """bench.verify exited 0 having verified nothing: a named weight without its data is exit 1 naming what to
+    give; a mistyped --data path is one line, exit 2 (it counted as "no data here")."""
+    out = run_cli("-m bench.verify", "transformer_tiny_multi30k_o0")  # Multi30k ships in no package
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "| transformer_tiny_multi30k_o0 | bleu_lowercase | 39.4972 | no data here | - |" in out.stdout
+    assert out.stderr.strip().splitlines()[-1] == ("error: not verified, for want of its data: "
+                                                   "transformer_tiny_multi30k_o0; give --data multi30k=PATH")
+    out = run_cli("-m bench.verify", "--data", f"multi30k={tmp_path / 'multi30K'}")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"error: --data multi30k={tmp_path / 'multi30K'}: no such folder; give the folder that holds the multi30k "
+        f"files"], out.stderr
