@@ -6,11 +6,14 @@ top-5 and loss (translation: BLEU, sacrebleu's and multi-bleu.perl's) as JSON, w
 scored (default: next to the checkpoint, <checkpoint>.eval.json, or <checkpoint>.<split>.eval.json for a
 translation split; a shipped weight: runs/weights/NAME...). The summary line puts the recipe's target metric
 first. With weights=NAME, any key of the weight's own recipe applies (dataset.params.test_prefix=val,
-decode.beam=4).
+decode.beam=4); the JSON records the command line's keys, and one that changes what is evaluated names its own
+file (runs/weights/NAME.amp.level-O0.eval.json), never the plain result's.
 """
 from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
+import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -59,15 +62,32 @@ def split_of(cfg) -> str:
     return str(cfg.dataset.params.get("test_prefix") or "test") if task(cfg) == "translation" else "test"
 
 
+# Keys that say where the data is or how the evaluation runs, not what is evaluated: the result keeps its name.
+NEUTRAL = ("dataset.path", "dataset.params.test_prefix", "dataset.num_workers", "dataset.eval_batch_size",
+           "decode.batch_size", "runtime.")
+
+
+def overrides(argv) -> list:
+    """The command line's keys over the checkpoint's (or shipped weight's) config, as given: the record says
+    what was evaluated."""
+    return [a for a in argv if "=" in a and not a.startswith("-") and
+            not a.lstrip("+").startswith(("weights=", "checkpoint=", "output=", "recipe="))]
+
+
 def result_path(cfg, argv) -> Path:
     """output= when given; else beside the checkpoint (a shipped weight: runs/weights/NAME), named with the split
-    when it is not "test", so that scoring another split keeps this one."""
+    when it is not "test", so that scoring another split keeps this one, and with the overrides that change what
+    is evaluated (amp.level=O0, decode.beam=1), so that an overridden result never replaces the plain one."""
     if "output" in user_keys(argv):
         return Path(cfg.output)
     default = Path(cfg.output or f"{cfg.checkpoint}.eval.json")
     split = split_of(cfg)
-    return default if split == "test" else \
-        default.with_name(f"{default.name.removesuffix('.eval.json')}.{split}.eval.json")
+    changed = [a.lstrip("+") for a in overrides(argv) if not a.lstrip("+").startswith(NEUTRAL)]
+    tag = re.sub(r"[^A-Za-z0-9._,-]+", "-", ",".join(changed))
+    if len(tag) > 48:
+        tag = "overrides-" + hashlib.sha1(",".join(sorted(changed)).encode()).hexdigest()[:8]
+    parts = [p for p in (tag, "" if split == "test" else split) if p]
+    return default.with_name(".".join([default.name.removesuffix(".eval.json"), *parts, "eval.json"]))
 
 
 def hypotheses_file(cfg) -> Path:
@@ -83,7 +103,7 @@ def main(argv) -> None:
     result = evaluate(cfg)
     record = {"recipe": cfg.recipe_name, "checkpoint": str(cfg.checkpoint), "split": split_of(cfg),
               "data": cfg.dataset.path or ("embedded (smoke)" if smoke_note else "embedded"),
-              "target_metric": cfg.target.metric, **result}
+              "overrides": overrides(argv), "target_metric": cfg.target.metric, **result}
     partial = out.with_name(f".{out.name}.partial")  # written whole or not at all
     out.parent.mkdir(parents=True, exist_ok=True)  # output= may name a folder still to make (checked writable)
     partial.write_text(json.dumps(record, indent=2))

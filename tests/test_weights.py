@@ -94,7 +94,8 @@ def test_eval_by_name_writes_outside_the_repository(tmp_path):
 
 def test_a_weight_takes_any_key_of_its_own_recipe(tmp_path):
     """eval.py weights=NAME key=value: the keys are the weight's recipe's (another split, beam, length penalty),
-    not the default recipe's, without recipe=; the result file names the split, so the test split's stays."""
+    not the default recipe's, without recipe=; the result file names the split, so the test split's stays, and the
+    keys that change what is evaluated (where the data is changes nothing)."""
     from engine.weights import checkpoint_config
     from eval import result_path, split_of
 
@@ -104,7 +105,9 @@ def test_a_weight_takes_any_key_of_its_own_recipe(tmp_path):
     cfg, _ = checkpoint_config(argv)
     assert (cfg.recipe_name, cfg.dataset.params.test_prefix, cfg.decode.beam, cfg.decode.length_penalty) == (
         ENTRIES[name]["recipe"], "val", 4, 0.6)
-    assert result_path(cfg, argv) == Path("runs", "weights", f"{name}.val.eval.json") and split_of(cfg) == "val"
+    assert result_path(cfg, argv) == Path("runs", "weights", f"{name}.decode.beam-4,decode.length_penalty-0.6."
+                                                             f"val.eval.json") and split_of(cfg) == "val"
+    assert result_path(cfg, argv[:3]) == Path("runs", "weights", f"{name}.val.eval.json")
     test, _ = checkpoint_config(argv[:2])
     assert result_path(test, argv[:2]) == Path("runs", "weights", f"{name}.test_2016_flickr.eval.json")
     with pytest.raises(ConfigError, match="recipe=lenet_o2, but weights transformer_tiny_multi30k_o0_bpe8k were"):
@@ -307,3 +310,21 @@ def test_verify_that_verified_nothing_says_so(tmp_path):
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         f"error: --data multi30k={tmp_path / 'multi30K'}: no such folder; give the folder that holds the multi30k "
         f"files"], out.stderr
+
+
+def test_eval_by_name_with_an_override_keeps_the_weights_own_result(tmp_path):
+    """eval.py weights=NAME amp.level=O0 overwrote runs/weights/NAME.eval.json, and its JSON did not say O0: the
+    override is recorded and names a file of its own; where the data is (dataset.path) names none."""
+    if data_here(ENTRIES["lenet_fashion_o2"]) is None:
+        pytest.skip(f"needs Fashion-MNIST: {FASHION}")
+    plain = run_cli(str(ROOT / "eval.py"), "weights=lenet_fashion_o2",
+                    f"dataset.path={data_here(ENTRIES['lenet_fashion_o2'])}", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    own = tmp_path / "runs" / "weights" / "lenet_fashion_o2.eval.json"
+    before = own.read_text()
+    assert json.loads(before)["overrides"] == [f"dataset.path={data_here(ENTRIES['lenet_fashion_o2'])}"]
+    overridden = run_cli(str(ROOT / "eval.py"), "weights=lenet_fashion_o2", "amp.level=O0", cwd=tmp_path)
+    assert overridden.returncode == 0, overridden.stderr[-2000:]
+    assert own.read_text() == before
+    record = json.loads((tmp_path / "runs" / "weights" / "lenet_fashion_o2.amp.level-O0.eval.json").read_text())
+    assert record["overrides"] == ["amp.level=O0"] and record["top1"] > 0.85
