@@ -132,6 +132,17 @@ def weights_argv(argv: List[str]) -> Tuple[List[str], Optional[Path], str]:
     return rest, None, "freshly initialised"
 
 
+def search_argv(argv: List[str]) -> List[str]:
+    """amp.search: a shipped weight (see `shipped`) is searched under its own recipe and manifest overrides, the
+    command line's other keys over them, as eval.py evaluates it (not the default recipe), and every training run
+    of the search starts from it (weights=NAME). Any other command line as it is."""
+    weight = shipped(argv)
+    if weight is None:
+        return argv
+    print(weight.note, file=sys.stderr)
+    return [*weight.overrides, f"weights={weight.name}"]
+
+
 def as_trained(cfg, checkpoint: Optional[Path], argv: List[str]):
     """amp.audit and amp.report: a train.py checkpoint's network is its run's (its config.yaml, the command line's
     keys over it, as eval.py reads it), not the recipe as written: a run's num_classes, model.params or smoke
