@@ -77,6 +77,7 @@ class OptimizerName(StrEnum):
 class ScheduleName(StrEnum):
     constant = "constant"
     cosine = "cosine"
+    linear = "linear"
     step = "step"
     inverse_sqrt = "inverse_sqrt"
 
