@@ -146,6 +146,9 @@ def tinynet(num_classes=10, hidden=32):
     ("my_models", "from models import no_such_api\n", "my_models", "from zoo.registry import MODELS"),
     ("my_models", MODEL, "my_modles", "AMP_ZOO_PLUGINS names 'my_modles', which cannot be imported"),
     ("my_models", MODEL, "", "AMP_ZOO_PLUGINS, which is not set"),
+    # python -m from a folder with a models.py: the zoo imported it instead of its own package (a traceback)
+    ("models", MODEL, "my_models", "models.py has the name of one of amp-zoo's own modules, and this folder comes "
+                                   "first on the path (python -m): rename it (e.g. my_models.py"),
 ])
 def test_a_plugin_that_does_not_load_is_one_line(tmp_path, module, source, plugins, message):
     _, search = fork(tmp_path, module, source, "tinynet_o2", RECIPE)
@@ -201,3 +204,16 @@ def test_a_plugin_registering_a_shipped_models_name_is_refused_or_named(tmp_path
     named = "[model 'lenet5' is my_models.my_lenet5, registered with override=True over the shipped one]"
     from omegaconf import OmegaConf
     assert named in (run / "train.log").read_text() and named in OmegaConf.load(run / "config.yaml").description
+
+
+@pytest.mark.parametrize("module, message", [
+    ("models", "AMP_ZOO_PLUGINS names 'models', a module of amp-zoo itself"),
+    ("code", "plugin 'code' (AMP_ZOO_PLUGINS) registered no model, dataset or Cell: the module imported is /"),
+])
+def test_a_plugin_that_another_module_shadows_is_one_line(tmp_path, module, message):
+    """A plugin file named like a module that comes first on the path (the zoo's own models, the standard
+    library's code) was never imported, silently: the model it registers was then "not registered"."""
+    _, search = fork(tmp_path, module, MODEL, "tinynet_o2", RECIPE)
+    result = run_cli(f"{ROOT / 'train.py'}", search, "recipe=tinynet_o2", cwd=tmp_path,
+                     env={"AMP_ZOO_PLUGINS": module})
+    assert message in one_error(result)
