@@ -59,6 +59,10 @@ def has_crc(path) -> bool:
         return False
 
 
+class NonFinite(ConfigError):
+    """A checkpoint that reads but holds NaN or inf: the run diverged before it was written."""
+
+
 def check_finite(params: dict, path) -> None:
     """Every float value of a checkpoint is finite: NaN or inf weights would evaluate to a plausible wrong
     number, or train on from garbage. One line naming the file and the first bad parameter."""
@@ -67,7 +71,7 @@ def check_finite(params: dict, path) -> None:
             array = value.asnumpy() if value.dtype != ms.bfloat16 else value.float().asnumpy()
             if not np.isfinite(array).all():
                 bad = int(np.size(array) - np.isfinite(array).sum())
-                raise ConfigError(f"checkpoint={str(path)!r} holds non-finite values: {name} has {bad} NaN or inf "
+                raise NonFinite(f"checkpoint={str(path)!r} holds non-finite values: {name} has {bad} NaN or inf "
                                   f"of {np.size(array)} (the first such parameter); it cannot be evaluated or "
                                   f"trained from: take an earlier checkpoint of the run")
 
@@ -341,19 +345,19 @@ def resume_point(directory) -> Tuple[Optional[Path], Optional[dict]]:
 
 
 def last_good_checkpoint(ckpt_dir: Path, remove: bool = True) -> Tuple[Optional[Path], Optional[dict]]:
-    """The newest checkpoint whose weights are all finite, and its parameters (read once); unreadable or
-    non-finite ones are removed (never resumed) when `remove` (rank 0 alone: ranks may share the folder).
-    (None, None): start from the initial weights."""
+    """The newest checkpoint whose weights are all finite, and its parameters (read once); non-finite ones (the
+    divergence's own) are removed, never resumed, when `remove` (rank 0 alone: ranks may share the folder). One
+    that does not read (damaged, a failed CRC) is passed over and kept, with a warning: it is not the divergence's
+    to delete. (None, None): start from the initial weights."""
     for path in reversed(checkpoints(ckpt_dir)):
         try:
-            params = read_checkpoint(path)
-        except ConfigError:
-            params = None
-        if params is not None:  # read_checkpoint refuses non-finite weights
-            return path, params
-        if remove:
-            log.info("removing %s: its weights are not finite", path.name)
-            path.unlink(missing_ok=True)
+            return path, read_checkpoint(path)
+        except NonFinite:
+            if remove:
+                log.info("removing %s: its weights are not finite", path.name)
+                path.unlink(missing_ok=True)
+        except ConfigError as e:
+            log.warning("passing over %s (kept): %s", path.name, e)
     return None, None
 
 

@@ -307,3 +307,18 @@ def test_resume_skips_a_checkpoint_with_a_flipped_byte(uninterrupted, tmp_path):
     log = result.stdout + result.stderr
     assert "skipping lenet5-e0003-s00000375.ckpt" in log and "fails its CRC32 check" in log, log[-3000:]
     assert "resumed from" in log and "lenet5-e0002-s00000250.ckpt (step 250" in log
+
+
+def test_a_fallback_keeps_a_damaged_checkpoint_it_passes_over(tmp_path):
+    """The fallback ladder restarts from the newest finite checkpoint and removes the non-finite ones (the
+    divergence's); one that does not read (a failed CRC) was removed as "not finite" too: it is passed over
+    and kept, the log naming why."""
+    from engine.checkpoint import AtomicCheckpoint, last_good_checkpoint
+    from models import create_model
+
+    saver = AtomicCheckpoint(tmp_path, "lenet5", every_epochs=1, keep_last=5, steps_per_epoch=10)
+    good = saver.save(create_model("lenet5", num_classes=10), 10)
+    damaged = saver.save(create_model("lenet5", num_classes=10), 20)
+    flip_a_weight_byte(damaged)
+    assert last_good_checkpoint(tmp_path, remove=True)[0] == good
+    assert damaged.exists()
