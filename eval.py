@@ -11,9 +11,7 @@ file (runs/weights/NAME.amp.level-O0.eval.json), never the plain result's.
 """
 from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
-import hashlib
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from data import create_dataset, task
 from engine.checkpoint import inference_network
 from engine.load import user_keys
 from engine.metrics import NetWithEval, create_loss, metrics
-from engine.weights import checkpoint_config
+from engine.weights import checkpoint_config, override_tag, overrides
 from models.decoding import translate
 from zoo.paths import check_writable
 
@@ -62,18 +60,6 @@ def split_of(cfg) -> str:
     return str(cfg.dataset.params.get("test_prefix") or "test") if task(cfg) == "translation" else "test"
 
 
-# Keys that say where the data is or how the evaluation runs, not what is evaluated: the result keeps its name.
-NEUTRAL = ("dataset.path", "dataset.params.test_prefix", "dataset.num_workers", "dataset.eval_batch_size",
-           "decode.batch_size", "runtime.")
-
-
-def overrides(argv) -> list:
-    """The command line's keys over the checkpoint's (or shipped weight's) config, as given: the record says
-    what was evaluated."""
-    return [a for a in argv if "=" in a and not a.startswith("-") and
-            not a.lstrip("+").startswith(("weights=", "checkpoint=", "output=", "recipe="))]
-
-
 def result_path(cfg, argv) -> Path:
     """output= when given; else beside the checkpoint (a shipped weight: runs/weights/NAME), named with the split
     when it is not "test", so that scoring another split keeps this one, and with the overrides that change what
@@ -82,10 +68,7 @@ def result_path(cfg, argv) -> Path:
         return Path(cfg.output)
     default = Path(cfg.output or f"{cfg.checkpoint}.eval.json")
     split = split_of(cfg)
-    changed = [a.lstrip("+") for a in overrides(argv) if not a.lstrip("+").startswith(NEUTRAL)]
-    tag = re.sub(r"[^A-Za-z0-9._,-]+", "-", ",".join(changed))
-    if len(tag) > 48:
-        tag = "overrides-" + hashlib.sha1(",".join(sorted(changed)).encode()).hexdigest()[:8]
+    tag = override_tag(argv)
     parts = [p for p in (tag, "" if split == "test" else split) if p]
     return default.with_name(".".join([default.name.removesuffix(".eval.json"), *parts, "eval.json"]))
 

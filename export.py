@@ -20,7 +20,7 @@ import numpy as np
 
 from data import create_dataset, task
 from engine.checkpoint import inference_network
-from engine.weights import checkpoint_config
+from engine.weights import checkpoint_config, override_tag
 from models import model_args
 from zoo.errors import ConfigError
 from zoo.paths import check_writable
@@ -57,8 +57,15 @@ def export(cfg) -> Tuple[Path, list]:
     return out, [tuple(x.shape) for x in inputs]
 
 
-def output_path(cfg) -> Path:
-    return Path(cfg.output or f"{cfg.checkpoint}.{str(cfg.infer.format).lower()}").expanduser()
+def output_path(cfg, argv: List[str] = ()) -> Path:
+    """output= when given; else beside the checkpoint (a shipped weight: runs/weights/NAME), named with the
+    overrides that change what is exported (infer.batch_size=8), so that it never replaces the plain export."""
+    if any(a.lstrip("+").startswith("output=") for a in argv):
+        return Path(cfg.output).expanduser()
+    fmt = str(cfg.infer.format).lower()
+    default = Path(cfg.output or f"{cfg.checkpoint}.{fmt}").expanduser()
+    tag = override_tag([a for a in argv if not a.lstrip("+").startswith("infer.format=")])
+    return default.with_name(f"{default.name.removesuffix('.' + fmt)}.{tag}.{fmt}") if tag else default
 
 
 SUFFIXES = {".mindir": "MINDIR", ".onnx": "ONNX"}
@@ -84,7 +91,7 @@ def main(argv) -> None:
     argv = follow_suffix(argv)
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("infer.format=")), "MINDIR")
     cfg, _ = checkpoint_config(argv, f".{fmt.lower()}")
-    check_writable(output_path(cfg), "output")  # before the network is built
+    cfg.output = str(check_writable(output_path(cfg, argv), "output"))  # before the network is built
     out, shapes = export(cfg)
     print(f"exported {cfg.recipe_name} ({cfg.infer.format}, inputs {', '.join(map(str, shapes))}) to {out}")
     if task(cfg) == "translation":

@@ -78,3 +78,17 @@ def test_the_export_format_follows_the_file_name(tmp_path):
         f"error: output={wrong}: its suffix says MINDIR, but infer.format=ONNX; drop infer.format (the suffix "
         f"decides) or name the file lenet.onnx"), out.stderr
     assert not wrong.exists()
+
+
+def test_an_export_with_overrides_names_its_own_file(tmp_path):
+    """Without output=, an export at another batch (or any key that changes what is exported) replaced the plain
+    one beside the checkpoint: it names its own file, as eval.py's results do; the format stays the suffix."""
+    from export import output_path
+    from engine.weights import checkpoint_config
+
+    ckpt = tmp_path / "lenet.ckpt"
+    ms.save_checkpoint(create_model("lenet5", num_classes=10), str(ckpt))
+    for argv, name in [([], "lenet.ckpt.mindir"), (["infer.batch_size=8"], "lenet.ckpt.infer.batch_size-8.mindir"),
+                       (["infer.format=ONNX", "runtime.seed=3"], "lenet.ckpt.onnx")]:
+        argv = ["recipe=lenet_o2", f"checkpoint={ckpt}", *argv]
+        assert output_path(checkpoint_config(argv)[0], argv) == tmp_path / name
