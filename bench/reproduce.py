@@ -488,6 +488,9 @@ def data_option(value: str) -> Tuple[str, str]:
     if not (ROOT / "conf" / "dataset" / f"{group}.yaml").is_file():
         groups = [p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")]
         fail(f"--data {group}=...: {group!r} is not a dataset group; " + choices_hint(group, groups))
+    if not Path(path).expanduser().is_dir():  # a mistyped path: its data would silently count as not here
+        fail(f"--data {group}={path}: {'a file' if Path(path).expanduser().exists() else 'no such folder'}; give the "
+             f"folder that holds the {group} files")
     return group, path
 
 
@@ -519,6 +522,12 @@ def main(argv: List[str]) -> None:
     recipes, given, runs, out, plan, only, max_seeds, readme, write = parse(argv)
     print(reproduce(recipes, given, runs, out, plan, readme=readme, only=only, max_seeds=max_seeds,
                     write=write)["table"])
+    asked = recipes if only is None else only  # --table (only=[]) trains nothing by design
+    missing = [name for name in asked if find_data(recipe_card(name), given) is None]
+    if missing and (only or len(missing) == len(recipes)):  # a command that reproduced nothing does not say it did
+        groups = sorted({recipe_card(name)["group"] for name in missing})
+        fail(f"not reproduced, for want of its data: {', '.join(missing)}; give "
+             f"{' '.join(f'--data {g}=PATH' for g in groups)}", code=1)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,17 @@ CASES = [
      "itself (trainer.epochs)"),  # not silently ignored
     (["runtime.distributed=true", "runtime.device_id=3"], "runtime.device_id=3 with runtime.distributed=true would "
                                                           "put every rank on device 3"),
+    # numbers that cannot train: NaN passes every comparison with a bound, so each is checked for being finite
+    (["optimizer.lr=nan"], "optimizer.lr=nan must be a finite number, positive"),
+    (["optimizer.lr=inf"], "optimizer.lr=inf must be a finite number, positive"),
+    (["schedule.min_lr=nan"], "schedule.min_lr=nan must be a finite number, at least 0"),
+    (["amp.loss_scale.init_scale=inf"], "amp.loss_scale.init_scale=inf must be a finite number, positive"),
+    (["trainer.label_smoothing=nan"], "trainer.label_smoothing=nan must be a finite number, from 0 to 1"),
+    (["optimizer.betas=[0.9,1.5]"], "optimizer.betas=[0.9, 1.5]: each value must be from 0 to below 1"),
+    (["optimizer.betas=[nan,0.98]"], "optimizer.betas=[nan, 0.98]: each value must be from 0 to below 1"),
+    (["dataset.std=[0]"], "dataset.std=[0.0]: each value must be positive"),
+    (["dataset.mean=[nan]"], "dataset.mean=[nan] is not a finite number"),
+    (["recipe=transformer_base_o2", "model.params.dropout=nan"], "model.params.dropout=nan is not a finite number"),
 ]
 
 

@@ -119,6 +119,7 @@ def test_a_session_killed_outright_ends_at_its_last_checkpoint(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--data", "fashion"], "give GROUP=PATH"),
     (["--data", "fashon_mnist=/x"], "did you mean fashion_mnist"),
+    (["--data", "fashion_mnist=/no/such/folder"], "--data fashion_mnist=/no/such/folder: no such folder"),
     (["--only", "lenet_o9"], "is not a recipe"),
     (["--seeds", "0"], "a whole number >= 1"),
     (["--bogus"], "unknown argument '--bogus'"),
@@ -339,3 +340,13 @@ def test_a_signal_while_scoring_says_the_run_is_kept(tmp_path, fake_runner, monk
         rp.reproduce(recipes=["transformer_tiny_multi30k_o0"], given={"multi30k": str(data)}, runs=tmp_path / "runs",
                      out=tmp_path / "out", runner=fake_runner, readme=None, scorer=stopped)
     assert info.value.note.startswith("transformer_tiny_multi30k_o0-s1 is trained and kept"), info.value.note
+
+
+def test_a_reproduce_that_reproduced_nothing_says_so(tmp_path, capsys):
+    """--only RECIPE without its data printed "plan: 0 runs to train" and the table, exit 0: it is exit 1 naming
+    the --data to give."""
+    with pytest.raises(SystemExit) as e:
+        rp.main(["--only", "lenet_o0", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    assert e.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: not reproduced, for want of its data: lenet_o0; give --data mnist=PATH")

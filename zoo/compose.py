@@ -2,6 +2,7 @@
 OmegaConf error is shown as. Imports Hydra, never MindSpore."""
 import dataclasses
 import os
+from pathlib import Path
 from typing import List, Tuple
 
 from zoo.config import CONF_DIR, Config, register_schema
@@ -93,6 +94,21 @@ def recipe_folders(argv: List[str]) -> List[str]:
     return folders
 
 
+def check_shadowed(choices: dict, argv: List[str]) -> None:
+    """A config of your own (FOLDER/recipe/NAME.yaml, or any group's, on hydra.searchpath) that a run uses under the
+    name of a shipped one would be silently ignored: Hydra takes the repository's first. One line instead."""
+    for folder in recipe_folders(argv)[1:]:
+        root = Path(folder).parent
+        for group, option in choices.items():
+            if not isinstance(option, str) or group.startswith("hydra"):
+                continue
+            mine, shipped = root / group / f"{option}.yaml", CONF_DIR / group / f"{option}.yaml"
+            if mine.is_file() and shipped.is_file() and mine.read_bytes() != shipped.read_bytes():
+                raise ConfigError(f"{group}={option}: {mine} has the name of a shipped {group} "
+                                  f"({shipped.resolve().relative_to(CONF_DIR.parent)}), which Hydra reads instead of "
+                                  f"yours; rename yours (e.g. my_{option}.yaml, then {group}=my_{option})")
+
+
 def one_line(exc: BaseException, argv: List[str] = ()) -> str:
     """Hydra and OmegaConf errors span several lines; keep what names the bad value (for a recipe not found,
     the folders it was looked for in)."""
@@ -144,6 +160,7 @@ def compose(overrides: List[str], config_name: str = "config"):
     register_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    check_shadowed(dict(cfg.hydra.runtime.choices), overrides)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]

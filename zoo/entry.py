@@ -14,6 +14,7 @@ was. oneDNN's ISA cap needs no such place: it is set when a network is built (mo
 """
 import os
 import sys
+from pathlib import Path
 from typing import Callable, List, Optional
 
 from zoo import interrupt
@@ -32,9 +33,26 @@ def _imported_by_the_program() -> bool:
     return frame is not None and frame.f_globals.get("__name__") == "__main__"
 
 
+def _shadowed() -> Optional[Path]:
+    """A file or package of the user's in the current folder named like one of the zoo's own top-level modules
+    (models.py, data/): `python -m amp.report` from that folder puts it first on the path, so the zoo would import
+    it instead of its own and fail with a traceback, or run the user's code as the zoo's. Its path, or None."""
+    root, cwd = Path(__file__).resolve().parent.parent, Path.cwd().resolve()
+    first = [Path(p or ".").resolve() for p in sys.path]
+    if cwd == root or cwd not in first or root in first[: first.index(cwd)]:
+        return None
+    ours = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()} | {p.stem for p in root.glob("*.py")}
+    found = [cwd / f"{n}.py" for n in ours if (cwd / f"{n}.py").is_file()] + [cwd / n for n in ours
+                                                                            if (cwd / n / "__init__.py").is_file()]
+    return sorted(found)[0] if found else None
+
+
 quiet_mindspore()
 if _imported_by_the_program():  # from here on a stop signal is one line and the shell's exit code (zoo.interrupt)
     interrupt.install()
+    if _shadowed():
+        fail(f"{_shadowed()} has the name of one of amp-zoo's own modules, and this folder comes first on the path "
+             f"(python -m): rename it (e.g. my_{_shadowed().stem}.py, then AMP_ZOO_PLUGINS=my_{_shadowed().stem})")
 
 
 def run(main: Callable[[List[str]], object], argv: Optional[List[str]] = None) -> None:
