@@ -1,0 +1,151 @@
+"""train.py as a program: its command line read once, Hydra's main inside the stop-signal handler, and each run
+(each job of a sweep) in `job()`, which claims its run directory and closes it however the run ends.
+
+The command line is checked and put in the form Hydra's parser reads (its flags first, ~ expanded, a resume
+pointed at its run directory) once, before Hydra composes each run, once. A sweep (-m) has every run checked
+before the first starts, goes on past a job that fails, and ends saying which jobs finished, failed and never
+started.
+"""
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from engine.load import check_command_line
+from engine.process.directory import RunDir, first_process, note_missing
+from zoo import interrupt
+from zoo.compose import expand_home, hydra_flags, sweep
+from zoo.config import CONF_DIR
+from zoo.entry import report
+from zoo.errors import ConfigError, fail
+
+
+def given(overrides: List[str], key: str) -> Optional[str]:
+    """The value of `key=VALUE` on the command line, or None."""
+    return next((a.split("=", 1)[1] for a in overrides if a.startswith(f"{key}=")), None)
+
+
+def recipe_of(overrides: List[str]) -> str:
+    """The recipe a command line runs: recipe= or the default of conf/config.yaml."""
+    defaults = OmegaConf.load(CONF_DIR / "config.yaml").defaults
+    return given(overrides, "recipe") or next(d["recipe"] for d in defaults if "recipe" in d)
+
+
+def resume_run_dir(overrides: List[str]) -> List[str]:
+    """resume=auto without hydra.run.dir: the newest run directory of the recipe that holds a checkpoint, or
+    none (Hydra's new directory: the run starts)."""
+    if given(overrides, "resume") != "auto" or given(overrides, "hydra.run.dir"):
+        return []
+    found = sorted(Path("runs", recipe_of(overrides)).glob("*/checkpoints/*.ckpt"), key=lambda p: p.stat().st_mtime)
+    return [f"hydra.run.dir={found[-1].parent.parent}"] if found else []
+
+
+def resume_subdir(overrides: List[str]) -> List[str]:
+    """A resume keeps the run's first .hydra/ (the command that started it) and records its own command line in
+    .hydra/resume-N/, as config.resume-N.yaml beside config.yaml."""
+    run_dir = given(overrides, "hydra.run.dir")
+    first = Path(run_dir).expanduser() / ".hydra" if run_dir else None
+    if first is None or not given(overrides, "resume") or not (first / "overrides.yaml").is_file():
+        return []
+    return [f"hydra.output_subdir=.hydra/resume-{len(list(first.glob('resume-*'))) + 1}"]
+
+
+def hydra_argv(argv: List[str]) -> List[str]:
+    """The command line as Hydra's parser reads it, checked (engine.load.check_command_line); a run directory
+    named for one run is claimed here, before Hydra writes into it, and the folders on the way to the default
+    ones are noted (engine.process.directory.note_missing)."""
+    check_command_line(argv, single=False)
+    flags, overrides = hydra_flags(expand_home(argv))
+    overrides += resume_run_dir(overrides)
+    overrides += resume_subdir(overrides)
+    runs = all(f in ("-m", "--multirun", "-r", "--run") for f in flags)  # --cfg, --info, ...: nothing runs
+    if runs and ("-m" in flags or "--multirun" in flags):
+        note_missing(given(overrides, "hydra.sweep.dir") or Path("runs", "multirun"))
+    elif runs and given(overrides, "hydra.run.dir"):
+        try:
+            RunDir(given(overrides, "hydra.run.dir"), named=True).claim(fresh=not given(overrides, "resume"))
+        except ConfigError as e:
+            fail(str(e))
+    elif runs:
+        note_missing(Path("runs", recipe_of(overrides)))
+    return flags + overrides
+
+
+@dataclass
+class Sweep:
+    """The jobs of a multirun, as they end: each job's number -> its overrides and how it ended."""
+    jobs: Dict[int, str] = field(default_factory=dict)
+    ended: Dict[int, str] = field(default_factory=dict)
+    code: int = 0  # the exit code of the first job that failed
+
+    def end(self, number: int, overrides: List[str], how: str, code: int = 0) -> None:
+        self.jobs[number], self.ended[number] = " ".join(overrides), how
+        self.code = self.code or code
+
+    def summary(self, planned: int) -> str:
+        """`sweep: 3 jobs; #0 (recipe=lenet_o0) finished; #1 (...) failed: ...; #2 never started`."""
+        parts = [f"#{n} ({self.jobs[n]}) {self.ended[n]}" for n in sorted(self.ended)]
+        parts += [f"#{n} never started" for n in range(len(self.ended), planned)]
+        return f"sweep: {planned} jobs; " + "; ".join(parts)
+
+
+SWEEP = Sweep()
+
+
+def ended(error: BaseException) -> SystemExit:
+    """`report`'s line for `error` printed, and the exit it ends in."""
+    try:
+        report(error)
+    except SystemExit as exit_:
+        return exit_
+    raise AssertionError("report ends every error")  # pragma: no cover
+
+
+@contextmanager
+def job() -> Iterator[RunDir]:
+    """The body of one run, or one job of a sweep: its run directory, claimed, and closed however the run ends.
+    An error ends a single run with its one line (zoo.entry.report); in a sweep, the line is the job's and the
+    sweep goes on with the next job, unless a stop signal ends it."""
+    hydra = HydraConfig.get()
+    multirun = hydra.mode == RunMode.MULTIRUN
+    run_dir = RunDir(hydra.runtime.output_dir, named=bool(given(list(hydra.overrides.hydra), "hydra.run.dir")),
+                     recipe=hydra.runtime.choices.get("recipe"))
+    number, overrides = hydra.job.get("num", 0), list(hydra.overrides.task)
+    try:
+        yield run_dir.claim() if first_process() else run_dir
+        run_dir.close()
+        if multirun:
+            SWEEP.end(number, overrides, "finished")
+    except BaseException as error:  # noqa: BLE001  (each kind ends as zoo.entry.report says)
+        exit_ = ended(run_dir.close(error))
+        if not multirun:
+            raise exit_ from None
+        stopped = interrupt.received() or isinstance(error, interrupt.Interrupted)
+        how = "interrupted" if stopped else f"failed: {getattr(exit_, 'message', f'exit {exit_.code}')}"
+        SWEEP.end(number, overrides, how, int(exit_.code or 1))
+        if stopped:  # a stop signal ends the sweep
+            raise exit_ from None
+
+
+def run_hydra(main: Callable[[], object]) -> None:
+    """train.py's program: main (Hydra's) on the command line `hydra_argv` makes of sys.argv, inside the
+    stop-signal handler (zoo.interrupt.handled); a sweep ends with its summary, and the exit code of its first
+    failed job."""
+    argv = sys.argv[1:]
+    multirun = "-m" in argv or "--multirun" in argv
+    with interrupt.handled():
+        try:
+            sys.argv[1:] = hydra_argv(argv)
+            main()
+        finally:
+            if multirun and SWEEP.ended:
+                print(SWEEP.summary(len(sweep(hydra_flags(sys.argv[1:])[1]))), file=sys.stderr, flush=True)
+    interrupt.finished()
+    if SWEEP.code:
+        raise SystemExit(SWEEP.code)
+
