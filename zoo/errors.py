@@ -41,19 +41,10 @@ def write_error(path, error: BaseException) -> "WriteError":
     return WriteError(f"could not write {path}: {reason}")
 
 
-class Failed(SystemExit):
-    """The exit of a command whose `error:` line is printed: its code, and the line's message (a sweep's summary
-    names the job it ended)."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(code)
-        self.message = message
-
-
 def fail(message: str, code: int = 2) -> None:
     """One `error:` line on stderr and exit `code` (2: bad input)."""
     print(f"error: {message}", file=sys.stderr)
-    raise Failed(message, code)
+    raise SystemExit(code)
 
 
 def choices_hint(value: str, valid) -> str:

@@ -10,7 +10,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -78,32 +78,35 @@ def hydra_argv(argv: List[str]) -> List[str]:
 
 @dataclass
 class Sweep:
-    """The jobs of a multirun, as they end: each job's number -> its overrides and how it ended."""
-    jobs: Dict[int, str] = field(default_factory=dict)
-    ended: Dict[int, str] = field(default_factory=dict)
+    """How the jobs of a multirun ended, by Hydra's job number (#N): finished, failed or interrupted."""
+    ended: Dict[int, Tuple[str, int]] = field(default_factory=dict)
     code: int = 0  # the exit code of the first job that failed
 
-    def end(self, number: int, overrides: List[str], how: str, code: int = 0) -> None:
-        self.jobs[number], self.ended[number] = " ".join(overrides), how
+    def end(self, number: int, how: str, code: int = 0) -> None:
+        self.ended[number] = (how, code)
         self.code = self.code or code
 
-    def summary(self, planned: int) -> str:
-        """`sweep: 3 jobs; #0 (recipe=lenet_o0) finished; #1 (...) failed: ...; #2 never started`."""
-        parts = [f"#{n} ({self.jobs[n]}) {self.ended[n]}" for n in sorted(self.ended)]
-        parts += [f"#{n} never started" for n in range(len(self.ended), planned)]
-        return f"sweep: {planned} jobs; " + "; ".join(parts)
+    def summary(self, planned: List[List[str]]) -> str:
+        """`sweep: 3 jobs; finished: #1; failed: #0 (exit 1); never started: #2 (recipe=lenet_o3)`: the jobs
+        that ran are named by number (Hydra's launch lines give their overrides), the rest by their overrides."""
+        parts = []
+        for how in ("finished", "failed", "interrupted"):
+            jobs = [f"#{n}" + (f" (exit {code})" if code else "") for n, (h, code) in sorted(self.ended.items())
+                    if h == how]
+            parts += [f"{how}: {', '.join(jobs)}"] if jobs else []
+        never = [f"#{n} ({' '.join(planned[n])})" for n in range(len(self.ended), len(planned))]
+        return f"sweep: {len(planned)} jobs; " + "; ".join(parts + [f"never started: {', '.join(never) or 'none'}"])
 
 
 SWEEP = Sweep()
 
 
 def ended(error: BaseException) -> SystemExit:
-    """`report`'s line for `error` printed, and the exit it ends in."""
+    """`report`'s line for `error` printed, and the exit it ends in (a bug's exception goes on up)."""
     try:
         report(error)
     except SystemExit as exit_:
         return exit_
-    raise AssertionError("report ends every error")  # pragma: no cover
 
 
 @contextmanager
@@ -115,19 +118,18 @@ def job() -> Iterator[RunDir]:
     multirun = hydra.mode == RunMode.MULTIRUN
     run_dir = RunDir(hydra.runtime.output_dir, named=bool(given(list(hydra.overrides.hydra), "hydra.run.dir")),
                      recipe=hydra.runtime.choices.get("recipe"))
-    number, overrides = hydra.job.get("num", 0), list(hydra.overrides.task)
+    number = hydra.job.get("num", 0)
     try:
         yield run_dir.claim() if first_process() else run_dir
         run_dir.close()
         if multirun:
-            SWEEP.end(number, overrides, "finished")
+            SWEEP.end(number, "finished")
     except BaseException as error:  # noqa: BLE001  (each kind ends as zoo.entry.report says)
         exit_ = ended(run_dir.close(error))
         if not multirun:
             raise exit_ from None
         stopped = interrupt.received() or isinstance(error, interrupt.Interrupted)
-        how = "interrupted" if stopped else f"failed: {getattr(exit_, 'message', f'exit {exit_.code}')}"
-        SWEEP.end(number, overrides, how, int(exit_.code or 1))
+        SWEEP.end(number, "interrupted" if stopped else "failed", int(exit_.code or 1))
         if stopped:  # a stop signal ends the sweep
             raise exit_ from None
 
@@ -144,7 +146,7 @@ def run_hydra(main: Callable[[], object]) -> None:
             main()
         finally:
             if multirun and SWEEP.ended:
-                print(SWEEP.summary(len(sweep(hydra_flags(sys.argv[1:])[1]))), file=sys.stderr, flush=True)
+                print(SWEEP.summary(sweep(hydra_flags(sys.argv[1:])[1])), file=sys.stderr, flush=True)
     interrupt.finished()
     if SWEEP.code:
         raise SystemExit(SWEEP.code)

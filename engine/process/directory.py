@@ -37,15 +37,20 @@ def note_missing(path) -> None:
         MISSING.add(folder)
 
 
+def parent_command() -> List[str]:
+    """The command line of this process's parent (under msrun: msrun's), or [] where it cannot be read."""
+    try:
+        return Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
+
+
 def launcher() -> Optional[List[str]]:
     """msrun's command line with its own options (`msrun --worker_num=8 ...`, up to the script), when msrun
-    started this process; None otherwise. Read from msrun's process, this worker's parent."""
+    started this process; None otherwise."""
     if not msrun_env():
         return None
-    try:
-        words = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode().split("\0")
-    except OSError:
-        words = []
+    words = parent_command()
     start = next((i for i, w in enumerate(words) if Path(w).name == "msrun"), None)
     if start is None:
         return ["msrun", f"--worker_num={os.environ.get('MS_WORKER_NUM', 'N')}", "(with this run's other options)"]
