@@ -397,3 +397,14 @@ def test_the_code_passes_the_linter():
     out = subprocess.run([str(ruff), "check", "--no-cache", "--output-format", "concise", str(ROOT)], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_labs_tests_are_outside_make_test():
+    """The lab is not the product: `make test` (pytest with pyproject's default marks) collects none of the lab's
+    tests; `make test-lab` runs them."""
+    def collected(*marks):
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", *marks,
+                              "tests/test_lab.py"], cwd=ROOT, capture_output=True, text=True)
+        return [line for line in out.stdout.splitlines() if "::" in line]
+    assert collected() == []
+    assert len(collected("-m", "lab")) >= 3
