@@ -85,6 +85,29 @@ def test_a_killed_run_continues_with_resume_auto(tmp_path, fake_runner, monkeypa
     assert (stopped.with_name(stopped.name + "-stop") / "metrics.json").is_file()
 
 
+def test_the_readme_is_written_once_with_the_table_it_ends_with(tmp_path, fake_runner, monkeypatch):
+    """With --write, README.md's table is the one reproduce ends with, written once: not rewritten after every
+    run (OUT/REPRODUCE.md is the table as it stands)."""
+    data = tmp_path / "fashion"
+    data.mkdir()
+    seeds(monkeypatch, lenet_fashion_o0=[1, 2])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{rp.README_BEGIN}\nold table\n{rp.README_END}\n")
+    written = []
+    monkeypatch.setattr(rp, "write_readme", lambda table, path, real=rp.write_readme: written.append(table) or
+                        real(table, path))
+    table = rp.reproduce(recipes=["lenet_fashion_o0"], given={"fashion_mnist": str(data)}, runs=tmp_path / "runs",
+                         out=tmp_path / "out", runner=fake_runner, readme=readme)["table"]
+    assert len(fake_runner.calls) == 2 and written == [table] and table in readme.read_text()
+
+
+def test_no_function_of_reproduce_is_over_60_lines():
+    import ast
+    tree = ast.parse(rp.Path(rp.__file__).read_text())
+    lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert "reproduce" in lengths and max(lengths.values()) <= 60, {k: n for k, n in lengths.items() if n > 60}
+
+
 def test_the_readme_table_is_replaced_between_its_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{rp.README_BEGIN}\nold table\n{rp.README_END}\nafter\n")
