@@ -361,7 +361,8 @@ def test_every_link_in_the_docs_leads_somewhere():
              if not target.startswith(("http:", "https:", "mailto:"))]
     broken = [f"{name}: {target}" for name, target, _ in links if target and not leads(name, target)]
     assert broken == [], "a link to a file that is not in the repository"
-    cards = [(name, target, anchor) for name in files if name.startswith("recipes/") and name.endswith(".yaml")
+    cards = [(name, target, anchor) for name in files if name.startswith(("recipes/", "conf/card/"))
+             and name.endswith(".yaml")
              for target, anchor in re.findall(r"(docs/[\w.-]+\.md)#([\w-]+)", (ROOT / name).read_text())]
     anchored = [(name, os.path.normpath(os.path.join(os.path.dirname(name), target)) if target else name, anchor)
                 for name, target, anchor in links if anchor] + cards
@@ -408,3 +409,24 @@ def test_the_labs_tests_are_outside_make_test():
         return [line for line in out.stdout.splitlines() if "::" in line]
     assert collected() == []
     assert len(collected("-m", "lab")) >= 3
+
+
+def test_a_recipe_cards_header_is_written_once():
+    """The levels of one recipe family (lenet_o0/o2/o3, ...) share their card (conf/card/FAMILY.yaml: model,
+    data, schedule, the published number and its source), through Hydra's defaults: no comment line of a card is
+    copied into two recipes. resnet34_o0/o2/o3 cite three different published schedules (issue 62, item 7):
+    their card comes once their schedules are settled."""
+    lines = {}
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        for line in path.read_text().splitlines():
+            text = line.strip()
+            if text.startswith("#") and len(text) > 50 and "conf/card/" not in text and "train.py" not in text:
+                lines.setdefault(text, set()).add(path.stem)
+    copied = {text: sorted(names) for text, names in lines.items() if len(names) > 1
+              and not all(name.startswith("resnet34_") for name in names)}
+    assert copied == {}
+    cards = sorted(p.stem for p in (ROOT / "conf" / "card").glob("*.yaml"))
+    assert {"lenet", "lenet_fashion", "resnet18_fashion", "transformer_base", "transformer_tiny_multi30k"} <= set(cards)
+    for card in cards:
+        users = [p.stem for p in (ROOT / "recipes").glob("*.yaml") if f"- /card/{card}\n" in p.read_text()]
+        assert len(users) >= 2, f"conf/card/{card}.yaml is the card of {users}: a card is for a family"
