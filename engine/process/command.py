@@ -6,6 +6,7 @@ pointed at its run directory) once, before Hydra composes each run, once. A swee
 before the first starts, goes on past a job that fails, and ends saying which jobs finished, failed and never
 started.
 """
+import os
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from omegaconf import OmegaConf
 from engine.load import check_command_line
 from engine.process.directory import RunDir, first_process, note_missing
 from zoo import interrupt
-from zoo.compose import expand_home, hydra_flags, sweep
+from zoo.compose import expand_home, hydra_flags, one_line, sweep
 from zoo.config import CONF_DIR
 from zoo.entry import report
 from zoo.errors import ConfigError, fail
@@ -136,14 +137,18 @@ def job() -> Iterator[RunDir]:
 
 def run_hydra(main: Callable[[], object]) -> None:
     """train.py's program: main (Hydra's) on the command line `hydra_argv` makes of sys.argv, inside the
-    stop-signal handler (zoo.interrupt.handled); a sweep ends with its summary, and the exit code of its first
-    failed job."""
+    stop-signal handler (zoo.interrupt.handled). What Hydra cannot compose (a value the schema refuses, a recipe
+    not found) is one line, exit 2; each run's own errors end in `job`. A sweep ends with its summary, and the
+    exit code of its first failed job."""
     argv = sys.argv[1:]
     multirun = "-m" in argv or "--multirun" in argv
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it cannot compose, and it becomes one line here
     with interrupt.handled():
         try:
             sys.argv[1:] = hydra_argv(argv)
             main()
+        except Exception as e:  # noqa: BLE001  (Hydra's composition: a bad value, a recipe not found)
+            report(e if interrupt.received() else ConfigError(one_line(e, argv)))
         finally:
             if multirun and SWEEP.ended:
                 print(SWEEP.summary(sweep(hydra_flags(sys.argv[1:])[1])), file=sys.stderr, flush=True)
