@@ -28,9 +28,9 @@ sys.excepthook = interrupt.hook
 
 def report(error: BaseException) -> None:
     """The one line every command ends an error with, and its exit code: bad input (ConfigError) 2; the device
-    or its software (DeviceError) or a file that cannot be written (OSError) 1;
-    a stop signal 128 + its number, also when what it cut short raised something else (MindSpore wraps it).
-    A SystemExit goes on as it is; anything else is a bug, raised with its traceback."""
+    or its software (DeviceError), or a file that cannot be written (OSError) 1; a stop signal 128 + its
+    number, also when what it cut short raised something else (MindSpore wraps it). A SystemExit goes on as it
+    is; anything else is a bug, raised with its traceback."""
     if isinstance(error, SystemExit):
         raise error
     if isinstance(error, interrupt.Interrupted):

@@ -151,7 +151,8 @@ def run_hydra(main: Callable[[], object]) -> None:
             report(e if interrupt.received() else ConfigError(one_line(e, argv)))
         finally:
             if multirun and SWEEP.ended:
-                print(SWEEP.summary(sweep(hydra_flags(sys.argv[1:])[1])), file=sys.stderr, flush=True)
+                jobs = sweep([a for a in hydra_flags(sys.argv[1:])[1] if not a.startswith("hydra.")])
+                print(SWEEP.summary(jobs), file=sys.stderr, flush=True)
     interrupt.finished()
     if SWEEP.code:
         raise SystemExit(SWEEP.code)
