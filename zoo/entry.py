@@ -19,31 +19,11 @@ import sys
 from typing import Callable, List, Optional
 
 from zoo import interrupt
-from zoo.errors import ConfigError, DeviceError, fail
+from zoo.report import report
 from zoo.runtime import quiet_mindspore
 
 quiet_mindspore()
 sys.excepthook = interrupt.hook
-
-
-def report(error: BaseException) -> None:
-    """The one line every command ends an error with, and its exit code: bad input (ConfigError) 2; the device
-    or its software (DeviceError), or a file that cannot be written (OSError) 1; a stop signal 128 + its
-    number, also when what it cut short raised something else (MindSpore wraps it). A SystemExit goes on as it
-    is; anything else is a bug, raised with its traceback."""
-    if isinstance(error, SystemExit):
-        raise error
-    if isinstance(error, interrupt.Interrupted):
-        interrupt.exit_line(error)
-    if interrupt.received():
-        interrupt.exit_line(interrupt.Interrupted(interrupt.received()))
-    if isinstance(error, ConfigError):
-        fail(str(error))
-    if isinstance(error, DeviceError):
-        fail(str(error), code=1)
-    if isinstance(error, OSError):
-        fail(str(error) if error.strerror is None else f"could not write {error.filename}: {error.strerror}", code=1)
-    raise error
 
 
 def run(main: Callable[[List[str]], object], argv: Optional[List[str]] = None) -> None:

@@ -5,5 +5,5 @@
 - failures: the one line for what model.train raised (data, device, a model that does not compile)
 - logs: what goes into train.log alone, and the quieter console of msrun's other ranks
 
-The stop signals (zoo.interrupt.handled) and the one line an error ends in (zoo.entry.report) sit in the core, for
+The stop signals (zoo.interrupt.handled) and the one line an error ends in (zoo.report.report) sit in the core, for
 every command; this layer sits on top of the engine, and only train.py imports it."""

@@ -22,8 +22,9 @@ from engine.process.directory import RunDir, first_process, note_missing
 from zoo import interrupt
 from zoo.compose import expand_home, hydra_flags, one_line, sweep
 from zoo.config import CONF_DIR
-from zoo.entry import report
+from zoo.report import report
 from zoo.errors import ConfigError, fail
+from zoo.runtime import msrun_env
 
 
 def given(overrides: List[str], key: str) -> Optional[str]:
@@ -60,7 +61,8 @@ def hydra_argv(argv: List[str]) -> List[str]:
     """The command line as Hydra's parser reads it, checked (engine.load.check_command_line); a run directory
     named for one run is claimed here, before Hydra writes into it, and the folders on the way to the default
     ones are noted (engine.process.directory.note_missing)."""
-    check_command_line(argv, single=False)
+    check_command_line(argv, single=bool(msrun_env()))  # under msrun no process removes the shared directory:
+    # a run is checked before Hydra makes it; else Hydra composes it once, and train.py checks it then
     flags, overrides = hydra_flags(expand_home(argv))
     overrides += resume_run_dir(overrides)
     overrides += resume_subdir(overrides)
@@ -113,7 +115,7 @@ def ended(error: BaseException) -> SystemExit:
 @contextmanager
 def job() -> Iterator[RunDir]:
     """The body of one run, or one job of a sweep: its run directory, claimed, and closed however the run ends.
-    An error ends a single run with its one line (zoo.entry.report); in a sweep, the line is the job's and the
+    An error ends a single run with its one line (zoo.report.report); in a sweep, the line is the job's and the
     sweep goes on with the next job, unless a stop signal ends it."""
     hydra = HydraConfig.get()
     multirun = hydra.mode == RunMode.MULTIRUN
@@ -125,7 +127,7 @@ def job() -> Iterator[RunDir]:
         run_dir.close()
         if multirun:
             SWEEP.end(number, "finished")
-    except BaseException as error:  # noqa: BLE001  (each kind ends as zoo.entry.report says)
+    except BaseException as error:  # noqa: BLE001  (each kind ends as zoo.report.report says)
         exit_ = ended(run_dir.close(error))
         if not multirun:
             raise exit_ from None
