@@ -80,6 +80,11 @@ def plan_loss_scale(ls_cfg) -> LossScalePlan:
     return LossScalePlan(kind, float(ls_cfg.init_scale), cell, True, 1.0, ls_cfg.min_scale)
 
 
+def zero() -> Tensor:
+    """A step counter's start: an int32 0."""
+    return Tensor(0, mstype.int32)
+
+
 class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
     """One training step: input check, forward, scaled backward, unscale, overflow check, (skipped) update,
     telemetry.
@@ -99,7 +104,6 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         self.unscale_sum = fused_unscale_op(device, self.reducer_flag)
         self.saturation_mode = saturation_mode(device, self.ascend_910a_target, self.ascend_910b_target)
         self.min_scale = Tensor(plan.min_scale, mstype.float32)
-        zero = lambda: Tensor(0, mstype.int32)  # noqa: E731
         self.amp_steps = Parameter(zero(), name="amp_steps", requires_grad=False)
         self.amp_overflow_steps = Parameter(zero(), name="amp_overflow_steps", requires_grad=False)
         self.amp_skipped_steps = Parameter(zero(), name="amp_skipped_steps", requires_grad=False)

@@ -162,6 +162,16 @@ AMP_STATE = ("scale_sense", "current_iterator_step", "last_overflow_iterator_ste
 RUN_TIMES = ("train_time_s", "wall_time_s")  # a train.py checkpoint's run times so far (AtomicCheckpoint's clock)
 
 
+def is_amp_state(name: str) -> bool:
+    """A loss-scale or AMP counter parameter of a train step, not a weight or the optimizer's state."""
+    return name in AMP_STATE or name.startswith("amp_")
+
+
+def accumulates(keys) -> bool:
+    """Whether a train step's parameter names hold gradient accumulation's buffers (update_freq > 1)."""
+    return any(k.startswith("amp_accum.") for k in keys)
+
+
 def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, model_name: str = "",
                     params: Optional[dict] = None) -> int:
     """Load weights and optimizer state (from `path`, or `params` already read from it) into a train step;
@@ -171,11 +181,9 @@ def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, mode
     (a lower fallback rung starts its own scale)."""
     params = dict(read_checkpoint(path) if params is None else params)
     params.pop("learning_rate", None)  # the schedule comes from the config; its position is global_step
-    is_amp_state = lambda n: n in AMP_STATE or n.startswith("amp_")  # noqa: E731
     if not with_amp_state:
         params = {k: v for k, v in params.items() if not is_amp_state(k)}
     names = [p.name for p in step_cell.get_parameters() if p.name != "learning_rate"]
-    accumulates = lambda keys: any(k.startswith("amp_accum.") for k in keys)  # noqa: E731  (update_freq > 1)
     if with_amp_state and accumulates(params) != accumulates(names):
         given = "update_freq > 1" if accumulates(names) else "update_freq=1"
         raise ConfigError(f"{path} was written {'with' if accumulates(params) else 'without'} gradient accumulation "

@@ -6,15 +6,13 @@ import math
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
 import data  # (and registers the datasets)
 from amp.names import check_policy_names
 from amp.policy import check_device_dtype, keep_fp32_names
 from models import check_model, import_plugins, model_args  # (and registers the models)
-from zoo.compose import check_slips, compose, expand_home, hydra_flags, one_line
+from zoo.compose import check_slips, compose, expand_home, hydra_flags, one_line, sweep
 from zoo.config import Config, RANGES, SPECIAL
 from zoo.errors import ConfigError, fail
 from zoo.paths import check_writable
@@ -127,7 +125,6 @@ def apply_smoke(cfg, given: List[str] = ()) -> Tuple[object, Optional[str], List
     if cfg.dataset.path is not None or not cfg.smoke:
         return cfg, None, []
     smoke = flatten(OmegaConf.to_container(cfg.smoke))
-    overlaps = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
     kept = sorted({u for u in given for k in smoke if overlaps(k, u)})
     applied = {k: v for k, v in smoke.items() if not any(overlaps(k, u) for u in kept)}
     nested: Dict = {}
@@ -149,6 +146,11 @@ def apply_smoke(cfg, given: List[str] = ()) -> Tuple[object, Optional[str], List
             + f". This proves the recipe works, it is not the benchmark: set dataset.path to the "
             f"{cfg.dataset.name} files for the published schedule")
     return merged, note, kept
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Whether two dotted keys name the same setting, or one holds the other (`model` and `model.params.d_model`)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def check_ranges(cfg) -> None:
@@ -273,9 +275,11 @@ def check_devices(cfg) -> None:
                           f"rank its own device)")
 
 
-def check_command_line(argv: List[str]) -> None:
-    """Compose and check every run the command line asks for (several with -m); on any error print one line
-    and exit 2, before Hydra creates a run directory."""
+def check_command_line(argv: List[str], single: bool = True) -> None:
+    """Check train.py's command line: its slips, where its runs will write, and every run it asks for, composed
+    (each run of a -m sweep, before the first starts); on any error print one line and exit 2, before Hydra
+    creates a run directory. single=False: a command line of one run is composed by Hydra alone, and checked
+    there (train.py's main), so that it is composed once."""
     try:
         check_slips(argv)
     except ConfigError as e:
@@ -296,12 +300,8 @@ def check_command_line(argv: List[str]) -> None:
     except ConfigError as e:
         fail(f"{e} (the default run directory is under runs/; or give hydra.run.dir=DIR)" if not dirs else str(e))
     try:
-        if "-m" in flags or "--multirun" in flags:
-            parsed = OverridesParser.create().parse_overrides(overrides)
-            runs = [run for batch in BasicSweeper.split_arguments(parsed, None) for run in batch]
-        else:
-            runs = [overrides]
-        for run in runs:
+        multirun = "-m" in flags or "--multirun" in flags
+        for run in sweep(overrides) if multirun else [overrides] if single else []:
             load_config(run)
     except ConfigError as e:
         fail(str(e))

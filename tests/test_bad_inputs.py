@@ -224,15 +224,15 @@ PIPELINE_ERROR = """Exception thrown from dataset pipeline. Refer to 'Dataset Pi
 def test_a_file_the_pipeline_cannot_read_is_one_line_at_any_step(tmp_path):
     import types
 
-    import train
+    from engine.process.failures import step_error
     run = types.SimpleNamespace(timer=types.SimpleNamespace(steps=[120]), run_dir=tmp_path, device="CPU", is_main=True,
                                 cfg=types.SimpleNamespace(recipe_name="resnet34_o2"))
-    line = train.step_error(run, RuntimeError(PIPELINE_ERROR), ran_before=True)
+    line = step_error(run, RuntimeError(PIPELINE_ERROR), ran_before=True)
     assert line.startswith("the data pipeline failed at step 120: Invalid image, /data/imagenet/train/n01/10.JPEG "
                            "decode failed")
     assert f"continue with: python train.py recipe=resnet34_o2 hydra.run.dir={tmp_path} resume=auto" in line
     with pytest.raises(RuntimeError, match="a bug"):  # anything else after the first step is not bad input
-        train.step_error(run, RuntimeError("a bug"), ran_before=True)
+        step_error(run, RuntimeError("a bug"), ran_before=True)
 
 
 @pytest.mark.parametrize("command", ["eval.py", "export.py", "-m bench.verify", "-m bench.ship", "-m bench.multi30k",

@@ -100,18 +100,18 @@ def test_a_graph_account_an_earlier_process_left_is_not_named(tmp_path, monkeypa
     import os
     import types
 
-    import train
+    from engine.process import failures
     left = tmp_path / "rank_0" / "om" / "analyze_fail.ir"
     left.parent.mkdir(parents=True)
     left.write_text("the earlier graph")
-    os.utime(left, (train.STARTED - 60, train.STARTED - 60))
+    os.utime(left, (failures.STARTED - 60, failures.STARTED - 60))
     monkeypatch.setenv("MS_OM_PATH", str(tmp_path))
     run = types.SimpleNamespace(rank=0, run_dir=tmp_path, is_main=True,
                                 cfg=types.SimpleNamespace(model=types.SimpleNamespace(name="tinynet"),
                                                           recipe_name="tinynet_o2"))
-    assert "account of the graph" not in train.compile_error(run, RuntimeError("For 'MatMul' ..."))
+    assert "account of the graph" not in failures.compile_error(run, RuntimeError("For 'MatMul' ..."))
     left.touch()  # written by this process
-    assert f"account of the graph: {left}" in train.compile_error(run, RuntimeError("For 'MatMul' ..."))
+    assert f"account of the graph: {left}" in failures.compile_error(run, RuntimeError("For 'MatMul' ..."))
 
 
 def one_error(result) -> str:

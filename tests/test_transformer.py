@@ -242,7 +242,8 @@ def copy_model():
     for _ in range(60):
         lengths = rng.randint(3, 10, 32)
         body = [rng.randint(4, 24, n) for n in lengths]
-        pad = lambda rows, w: np.stack([np.pad(r, (0, w - len(r))) for r in rows]).astype(np.int32)  # noqa: E731
+        def pad(rows, w):
+            return np.stack([np.pad(r, (0, w - len(r))) for r in rows]).astype(np.int32)
         step(ms.Tensor(pad([np.append(b, EOS) for b in body], 12)),
              ms.Tensor(pad([np.insert(b, 0, BOS) for b in body], 12)),
              ms.Tensor(pad([np.append(b, EOS) for b in body], 12)))
