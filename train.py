@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 from tensorboardX import SummaryWriter
 
 from amp.fallback import DivergenceWatch, describe, finite_loss, ladder, not_learning
+from amp.policy import cpu_cost_note
 from amp.precision import precision_report, write_report
 from amp.profile import ProfileSteps
 from amp.telemetry import AmpTelemetry
@@ -204,6 +205,8 @@ def build_step(run: Run, amp_cfg, start: Start):
     if run.is_main:
         write_report(report, run.run_dir, run.writer)
     log.info("precision: %s", report["summary"])
+    if cpu_cost_note(run.device, amp_cfg):  # what fp16 costs on the CPU, said before a step runs
+        log.info(cpu_cost_note(run.device, amp_cfg))
     if str(amp_cfg.level) == "O3" and step.policy.keep_fp32:  # O3 has no default keep-list, but a given one holds
         log.info("O3 with amp.keep_fp32=[%s]: those Cells stay fp32 (amp.keep_fp32=[] runs everything in low "
                  "precision)", ",".join(step.policy.keep_fp32))
