@@ -1,8 +1,10 @@
 """A run directory belongs to one run.
 
-- One process at a time: `claim` takes an exclusive lock on the directory itself (flock on its file
-  descriptor, nothing written into it). The kernel drops the lock when the process ends, however it ends, so a
-  killed run never leaves a stale lock. A second process gets one line naming the process that holds it.
+- One process at a time: `claim` takes an exclusive lock on `.run.lock` in the directory (zoo.locks: flock on
+  the file opened for writing, as NFSv4 needs; an O_EXCL lock file where the file system has no flock). The
+  kernel drops an flock when the process ends, however it ends, so a killed run never leaves a stale lock; a
+  fallback lock file left on this host by a dead process is taken over. A second process gets one line naming
+  the process that holds it.
 - A fresh start never overwrites a run: `refuse_fresh_start` stops a run without `resume` in a directory that
   holds a run's checkpoints or its metrics.json.
 - The run's own config rules a resume (`resume_config`) and an evaluation of its checkpoints (`run_config_for`):
@@ -12,7 +14,6 @@
   checkpoints other ids, and a plausible wrong BLEU.
 """
 import dataclasses
-import fcntl
 import filecmp
 import os
 import shutil
@@ -23,10 +24,11 @@ from omegaconf import OmegaConf, open_dict
 
 from data.translation import tokenizer_file
 from engine.checkpoint import CHECKPOINT_NAME, checkpoints
+from zoo import locks
 from zoo.config import Config
 from zoo.errors import ConfigError
 
-HELD: Dict[Path, int] = {}  # directory -> the descriptor whose lock this process holds until it ends
+HELD: Dict[Path, locks.Lock] = {}  # directory -> the lock this process holds until it ends
 
 # What a resume may change: how long the run goes on, how it logs and where its data now is. Everything else
 # (model, data, precision, loss scale, optimizer, schedule, batch) is the run's.
@@ -79,41 +81,29 @@ def still_known(saved: dict, schema) -> dict:
     return {k: still_known(v, schema[k]) if isinstance(v, dict) else v for k, v in saved.items() if k in known}
 
 
-def lock_holder(directory: Path) -> Optional[int]:
-    """The process holding an flock on `directory`, from /proc/locks (Linux); None where it cannot be told."""
-    try:
-        inode = os.stat(directory).st_ino
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split()
-        if "FLOCK" in parts and "->" not in parts and len(parts) > 5:
-            try:
-                if int(parts[5].split(":")[-1]) == inode and int(parts[4]) != os.getpid():
-                    return int(parts[4])
-            except ValueError:
-                continue
-    return None
+LOCK_FILE = ".run.lock"  # in the run directory: the file `claim` locks (zoo.locks)
 
 
 def claim(directory, what: str = "run directory") -> Path:
     """Create `directory` if need be and hold it for this process; a directory another process holds is a
-    ConfigError naming that process. Claiming one directory twice in a process is a no-op."""
+    ConfigError naming that process. Claiming one directory twice in a process is a no-op. The lock is
+    zoo.locks's: flock on a file opened for writing (NFSv4 refuses it on a read-only descriptor), or an O_EXCL
+    lock file where the file system has no flock (Lustre without -o flock, NFS without a lock manager)."""
     path = Path(directory).expanduser().resolve()
     if path in HELD:
         return path
     path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        holder = lock_holder(path)
-        by = f"process {holder}" if holder else "another process"
-        raise ConfigError(f"{what} {directory} is in use by {by}: a directory holds one run at a time; wait for it "
-                          f"to end, or give another directory") from None
-    HELD[path] = fd
+        HELD[path] = locks.acquire(path / LOCK_FILE)
+    except locks.LockHeld as e:
+        stale = (f"; if that run has ended (a killed process leaves this file), remove {e.path}" if e.fallback
+                 and " on host " in e.holder else "")
+        raise ConfigError(f"{what} {directory} is in use by {e.holder}: a directory holds one run at a time; wait "
+                          f"for it to end, or give another directory{stale}") from None
+    except locks.LockFailed as e:  # not a full disk: the file system takes no lock of either kind here
+        raise ConfigError(f"{what} {directory} cannot be locked ({e.strerror}); give a hydra.run.dir on a file "
+                          f"system that takes locks (NFS with its lock manager, Lustre mounted with -o flock, a local "
+                          f"disk)") from None
     return path
 
 
@@ -133,9 +123,9 @@ def claim_by_rank0(directory, rank: int, agree) -> None:
 
 
 def release(directory) -> None:
-    fd = HELD.pop(Path(directory).expanduser().resolve(), None)
-    if fd is not None:
-        os.close(fd)  # closing the descriptor drops the lock
+    held = HELD.pop(Path(directory).expanduser().resolve(), None)
+    if held is not None:
+        held.release()
 
 
 def describe(directory: Path) -> Optional[str]:

@@ -1,5 +1,6 @@
 """Data-parallel training with MindSpore's msrun, 2 workers over loopback: every rank ends with identical
 parameters, and they match one process that trains on the same global batch."""
+import errno
 import os
 import re
 import socket
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import mindspore as ms
 
@@ -93,3 +95,35 @@ def test_a_bad_batch_on_one_rank_is_skipped_by_every_rank(tmp_path):
         assert "after an overflow" not in text, "a bad batch is not an fp16 overflow on any rank"
     sums = dict(re.findall(r"rank (\d) of 2: parameter checksum (\w+)", "".join(worker_logs)))
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums
+
+
+def msrun(tmp_path, *args, env=None, workers=2, timeout=600):
+    """train.py under msrun with `workers` CPU workers over loopback: (result, the workers' logs joined)."""
+    logs = tmp_path / f"logs-{len(list(tmp_path.glob('logs-*')))}"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}", **(env or {}))
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "msrun"), f"--worker_num={workers}", f"--local_worker_num={workers}",
+         "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}", "train.py",
+         "logger.progress_bar=false", "runtime.distributed=true", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return result, "".join(p.read_text() for p in sorted(logs.glob("worker_*.log")))
+
+
+@pytest.mark.parametrize("code", [errno.EBADF, errno.ENOLCK, errno.ENOSYS], ids=errno.errorcode.get)
+def test_msrun_on_storage_without_flock_claims_the_run_directory(tmp_path, code):
+    """NFSv4 (EBADF on a read-only descriptor), NFS without a lock manager (ENOLCK), Lustre without -o flock
+    (ENOSYS): rank 0 holds the run directory through a lock file and both ranks train, where every rank used to
+    stop at start telling the user to free disk space."""
+    (tmp_path / "noflock.py").write_text(
+        "import errno, fcntl, os\n"
+        f"def refuse(fd, op): raise OSError({code}, os.strerror({code}))\n"
+        "fcntl.flock = refuse\n")
+    run_dir = tmp_path / "run"
+    result, logs = msrun(tmp_path, "recipe=lenet_o0", "trainer.epochs=1", "trainer.max_steps=4",
+                         f"hydra.run.dir={run_dir}", env={"AMP_ZOO_PLUGINS": "noflock"})
+    assert result.returncode == 0, (result.stdout + logs)[-4000:]
+    assert "free space" not in logs and "Traceback" not in logs
+    assert len(re.findall(r"rank \d of 2: parameter checksum", logs)) == 2
+    assert list((run_dir / "checkpoints").glob("*.ckpt"))
+    assert not (run_dir / ".run.lock.held").exists(), "rank 0 removed its lock file at exit"
