@@ -35,13 +35,14 @@ from amp.telemetry import AmpTelemetry
 from data import create_dataset, task
 from engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, ProgressBar, SafeWriter,
                               StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
-from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, initial_weights,
-                               last_good_checkpoint, RUN_TIMES, read_checkpoint, restore_weights, resume_point)
+from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, initial_weights, read_checkpoint,
+                               restart_checkpoint, restore_weights, resume_point, RUN_TIMES, check_same_shape,
+                               step_of)
 from engine.load import load_config, user_keys, validate
 from engine.metrics import NetWithEval, metrics
 from engine.optim import lr_schedule, scaled_lr, schedule_moved
-from engine.rundir import (claim, claim_by_rank0, keep_tokenizer, kept_tokenizer, refuse_fresh_start, resume_config,
-                           run_of_checkpoint, same_tokenizer)
+from engine.rundir import (claim, claim_by_rank0, keep_tokenizer, kept_tokenizer, refuse_fresh_start, release,
+                           resume_config, run_of_checkpoint, same_tokenizer)
 from engine.step import build_train_step
 from engine.weights import find as find_weights, shipped_tokenizer
 from models.decoding import translate
@@ -52,7 +53,7 @@ from zoo.errors import ConfigError, DeviceError, TracedError, WriteError, device
 from zoo.interrupt import Interrupted, exit_line, received
 from zoo.machine import machine
 from zoo.runtime import (any_rank, device_notes, init_distributed, mindspore_log, msrun_env, onednn_note,
-                         parameter_checksum, seed_everything, set_context, sink_mode, source_commit)
+                         parameter_checksum, rank0_value, seed_everything, set_context, sink_mode, source_commit)
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -119,8 +120,9 @@ def claim_run_dir(argv: List[str]) -> None:
         if not any(a.startswith("resume=") for a in argv):
             refuse_fresh_start(path)
     except ConfigError as e:
-        if not existed:
-            path.rmdir()
+        if not existed:  # made here: gone again, with the lock file in it
+            release(path)
+            shutil.rmtree(path, ignore_errors=True)
         fail(str(e))
     if not existed:
         CREATED.append(path.resolve())
@@ -285,7 +287,8 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
             fail(rung.watch.advice() if len(rungs) == 1 else f"{rung.watch.reason}; no rung left on the fallback "
                  f"ladder" + ("" if str(amp_cfg.level) != "O0" else f": it diverges at O0 (fp32) too, so the cause is "
                               f"not precision; lower optimizer.lr={cfg.optimizer.lr:g} or check the data"), code=1)
-        checkpoint, params = last_good_checkpoint(run_dir / "checkpoints", remove=run.is_main)
+        checkpoint, params = restart_checkpoint(run_dir / "checkpoints", cfg.model.name, run.steps_per_epoch,
+                                                run.is_main, agree_with_rank0(run))
         transitions.append({"step": rung.watch.step, "from": describe(amp_cfg), "to": describe(rungs[number + 1]),
                             "reason": rung.watch.reason, "restart_from": checkpoint.name if checkpoint else None})
         log.warning("fallback: %s; continuing at %s from %s", rung.watch.reason, describe(rungs[number + 1]),
@@ -347,13 +350,16 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
         log.warning(smoke_note)
     if cfg.runtime.distributed:
         claim_by_rank0(run_dir, rank, any_rank)
+    if start.params is not None:  # before anything is written; every rank reads the same checkpoint: all refuse
+        check_same_shape(start.params, start.checkpoint, **run_shape(cfg, world))
     if task(cfg) == "translation":  # the run keeps the tokenizer its token ids come from
         keep_tokenizer(cfg, run_dir, rank, resuming=start.checkpoint is not None)
     if rank == 0:
         write_run_config(cfg, run_dir, resuming=start.checkpoint is not None)
     seed_everything(cfg.runtime.seed)
     sink, sink_note = sink_mode(device, cfg.trainer.sink, shapes_vary=task(cfg) == "translation",
-                                max_steps=cfg.trainer.max_steps, profile=cfg.runtime.profile)
+                                max_steps=cfg.trainer.max_steps, profile=cfg.runtime.profile,
+                                save_every_steps=cfg.trainer.save_every_steps, mode=str(cfg.runtime.mode))
     log.info("device %s, %s mode; %s", device, cfg.runtime.mode, sink_note)
 
     shard = (world, rank) if world > 1 else None
@@ -463,8 +469,15 @@ def finished_note(run_dir: Path, done: dict, max_steps: int) -> str:
             f"it further, resume with a larger trainer.epochs")
 
 
-def step_of(params: Optional[dict]) -> int:
-    return int(params["step_num"].asnumpy()) if params and "step_num" in params else 0
+def run_shape(cfg, world: int) -> dict:
+    """engine.checkpoint.RUN_SHAPE: the workers, and what one update takes over all of them."""
+    per_batch = cfg.dataset.max_tokens if cfg.dataset.max_tokens > 0 else cfg.dataset.batch_size
+    return {"world_size": world, "global_batch": per_batch * world * cfg.trainer.update_freq}
+
+
+def agree_with_rank0(run: Run):
+    """Under msrun, rank 0's value on every rank (zoo.runtime.rank0_value); None for a single process."""
+    return (lambda value: rank0_value(value, run.is_main)) if run.world > 1 else None
 
 
 def passes(start_step: int, steps_per_epoch: int, epochs: int) -> List[Tuple[int, int, int]]:
@@ -514,13 +527,14 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
                  f"in the file)" if fresh else "")
     run.evaluator.model = model
     telemetry = AmpTelemetry(step_cell, run.writer, t.log_every, plan.kind)
-    watch = DivergenceWatch(telemetry.read, plan.kind, plan.min_scale, cfg.amp.fallback, t.log_every)
+    watch = DivergenceWatch(telemetry.read, plan.kind, plan.min_scale, cfg.amp.fallback, t.log_every,
+                            saturation=step_cell.saturation_mode)
     t_train = time.perf_counter()
     clock = lambda: {"train_time_s": run.trained_s + time.perf_counter() - t_train,  # noqa: E731
                      "wall_time_s": run.wall_before_s + time.perf_counter() - run.t_start}
     checkpoints = AtomicCheckpoint(run.run_dir / "checkpoints", cfg.model.name, t.ckpt_every, t.keep_last,
                                    run.steps_per_epoch, on_save=run.writer.flush if run.writer else None, clock=clock,
-                                   every_steps=t.save_every_steps)
+                                   every_steps=t.save_every_steps, shape=run_shape(cfg, run.world))
     stop = GracefulStop(checkpoints.save if run.is_main else lambda network, step: None,
                         agree=any_rank if run.world > 1 else None, every=t.log_every)
     offset = StepOffset(start.step)
@@ -644,7 +658,7 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
         "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
-        "onednn": onednn_note(), "smoke": run.smoke_note,
+        "onednn": onednn_note(run.device), "smoke": run.smoke_note,
         "commit": source_commit(), "machine": machine(),  # the one it finished on: times compare only on one kind
     }
     log.info("rank %d of %d: parameter checksum %s", run.rank, run.world, parameter_checksum(rung.net),

@@ -110,6 +110,26 @@ def as_dtype(value, like):
 
 AMP_STATE = ("scale_sense", "current_iterator_step", "last_overflow_iterator_step")
 RUN_TIMES = ("train_time_s", "wall_time_s")  # a train.py checkpoint's run times so far (AtomicCheckpoint's clock)
+# what a train.py checkpoint's global step means: the workers that trained it, and what an update took over all
+# of them (samples, or padded tokens with token batching, times trainer.update_freq)
+RUN_SHAPE = ("world_size", "global_batch")
+
+
+def check_same_shape(params: dict, path, world_size: int, global_batch: int) -> None:
+    """A resume on another number of workers would silently reinterpret the checkpoint's position: its global
+    step counts updates of the old global batch, while steps per epoch come from this run's shards and the
+    learning rate from this run's world size. Refused in one line saying what would change. A checkpoint from
+    before the shape was recorded passes (nothing to compare)."""
+    if not all(k in params for k in RUN_SHAPE):
+        return
+    was_world, was_batch = (int(params[k].asnumpy().reshape(-1)[0]) for k in RUN_SHAPE)
+    if (was_world, was_batch) == (world_size, global_batch):
+        return
+    raise ConfigError(f"resume: {path} was trained by {was_world} worker(s) with a global batch of {was_batch}, this "
+                      f"run has {world_size} with {global_batch}: its step {step_of(params):,} would stand for "
+                      f"another number of samples, shifting epochs, evaluations and the learning rate; resume it "
+                      f"with {was_world} worker(s) (msrun --worker_num={was_world}), or start a new run from its "
+                      f"weights with checkpoint={path}")
 
 
 def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, model_name: str = "",
@@ -188,8 +208,9 @@ class AtomicCheckpoint(Callback):
     resume point is kept; `keep_last` counts the epoch-end checkpoints (what evaluation and averaging read)."""
 
     def __init__(self, directory, prefix: str, every_epochs: int, keep_last: int, steps_per_epoch: int,
-                 on_save=None, clock=None, every_steps: int = 0):
+                 on_save=None, clock=None, every_steps: int = 0, shape: Optional[dict] = None):
         self.dir, self.prefix, self.on_save, self.clock = Path(directory), prefix, on_save, clock
+        self.shape = shape or {}  # RUN_SHAPE: the workers and global batch its steps count (check_same_shape)
         self.every, self.keep_last, self.steps_per_epoch = every_epochs, keep_last, steps_per_epoch
         self.every_steps, self.seen = every_steps, None
         self.latest: Optional[Path] = None
@@ -200,13 +221,13 @@ class AtomicCheckpoint(Callback):
         """Write the checkpoint of `step`; a failed write (disk full, no permission) removes its partial file and
         raises a WriteError: the checkpoints already written stay complete."""
         epochs_done = step // self.steps_per_epoch
-        final = self.dir / f"{self.prefix}-e{epochs_done:04d}-s{step:08d}.ckpt"
+        final = self.dir / checkpoint_name(self.prefix, step, self.steps_per_epoch)
         tmp = self.dir / ".partial" / final.name  # same filesystem: the rename below is atomic
         try:
             tmp.parent.mkdir(exist_ok=True)
             times = self.clock() if self.clock else {}  # RUN_TIMES
             ms.save_checkpoint(train_network, str(tmp), append_dict={"epoch_num": epochs_done, "step_num": step,
-                                                                     **times})
+                                                                     **times, **self.shape})
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, final)
@@ -258,6 +279,10 @@ class AtomicCheckpoint(Callback):
 CHECKPOINT_NAME = re.compile(r".+-e(\d+)-s(\d+)\.ckpt")  # <model>-e<epochs done>-s<global step>.ckpt
 
 
+def checkpoint_name(prefix: str, step: int, steps_per_epoch: int) -> str:
+    return f"{prefix}-e{step // steps_per_epoch:04d}-s{step:08d}.ckpt"
+
+
 def checkpoints(directory) -> List[Path]:
     """Complete checkpoints written by train.py (partial ones live in .partial/), oldest first by global step;
     other files ignored. The one listing of checkpoints every tool uses."""
@@ -276,7 +301,8 @@ def epoch_checkpoints(directory, steps_per_epoch: int) -> dict:
 
 
 def resume_point(directory) -> Tuple[Optional[Path], Optional[dict]]:
-    """The newest checkpoint in `directory` that reads and fits; corrupt ones are skipped and named.
+    """The newest checkpoint in `directory` that reads and fits; corrupt ones, and ones that hold an overflowed
+    update (holds_overflowed_update), are skipped and named.
     (None, None): the directory holds no checkpoint yet."""
     found = checkpoints(directory)
     if not found:
@@ -289,25 +315,71 @@ def resume_point(directory) -> Tuple[Optional[Path], Optional[dict]]:
             continue
         if "step_num" not in params:
             raise ConfigError(f"resume: {path} has no step_num: it was not written by train.py")
+        if holds_overflowed_update(params):  # a 910A's saturated overflow: finite weights, but not good ones
+            log.warning("resume: skipping %s: it holds an update that overflowed (amp_nonfinite_updates > 0)",
+                        path.name)
+            continue
         return path, params
-    raise ConfigError(f"resume: every checkpoint in {directory} is corrupt: {', '.join(p.name for p in found)}")
+    raise ConfigError(f"resume: no checkpoint in {directory} can be resumed (each is corrupt or holds an overflowed "
+                      f"update): {', '.join(p.name for p in found)}; start a new run in another hydra.run.dir")
+
+
+def holds_overflowed_update(params: dict) -> bool:
+    """Whether a checkpoint holds an update that overflowed (no overflow skipping), by its in-graph counter
+    amp_nonfinite_updates. On a GPU or CPU such an update leaves the weights non-finite, which read_checkpoint
+    refuses; on an Ascend in saturation mode (the 910A) the overflow saturates instead, and the weights stay
+    finite while holding it: only the counter tells. A rung's counters start at 0 and the divergence watch stops
+    at the first one, so any count above 0 marks a checkpoint written after the update."""
+    value = params.get("amp_nonfinite_updates")
+    return value is not None and int(value.asnumpy().reshape(-1)[0]) > 0
+
+
+def step_of(params: Optional[dict]) -> int:
+    """A train.py checkpoint's global step (0 without one)."""
+    return int(params["step_num"].asnumpy().reshape(-1)[0]) if params and "step_num" in params else 0
 
 
 def last_good_checkpoint(ckpt_dir: Path, remove: bool = True) -> Tuple[Optional[Path], Optional[dict]]:
-    """The newest checkpoint whose weights are all finite, and its parameters (read once); unreadable or
-    non-finite ones are removed (never resumed) when `remove` (rank 0 alone: ranks may share the folder).
-    (None, None): start from the initial weights."""
+    """The newest checkpoint whose weights are all finite and hold no overflowed update
+    (holds_overflowed_update), and its parameters (read once); unreadable, non-finite or overflowed ones are
+    removed (never resumed) when `remove` (rank 0 alone: ranks may share the folder). (None, None): start from
+    the initial weights."""
     for path in reversed(checkpoints(ckpt_dir)):
         try:
             params = read_checkpoint(path)
+            why = "it holds an update that overflowed" if holds_overflowed_update(params) else None
         except ConfigError:
-            params = None
-        if params is not None:  # read_checkpoint refuses non-finite weights
+            params, why = None, "its weights are not finite"
+        if why is None:  # read_checkpoint refuses non-finite weights
             return path, params
         if remove:
-            log.info("removing %s: its weights are not finite", path.name)
+            log.info("removing %s: %s", path.name, why)
             path.unlink(missing_ok=True)
     return None, None
+
+
+def restart_checkpoint(ckpt_dir: Path, prefix: str, steps_per_epoch: int, is_main: bool = True,
+                       agree=None) -> Tuple[Optional[Path], Optional[dict]]:
+    """Where the fallback ladder's next rung starts, the same checkpoint on every rank. Rank 0 picks it
+    (last_good_checkpoint, removing the bad ones) and `agree(step)` (zoo.runtime.rank0_value: rank 0's step on
+    every rank, -1 for the initial weights) gives it to the others, which read that file by its name. The
+    others wait in that all-reduce until rank 0 has picked, so rank 0's checkpoint at the stop step (written as
+    its Model.train ended) is on disk before any rank looks; and no rank depends on its own, possibly stale,
+    listing of a shared folder. `agree` None: a single process."""
+    if agree is None or is_main:
+        path, params = last_good_checkpoint(ckpt_dir, remove=is_main)
+        if agree is not None:
+            agree(step_of(params) if path else -1)
+        return path, params
+    step = agree(-1)
+    if step < 0:
+        return None, None
+    path = Path(ckpt_dir) / checkpoint_name(prefix, step, steps_per_epoch)
+    try:
+        return path, read_checkpoint(path)
+    except ConfigError as e:
+        raise ConfigError(f"rank 0 restarts the fallback ladder from {path}, which this rank cannot read ({e}); "
+                          f"every rank must see the run directory (a file system shared by every server)") from None
 
 
 def inference_network(cfg, script: str, cpu_kernels: Optional[str] = None):
