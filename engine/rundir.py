@@ -276,6 +276,8 @@ def run_config_for(cfg, given: List[str]) -> tuple:
         raise ConfigError(f"recipe={cfg.recipe_name}, but checkpoint={cfg.checkpoint} belongs to a {run.recipe_name} "
                           f"run ({run_dir / 'config.yaml'}); drop recipe= to use it as it was trained")
     out = OmegaConf.merge(run, _with_given(run, cfg, [k for k in given if k != "recipe"] + ["checkpoint", "output"]))
+    if "runtime.distributed" not in given and "runtime" not in given:  # eval.py and export.py are one process,
+        OmegaConf.update(out, "runtime.distributed", False)  # whatever the run trained on (runtime.device_id holds)
     kept = kept_tokenizer(run_dir)
     if kept is not None:  # the run's own, though a `dataset=` group is given; another one given is refused
         check_tokenizer(out.dataset, kept)
