@@ -136,13 +136,16 @@ def test_accumulated_gradients_cross_the_ranks_once_an_update(pynative_mode):
     from tests.test_loss_scale import X, Y, loss_scale, make_step, weights
     for ls in (loss_scale(type="dynamic", init_scale=8.0), loss_scale(type="none")):
         net, step = make_step(ls, update_freq=2)
-        calls = []
-
         class Reducer(ms.nn.Cell):  # the identity a single process has, counted
+            def __init__(self):
+                super().__init__()
+                self.calls = []
+
             def construct(self, grads):
-                calls.append(1)
+                self.calls.append(1)
                 return grads
         step.grad_reducer = Reducer()
+        calls = step.grad_reducer.calls
         ref_net, ref_step = make_step(ls, update_freq=2)
         for _ in range(4):
             step(ms.Tensor(X), ms.Tensor(Y))
