@@ -204,7 +204,8 @@ class AtomicCheckpoint(Callback):
     count every process.
 
     `every_steps` (> 0) also saves a resume point inside an epoch every that many steps, so that a killed
-    process (a session's end, a preempted node) loses at most that many steps of a long epoch. Only the newest
+    process (a session's end, a preempted node) loses at most that many steps of a long epoch (the driver turns
+    data sinking off with it: a sink would reach the host, and this callback, only at the epoch's end). Only the newest
     resume point is kept; `keep_last` counts the epoch-end checkpoints (what evaluation and averaging read)."""
 
     def __init__(self, directory, prefix: str, every_epochs: int, keep_last: int, steps_per_epoch: int,

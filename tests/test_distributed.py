@@ -111,8 +111,9 @@ def children(pid: int):
     return found
 
 
-def msrun(tmp_path, *args, env=None, workers=2, timeout=600):
-    """train.py under msrun with `workers` CPU workers over loopback: (result, the workers' logs joined). A job
+def msrun(tmp_path, *args, env=None, workers=2, timeout=600, script=None):
+    """train.py (or `script` with `args`) under msrun with `workers` CPU workers over loopback: (result, the
+    workers' logs joined). A job
     that does not end in `timeout` seconds (ranks waiting on each other in a collective) fails the test, its
     workers killed (msrun starts each in a session of its own: killing msrun alone would leave them)."""
     logs = tmp_path / f"logs-{len(list(tmp_path.glob('logs-*')))}"
@@ -120,7 +121,7 @@ def msrun(tmp_path, *args, env=None, workers=2, timeout=600):
                PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}", **(env or {}))
     command = [str(Path(sys.executable).parent / "msrun"), f"--worker_num={workers}", f"--local_worker_num={workers}",
                "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}",
-               "train.py", "logger.progress_bar=false", "runtime.distributed=true", *args]
+               *([script] if script else ["train.py", "logger.progress_bar=false", "runtime.distributed=true"]), *args]
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -220,3 +221,44 @@ def test_a_resume_with_another_number_of_workers_is_refused_on_every_rank(tmp_pa
     assert "Traceback" not in logs
     assert list((run_dir / "checkpoints").glob("*.ckpt")) == [checkpoint] and checkpoint.read_bytes() == saved
     assert not list(run_dir.glob("config.resume-*.yaml")), "refused before the run wrote anything of its own"
+
+
+FUNCTIONAL_LOOP = '''
+import zoo.entry  # noqa: F401
+import numpy as np
+import mindspore as ms
+from mindspore.communication import get_rank, init
+from omegaconf import OmegaConf
+
+from amp.functional import FunctionalAmpStep
+from zoo.runtime import parameter_checksum
+
+ms.set_device("CPU")
+init()
+ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+rank = get_rank()
+ms.set_seed(0)
+net = ms.nn.Dense(4, 3)
+ls = OmegaConf.create({"type": "dynamic", "init_scale": 1024.0, "factor": 2, "window": 1000, "scale": 1.0})
+step = FunctionalAmpStep(net, ms.nn.CrossEntropyLoss(), ms.nn.SGD(net.trainable_params(), 0.1), ls)
+rng = np.random.default_rng(rank)  # each rank its own batches
+for i in range(4):
+    x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    if rank == 1 and i == 2:
+        x[0, 0] = np.inf  # this rank's gradients overflow; the other's do not
+    step(ms.Tensor(x), ms.Tensor(y))
+t = step.telemetry()
+print(f"rank {rank}: skipped {t['amp_skipped_steps']}, scale {t['loss_scale']:g}, checksum {parameter_checksum(net)}",
+      flush=True)
+'''
+
+
+def test_the_functional_step_averages_gradients_and_skips_together_across_ranks(tmp_path):
+    """A hand-written loop under msrun: the gradients are all-reduced and an overflow on one rank is skipped by
+    every rank, so the ranks keep the same weights and the same loss scale."""
+    (tmp_path / "loop.py").write_text(FUNCTIONAL_LOOP)
+    result, logs = msrun(tmp_path, script=str(tmp_path / "loop.py"), timeout=300)
+    assert result.returncode == 0, (result.stdout + logs)[-4000:]
+    lines = dict(re.findall(r"rank (\d): (skipped .*)", logs))
+    assert set(lines) == {"0", "1"} and lines["0"] == lines["1"], lines
+    assert lines["0"].startswith("skipped 1, scale 512,"), lines
