@@ -35,9 +35,9 @@ from amp.telemetry import AmpTelemetry
 from data import create_dataset, task
 from engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, ProgressBar, SafeWriter,
                               StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
-from engine.checkpoint import (AtomicCheckpoint, check_disk_space, checkpoints, initial_weights, read_checkpoint,
-                               restart_checkpoint, restore_weights, resume_point, RUN_TIMES, check_same_shape,
-                               step_of)
+from engine.checkpoint import (agree_on_resume, AtomicCheckpoint, check_disk_space, check_same_shape, checkpoints,
+                               initial_weights, read_checkpoint, restart_checkpoint, restore_weights, resume_point,
+                               RUN_TIMES, step_of)
 from engine.load import load_config, user_keys, validate
 from engine.metrics import NetWithEval, metrics
 from engine.optim import lr_schedule, scaled_lr, schedule_moved
@@ -350,10 +350,14 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
         log.warning(smoke_note)
     if cfg.runtime.distributed:
         claim_by_rank0(run_dir, rank, any_rank)
+    if world > 1 and cfg.resume:  # every rank resumes from rank 0's checkpoint
+        start.checkpoint, start.params = agree_on_resume(start.checkpoint, start.params, run_dir / "checkpoints",
+                                                         cfg.model.name, rank == 0, lambda v: rank0_value(v, rank == 0))
+        start.step = step_of(start.params)
     if start.params is not None:  # before anything is written; every rank reads the same checkpoint: all refuse
         check_same_shape(start.params, start.checkpoint, **run_shape(cfg, world))
     if task(cfg) == "translation":  # the run keeps the tokenizer its token ids come from
-        keep_tokenizer(cfg, run_dir, rank, resuming=start.checkpoint is not None)
+        keep_tokenizer(cfg, run_dir, rank, resuming=start.checkpoint is not None, wait=any_rank if world > 1 else None)
     if rank == 0:
         write_run_config(cfg, run_dir, resuming=start.checkpoint is not None)
     seed_everything(cfg.runtime.seed)

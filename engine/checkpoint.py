@@ -1,4 +1,5 @@
 """Checkpoints: atomic writes, resume points, loading with errors that say which file is wrong and how."""
+import errno
 import logging
 import os
 import re
@@ -189,9 +190,14 @@ def last_checkpoints(path, n: int):
 
 
 def _fsync_dir(path) -> None:
+    """Make a rename in `path` durable. Some file systems refuse fsync on a directory (EINVAL, EBADF, ENOTSUP:
+    FUSE mounts, some network ones) though the rename itself is done and visible: not a failed save."""
     fd = os.open(str(path), os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EROFS):
+            raise
     finally:
         os.close(fd)
 
@@ -381,6 +387,29 @@ def restart_checkpoint(ckpt_dir: Path, prefix: str, steps_per_epoch: int, is_mai
     except ConfigError as e:
         raise ConfigError(f"rank 0 restarts the fallback ladder from {path}, which this rank cannot read ({e}); "
                           f"every rank must see the run directory (a file system shared by every server)") from None
+
+
+def agree_on_resume(path: Optional[Path], params: Optional[dict], ckpt_dir: Path, prefix: str, is_main: bool,
+                    agree) -> Tuple[Optional[Path], Optional[dict]]:
+    """A resume under msrun: each rank picked its checkpoint (resume_point) from its own listing of the shared
+    folder, and a network file system's cache can show one server an older listing than another. Rank 0's pick
+    is the run's: `agree(value)` (zoo.runtime.rank0_value, an all-reduce every rank calls) gives every rank rank
+    0's step and epoch, and a rank whose own pick differs reads rank 0's by its name, with a warning."""
+    mine = (step_of(params), int(params["epoch_num"].asnumpy().reshape(-1)[0])) if path is not None else (-1, -1)
+    theirs = (agree(mine[0]), agree(mine[1]))
+    if is_main or theirs == mine:
+        return path, params
+    if theirs[0] < 0:
+        raise ConfigError(f"resume: rank 0 found no checkpoint in {ckpt_dir}, this rank found {path}: every rank "
+                          f"must see the same run directory (a file system shared by every server)")
+    chosen = Path(ckpt_dir) / f"{prefix}-e{theirs[1]:04d}-s{theirs[0]:08d}.ckpt"
+    log.warning("resume: rank 0 resumes from %s, this rank's listing of %s showed %s: taking rank 0's (a shared "
+                "file system's cache may lag)", chosen.name, ckpt_dir, path.name if path else "none")
+    try:
+        return chosen, read_checkpoint(chosen)
+    except ConfigError as e:
+        raise ConfigError(f"resume: rank 0 resumes from {chosen}, which this rank cannot read ({e}); every rank "
+                          f"must see the run directory (a file system shared by every server)") from None
 
 
 def inference_network(cfg, script: str, cpu_kernels: Optional[str] = None):

@@ -230,12 +230,14 @@ def kept_tokenizer(run_dir) -> Optional[Path]:
     return kept.resolve() if kept.is_file() else None
 
 
-def keep_tokenizer(cfg, run_dir, rank: int, resuming: bool) -> None:
+def keep_tokenizer(cfg, run_dir, rank: int, resuming: bool, wait=None) -> None:
     """Point `cfg.dataset.params.spm_model` at the run's own copy of its tokenizer (run_dir/tokenizer.model).
     A new run (no checkpoint to continue): rank 0 copies in the model `tokenizer_file(cfg.dataset)` gives (the one
-    given, or the cached one trained on the data), over any copy a start that saved nothing left; the other ranks
-    of msrun use that same model. A resume uses the copy (a run from before runs kept one: rank 0
-    copies it in); a different spm_model given with it is refused (`check_tokenizer`)."""
+    given, or the cached one trained on the data), over any copy a start that saved nothing left. A resume uses
+    the copy (a run from before runs kept one: rank 0 copies it in); a different spm_model given with it is
+    refused (`check_tokenizer`). Under msrun, `wait(False)` (an all-reduce every rank calls) holds every rank until
+    rank 0's copy is in place, and every rank then reads that copy: on several servers each has its own cache
+    (~/.cache/amp_zoo), and a tokenizer trained again on each would give the ranks the same ids only by luck."""
     kept = Path(run_dir) / TOKENIZER
     if resuming and kept.is_file():
         check_tokenizer(cfg.dataset, kept)
@@ -244,8 +246,13 @@ def keep_tokenizer(cfg, run_dir, rank: int, resuming: bool) -> None:
         tmp = kept.with_name(f".{TOKENIZER}.tmp{os.getpid()}")
         shutil.copyfile(source, tmp)
         os.replace(tmp, kept)  # atomic: a half-copied tokenizer is never the run's
-    else:
-        return
+    if wait is not None:
+        wait(False)
+    if not kept.is_file():
+        if wait is None:  # a rank of a launcher other than msrun's: the model it builds itself
+            return
+        raise ConfigError(f"rank {rank} cannot see {kept}, the tokenizer rank 0 keeps for the run: every rank must "
+                          f"see the run directory (a file system shared by every server)")
     with open_dict(cfg):
         cfg.dataset.params.spm_model = str(kept.resolve())
 

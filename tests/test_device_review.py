@@ -153,3 +153,67 @@ def test_accumulated_gradients_cross_the_ranks_once_an_update(pynative_mode):
         assert len(calls) == 2, f"{len(calls)} gradient all-reduces for 2 updates ({ls.type})"
         for name, value in weights(ref_net).items():
             np.testing.assert_allclose(weights(net)[name], value, rtol=1e-6, err_msg=name)
+
+
+def save(path, step, epoch):
+    params = {"w": np.array([1.0, 2.0], np.float32), "step_num": np.array(step, np.int32),
+              "epoch_num": np.array(epoch, np.int32)}
+    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in params.items()], str(path))
+    return path, ms.load_checkpoint(str(path))
+
+
+def test_every_rank_resumes_from_rank_0s_checkpoint(tmp_path, caplog):
+    """resume=auto under msrun: a rank whose listing of the shared folder lags (a network file system's cache)
+    picked an older checkpoint than rank 0; it takes rank 0's, by name. The all-reduce is stood in for."""
+    from engine.checkpoint import agree_on_resume
+    older, older_params = save(tmp_path / "lenet5-e0000-s00000010.ckpt", 10, 0)
+    newest, _ = save(tmp_path / "lenet5-e0001-s00000125.ckpt", 125, 1)
+    from_rank0 = iter([125, 1])  # rank 0's step, then its epoch
+    with caplog.at_level(logging.WARNING, logger="amp_zoo"):
+        path, params = agree_on_resume(older, older_params, tmp_path, "lenet5", False, lambda v: next(from_rank0))
+    assert path == newest and int(params["step_num"].asnumpy()) == 125
+    assert "resume: rank 0 resumes from lenet5-e0001-s00000125.ckpt" in caplog.text
+    same = iter([10, 0])
+    assert agree_on_resume(older, older_params, tmp_path, "lenet5", False, lambda v: next(same))[0] == older
+    none = iter([-1, -1])
+    with pytest.raises(ConfigError, match="rank 0 found no checkpoint in .*every rank must see the same run"):
+        agree_on_resume(older, older_params, tmp_path, "lenet5", False, lambda v: next(none))
+
+
+def test_every_rank_reads_the_tokenizer_rank_0_keeps(tmp_path):
+    """A new translation run under msrun: ranks 1-7 wait for rank 0's copy and read it, rather than the model in
+    their own server's cache (trained again there, with ids the same only by luck)."""
+    from engine.rundir import keep_tokenizer
+    cfg = OmegaConf.create({"dataset": {"params": {"spm_model": None}}})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(ConfigError, match="rank 1 cannot see .*tokenizer.model, the tokenizer rank 0 keeps"):
+        keep_tokenizer(cfg, run_dir, 1, resuming=False, wait=lambda flag: False)  # rank 0's copy never came
+    rank0_copies = lambda flag: (run_dir / "tokenizer.model").write_bytes(b"rank 0's model")  # noqa: E731
+    keep_tokenizer(cfg, run_dir, 1, resuming=False, wait=rank0_copies)
+    assert cfg.dataset.params.spm_model == str((run_dir / "tokenizer.model").resolve())
+
+
+def test_a_directory_that_takes_no_fsync_does_not_fail_a_save(tmp_path, monkeypatch):
+    """The rename that makes a checkpoint is done; some file systems (FUSE, some network mounts) refuse fsync on a
+    directory, which stopped the run as a failed write. Any other fsync error still fails the save."""
+    import errno
+    import os
+    import stat
+
+    from engine.checkpoint import AtomicCheckpoint
+    from zoo.errors import WriteError
+    real = os.fsync
+    code = {"errno": errno.EINVAL}
+
+    def picky(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(code["errno"], os.strerror(code["errno"]))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", picky)
+    saver = AtomicCheckpoint(tmp_path, "dense", 1, 2, 10)
+    assert saver.save(ms.nn.Dense(2, 2), 10).is_file()
+    code["errno"] = errno.EIO
+    with pytest.raises(WriteError, match=os.strerror(errno.EIO)):
+        saver.save(ms.nn.Dense(2, 2), 20)

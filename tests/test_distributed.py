@@ -221,6 +221,11 @@ def test_a_resume_with_another_number_of_workers_is_refused_on_every_rank(tmp_pa
     assert "Traceback" not in logs
     assert list((run_dir / "checkpoints").glob("*.ckpt")) == [checkpoint] and checkpoint.read_bytes() == saved
     assert not list(run_dir.glob("config.resume-*.yaml")), "refused before the run wrote anything of its own"
+    # on its own 2 workers it resumes (every rank from rank 0's checkpoint: engine.checkpoint.agree_on_resume)
+    again, logs = msrun(tmp_path, *args, "trainer.max_steps=8", "resume=auto")
+    assert again.returncode == 0, (again.stdout + logs)[-4000:]
+    assert "resumed from" in (run_dir / "train.log").read_text() and "taking rank 0's" not in logs
+    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 8
 
 
 FUNCTIONAL_LOOP = '''

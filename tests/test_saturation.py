@@ -69,3 +69,11 @@ def test_the_ladder_and_a_resume_skip_a_finite_checkpoint_that_holds_an_overflow
     assert f"resume: skipping {held.name}: it holds an update that overflowed" in caplog.text
     assert last_good_checkpoint(tmp_path, remove=False)[0] == good and held.exists(), "only rank 0 removes"
     assert last_good_checkpoint(tmp_path, remove=True)[0] == good and not held.exists()
+
+
+def test_metrics_say_when_the_nonfinite_counters_cannot_count(step_910a):
+    """In saturation mode a batch with inf/NaN and a non-finite loss count as overflows: metrics.json's amp block
+    says so, so that nonfinite_input_batches 0 is not read as clean data."""
+    telemetry = AmpTelemetry(step_910a, None, 1, "fixed")
+    assert telemetry.summary()["saturation_mode"] is True
+
