@@ -28,7 +28,7 @@ from mindspore.train import Model
 from omegaconf import OmegaConf, open_dict
 from tensorboardX import SummaryWriter
 
-from amp.fallback import DivergenceWatch, describe, finite_loss, ladder, not_learning
+from amp.fallback import DivergenceWatch, describe, ladder, not_learning, run_failed
 from amp.precision import precision_report, write_report
 from amp.profile import ProfileSteps
 from amp.telemetry import AmpTelemetry
@@ -267,8 +267,9 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
             last = run.evaluator.history[-1]
             verdict = not_learning(amp_cfg, last, cfg.model.num_classes, cfg.optimizer.lr,
                                    fell_back=bool(transitions))
-            if verdict and (transitions or not finite_loss(last)):  # metrics.json is written;
-                fail(f"{verdict} ({run_dir / 'metrics.json'})", code=1)  # the exit code says the run failed
+            agree = (lambda flag: rank0_value(int(flag), run.is_main) == 1) if run.world > 1 else None
+            if run_failed(verdict, bool(transitions), last, agree):  # metrics.json is written; the exit code says
+                fail(f"{verdict or 'rank 0 finds that the run does not learn'} ({run_dir / 'metrics.json'})", code=1)
             if verdict and run.is_main:  # at chance: a short run may be meant (a smoke test), so a warning
                 log.warning(verdict)
             return top1

@@ -92,6 +92,16 @@ def not_learning(amp_cfg, final: dict, num_classes: int, lr: float, fell_back: b
             f"may not help; train at amp.level=O0 to tell whether precision is the cause (optimizer.lr={lr:g})")
 
 
+def run_failed(verdict: Optional[str], fell_back: bool, final: dict, agree=None) -> bool:
+    """Whether a finished run's `verdict` (not_learning) fails it, exit 1: it does not learn after the ladder
+    stepped down, or its loss is not finite; otherwise a verdict is a warning (a short run may be meant). Under
+    msrun `agree(flag)` gives every rank rank 0's judgement: each rank judges its own final evaluation, and a
+    ResNet's BatchNorm statistics are each rank's own, so ranks at the threshold could disagree, one exiting 1
+    beside rank 0's metrics.json that passes."""
+    failed = bool(verdict) and (fell_back or not finite_loss(final))
+    return agree(failed) if agree is not None else failed
+
+
 class DivergenceWatch(Callback):
     """Stops training when it diverges; `reason` says why and by which step.
 

@@ -217,3 +217,15 @@ def test_a_directory_that_takes_no_fsync_does_not_fail_a_save(tmp_path, monkeypa
     code["errno"] = errno.EIO
     with pytest.raises(WriteError, match=os.strerror(errno.EIO)):
         saver.save(ms.nn.Dense(2, 2), 20)
+
+
+def test_rank_0s_final_evaluation_decides_whether_the_run_failed():
+    """Each rank evaluates with its own BatchNorm statistics; at the threshold their verdicts can differ. Rank 0's
+    (the one metrics.json holds) decides the exit code of every rank. The all-reduce is stood in for."""
+    from amp.fallback import run_failed
+    final = {"top1": 0.1, "loss": 2.3}
+    assert run_failed("does not learn", True, final) and not run_failed("does not learn", False, final)
+    assert not run_failed(None, True, {"loss": float("nan")})
+    rank0_passes, rank0_fails = (lambda flag: False), (lambda flag: True)
+    assert not run_failed("does not learn", True, final, agree=rank0_passes), "rank 1 alone at chance"
+    assert run_failed(None, True, {"top1": 0.9, "loss": 0.3}, agree=rank0_fails), "rank 0 at chance"
