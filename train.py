@@ -351,20 +351,14 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
         log.warning(smoke_note)
     if cfg.runtime.distributed:
         claim_by_rank0(run_dir, rank, any_rank)
-    if world > 1 and cfg.resume:  # every rank resumes from rank 0's checkpoint
-        start.checkpoint, start.params = agree_on_resume(start.checkpoint, start.params, run_dir / "checkpoints",
-                                                         cfg.model.name, rank == 0, lambda v: rank0_value(v, rank == 0))
-        start.step = step_of(start.params)
-    if start.params is not None:  # before anything is written; every rank reads the same checkpoint: all refuse
-        check_same_shape(start.params, start.checkpoint, **run_shape(cfg, world))
+    resume_on_ranks(cfg, run_dir, start, rank, world)
     if task(cfg) == "translation":  # the run keeps the tokenizer its token ids come from
         keep_tokenizer(cfg, run_dir, rank, resuming=start.checkpoint is not None, wait=any_rank if world > 1 else None)
     if rank == 0:
         write_run_config(cfg, run_dir, resuming=start.checkpoint is not None)
     seed_everything(cfg.runtime.seed)
-    sink, sink_note = sink_mode(device, cfg.trainer.sink, shapes_vary=task(cfg) == "translation",
-                                max_steps=cfg.trainer.max_steps, profile=cfg.runtime.profile,
-                                save_every_steps=cfg.trainer.save_every_steps, mode=str(cfg.runtime.mode))
+    sink, sink_note = sink_mode(device, cfg.trainer.sink, task(cfg) == "translation", cfg.trainer.max_steps,
+                                cfg.runtime.profile, cfg.trainer.save_every_steps, str(cfg.runtime.mode))
     log.info("device %s, %s mode; %s", device, cfg.runtime.mode, sink_note)
 
     shard = (world, rank) if world > 1 else None
@@ -472,6 +466,17 @@ def finished_note(run_dir: Path, done: dict, max_steps: int) -> str:
                 f"further, resume with a larger trainer.max_steps (0: to the end of trainer.epochs)")
     return (f"{run_dir} is finished ({done['steps']:,} steps, {done['epochs']} epochs): nothing to do; to train "
             f"it further, resume with a larger trainer.epochs")
+
+
+def resume_on_ranks(cfg, run_dir: Path, start: Start, rank: int, world: int) -> None:
+    """Before the run writes anything: under msrun every rank resumes from rank 0's checkpoint, and a checkpoint
+    trained by another number of workers is refused (on every rank alike)."""
+    if world > 1 and cfg.resume:
+        start.checkpoint, start.params = agree_on_resume(start.checkpoint, start.params, run_dir / "checkpoints",
+                                                         cfg.model.name, rank == 0, lambda v: rank0_value(v, rank == 0))
+        start.step = step_of(start.params)
+    if start.params is not None:
+        check_same_shape(start.params, start.checkpoint, **run_shape(cfg, world))
 
 
 def run_shape(cfg, world: int) -> dict:
