@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 RECIPE ?= lenet_o2
 
-.PHONY: demo test test-fast test-all doctor bench bench-quick reproduce verify install clean
+.PHONY: demo test test-fast test-all test-lab doctor bench bench-quick reproduce verify install clean
 
 $(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11 or run make PYTHON=/path/to/python3.11"; exit 2; }
@@ -18,7 +18,7 @@ $(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt
 
 # the optional CPU kernels (cpu_kernels/), built into the venv with build.json beside them; without g++ this is
 # one note and MindSpore's own kernels run (under CI=true a failed build, or a warning, fails)
-CPU_KERNELS := cpu_kernels/conv.cc cpu_kernels/pool.cc cpu_kernels/norm.cc cpu_kernels/build.py cpu_kernels/__init__.py
+CPU_KERNELS := cpu_kernels/conv.cc cpu_kernels/pool.cc cpu_kernels/norm.cc cpu_kernels/eltwise.cc cpu_kernels/build.py cpu_kernels/__init__.py
 $(VENV)/.cpu_kernels: $(VENV)/.installed $(CPU_KERNELS)
 	$(PY) -m cpu_kernels.build
 	@touch $@
@@ -41,10 +41,14 @@ test: install
 
 # the in-process tests alone, without the end-to-end ones (tests/conftest.py E2E_FILES, E2E_TESTS)
 test-fast: install
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow and not e2e"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow and not e2e and not lab"
 
+# everything: the slow tests and the lab's (make test-lab: the lab's alone)
 test-all: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "slow or not slow"
+
+test-lab: install
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m lab
 
 # run first on a new machine: device and SoC, overflow handling, fp16/bf16 kernels, sinking, profiler, msrun
 # ranks; one line per check, exit 1 when one fails (docs/ascend-gpu.md says what to send back)

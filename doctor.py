@@ -6,6 +6,8 @@ One line per check, `ok`, `fails: ...; <what to do>` or `skipped: ...`, and exit
   inf forward  the loss-scale step sees an inf injected in the forward pass: the step is skipped, the scale lowered
   inf backward the same for an inf that appears only in the backward pass (a scaled gradient beyond fp16)
   kernels      fp16 and bf16 forward and backward kernels for Conv2d, Dense (MatMul), BatchNorm and LayerNorm
+  cpu kernels  on the CPU: which low-precision path the project's CPU kernels run here, and a conv + BatchNorm +
+               ReLU step in fp16 against the same step in fp32
   sinking      two epochs of recipe lenet_o2 on its embedded data through train.py, sinking on a device: the
                epoch lines, an evaluation and a checkpoint show that the callbacks fired
   profiler     runtime.profile=true: the profiler's output for this device is found and summarised
@@ -18,9 +20,11 @@ import zoo.entry  # first: a command's start-up, before MindSpore loads
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, List, Tuple
 
@@ -176,6 +180,47 @@ def check_kernels(device: str) -> Tuple[str, str]:
     return OK, f"fp16 forward and backward for {', '.join(KERNELS)}; {bf16}"
 
 
+class MeanOf(nn.Cell):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def construct(self, x):
+        return self.net(x).mean()
+
+
+def check_cpu_kernels(device: str) -> Tuple[str, str]:
+    """The CPU kernels' low-precision path on this CPU (cpu_kernels.low_precision) and what an fp16 step of
+    conv + BatchNorm + ReLU costs against fp32, each the median of 7 steps taken in turns."""
+    from cpu_kernels import has_ops, low_precision, why_not
+    if device != "CPU":
+        return SKIPPED, "the project's CPU kernels run on the CPU only"
+    if not has_ops():
+        return SKIPPED, f"{why_not()}; MindSpore's own CPU kernels run, fp16 slower than fp32"
+    from cpu_kernels.cells import CpuBatchNorm2d, CpuConv2d, CpuReLU
+    x = ms.Tensor(np.random.RandomState(0).randn(16, 64, 32, 32).astype(np.float32))
+    steps = {}
+    for dtype in (ms.float32, ms.float16):
+        body = nn.SequentialCell([CpuConv2d(64, 64, 3, 1, 1), CpuBatchNorm2d(64), CpuReLU()])
+        if dtype == ms.float16:  # as amp.policy's O2 has it: conv and ReLU in fp16, BatchNorm fp32 inside
+            body.to_float(dtype)
+            body[1].add_flags_recursive(fp16=False, fp32=False, bf16=False)
+        net = CastOutput(body, ms.float32)
+        net.set_train()
+        grad = ms.value_and_grad(MeanOf(net), None, net.trainable_params())
+        grad(x)  # compile
+        steps[dtype] = grad
+    times = {dtype: [] for dtype in steps}
+    for _ in range(7):
+        for dtype, step in steps.items():
+            t0 = time.perf_counter()
+            step(x)[0].asnumpy()
+            times[dtype].append(time.perf_counter() - t0)
+    fp32, fp16 = (statistics.median(times[d]) * 1e3 for d in (ms.float32, ms.float16))
+    return OK, (f"{low_precision()}; conv+BatchNorm+ReLU fp16 {fp16:.1f} ms against fp32 {fp32:.1f} ms "
+                f"({fp32 / fp16:.2f}x fp32's speed)")
+
+
 # ---- a recipe through train.py -------------------------------------------------------------------------------
 
 def train(run_dir: Path, *overrides: str) -> dict:
@@ -296,6 +341,7 @@ def checks() -> int:
     run("inf forward", lambda: (OK, injected(dev, 3e4, 1024.0)), lines)  # 4 x 3e4 is beyond fp16's 65504
     run("inf backward", lambda: (OK, injected(dev, 0.5, 2.0 ** 24)), lines)  # the forward is fine; the scaled
     run("kernels", lambda: check_kernels(dev), lines)                          # gradient is not
+    run("cpu kernels", lambda: check_cpu_kernels(dev), lines)
     if msrun_env():
         run("msrun", lambda: check_msrun(dev), lines)
         for name in ("sinking", "profiler"):

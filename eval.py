@@ -6,7 +6,8 @@ top-5 and loss (translation: BLEU, sacrebleu's and multi-bleu.perl's) as JSON, w
 scored (default: next to the checkpoint, <checkpoint>.eval.json, or <checkpoint>.<split>.eval.json for a
 translation split; a shipped weight: runs/weights/NAME...). The summary line puts the recipe's target metric
 first. With weights=NAME, any key of the weight's own recipe applies (dataset.params.test_prefix=val,
-decode.beam=4).
+decode.beam=4); the JSON records the command line's keys, and one that changes what is evaluated names its own
+file (runs/weights/NAME.amp.level-O0.eval.json), never the plain result's.
 """
 from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
@@ -20,7 +21,7 @@ from data import create_dataset, task
 from engine.checkpoint import inference_network
 from engine.load import user_keys
 from engine.metrics import NetWithEval, create_loss, metrics
-from engine.weights import checkpoint_config
+from engine.weights import checkpoint_config, override_tag, overrides
 from models.decoding import translate
 from zoo.paths import check_writable
 
@@ -61,13 +62,15 @@ def split_of(cfg) -> str:
 
 def result_path(cfg, argv) -> Path:
     """output= when given; else beside the checkpoint (a shipped weight: runs/weights/NAME), named with the split
-    when it is not "test", so that scoring another split keeps this one."""
+    when it is not "test", so that scoring another split keeps this one, and with the overrides that change what
+    is evaluated (amp.level=O0, decode.beam=1), so that an overridden result never replaces the plain one."""
     if "output" in user_keys(argv):
         return Path(cfg.output)
     default = Path(cfg.output or f"{cfg.checkpoint}.eval.json")
     split = split_of(cfg)
-    return default if split == "test" else \
-        default.with_name(f"{default.name.removesuffix('.eval.json')}.{split}.eval.json")
+    tag = override_tag(argv)
+    parts = [p for p in (tag, "" if split == "test" else split) if p]
+    return default.with_name(".".join([default.name.removesuffix(".eval.json"), *parts, "eval.json"]))
 
 
 def hypotheses_file(cfg) -> Path:
@@ -83,7 +86,7 @@ def main(argv) -> None:
     result = evaluate(cfg)
     record = {"recipe": cfg.recipe_name, "checkpoint": str(cfg.checkpoint), "split": split_of(cfg),
               "data": cfg.dataset.path or ("embedded (smoke)" if smoke_note else "embedded"),
-              "target_metric": cfg.target.metric, **result}
+              "overrides": overrides(argv), "target_metric": cfg.target.metric, **result}
     partial = out.with_name(f".{out.name}.partial")  # written whole or not at all
     out.parent.mkdir(parents=True, exist_ok=True)  # output= may name a folder still to make (checked writable)
     partial.write_text(json.dumps(record, indent=2))

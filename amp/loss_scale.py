@@ -82,6 +82,11 @@ def plan_loss_scale(ls_cfg) -> LossScalePlan:
     return LossScalePlan(kind, float(ls_cfg.init_scale), cell, True, 1.0, ls_cfg.min_scale)
 
 
+def zero() -> Tensor:
+    """A step counter's start: an int32 0."""
+    return Tensor(0, mstype.int32)
+
+
 class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
     """One training step: input check, forward, scaled backward, unscale, overflow check, (skipped) update,
     telemetry.
@@ -96,9 +101,11 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         self.sens = plan.scale
         self.no_overflow = Tensor(False)
         self.on_cpu = device == "CPU"  # MindSpore's overflow check is NPU/GPU-only
+        # on the CPU, one process: the unscale and the overflow check in one pass of the CPU kernels (a Python
+        # constant), where MindSpore runs a Mul and a ReduceSum per gradient
+        self.unscale_sum = fused_unscale_op(device, self.reducer_flag)
         self.saturation_mode = saturation_mode(device, self.ascend_910a_target, self.ascend_910b_target)
         self.min_scale = Tensor(plan.min_scale, mstype.float32)
-        zero = lambda: Tensor(0, mstype.int32)  # noqa: E731
         self.amp_steps = Parameter(zero(), name="amp_steps", requires_grad=False)
         self.amp_overflow_steps = Parameter(zero(), name="amp_overflow_steps", requires_grad=False)
         self.amp_skipped_steps = Parameter(zero(), name="amp_skipped_steps", requires_grad=False)
@@ -124,6 +131,20 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
             return self.any_rank(ops.logical_not(finite_sum(grads)))
         return self.get_overflow_status(status, grads)  # MindSpore's check: all-reduced across ranks
 
+    def unscaled_and_finite(self, grads, scale):
+        """The gradients unscaled, and whether every element of them is finite (float32 gradients through
+        unscale_sum; others, if any, as _grad_scale and finite_sum have them)."""
+        unscaled, sums = (), ()
+        for g in grads:
+            if ops.dtype(g) == mstype.float32:
+                out, total = self.unscale_sum(g, ops.cast(scale, mstype.float32).reshape((1,)))
+            else:
+                out = _grad_scale(scale, g)
+                total = ops.cast(out, mstype.float32).sum().reshape((1,))
+            unscaled = unscaled + (out,)
+            sums = sums + (total,)
+        return unscaled, ops.isfinite(ops.addn(sums)).all()
+
     def construct(self, *inputs):
         if not self.skip_on_overflow:  # a Python constant: the graph holds one branch or the other
             return self.plain_step(*inputs)
@@ -137,12 +158,16 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         status = Tensor([0] * 8, mstype.int32)
         sens = ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss))
         grads = self.grad(self.network, weights)(*inputs, sens)
-        grads = self.hyper_map(ops.partial(_grad_scale, scale), grads)
-        if self.update_freq == 1:  # a Python constant; with accumulation, the update's mean is all-reduced once
-            grads = self.grad_reducer(grads)
-        # with accumulation each rank checks its own gradients: the flag itself is all-reduced (any_rank, or
-        # MindSpore's check on a device), so every rank skips the same updates
-        overflow = ops.logical_and(self.overflow_of(grads, status), ops.logical_not(bad_input))
+        if self.unscale_sum is not None:  # one process only: no all-reduce between the unscale and the check
+            grads, finite = self.unscaled_and_finite(grads, scale)
+            overflow = ops.logical_and(ops.logical_not(finite), ops.logical_not(bad_input))
+        else:
+            grads = self.hyper_map(ops.partial(_grad_scale, scale), grads)
+            if self.update_freq == 1:  # a Python constant; with accumulation, the update's mean is all-reduced once
+                grads = self.grad_reducer(grads)
+            # with accumulation each rank checks its own gradients: the flag itself is all-reduced (any_rank, or
+            # MindSpore's check on a device), so every rank skips the same updates
+            overflow = ops.logical_and(self.overflow_of(grads, status), ops.logical_not(bad_input))
         if self.update_freq > 1:  # a Python constant
             # 2: an fp16 overflow (skip, and the scale steps down at the update), 1: bad input (skip only)
             loss = self.accumulate(loss, grads,
@@ -224,6 +249,19 @@ def saturation_mode(device: str, ascend_910a: bool, ascend_910b: bool) -> bool:
         return False
     return bool(ascend_910a) or (bool(ascend_910b) and
                                  os.environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") == "SATURATION_MODE")
+
+
+def fused_unscale_op(device: str, distributed: bool):
+    """The CPU kernels' unscale-and-sum op where the step can use it (the CPU, one process, the kernels in use:
+    models.layers.use_cpu_kernels), else None. With several ranks the gradients are all-reduced between the
+    unscale and the check, so the two stay apart there."""
+    if device != "CPU" or distributed:
+        return None
+    from models.layers import use_cpu_kernels
+    if not use_cpu_kernels():
+        return None
+    from cpu_kernels.cells import unscale_sum_op
+    return unscale_sum_op()
 
 
 def _scaled(factor, x):

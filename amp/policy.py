@@ -80,6 +80,22 @@ def check_device_dtype(device: str, amp_cfg) -> None:
                           f"or bfloat16 on Ascend")
 
 
+def cpu_cost_note(device: str, amp_cfg) -> str:
+    """The line a run at a low-precision level logs first on the CPU ("" elsewhere): what its fp16 costs here.
+    No CPU kernel computes in fp16: the project's kernels (cpu_kernels) store fp16 and compute in fp32, so at
+    best the step costs O0's, and MindSpore's own fp16 CPU kernels (MatMul, element-wise ops outside the
+    project's kernels) run slower than their fp32 ones. The measurements: docs/benchmarks.md."""
+    low_precision_used = LEVELS[str(amp_cfg.level)].low != "none" or bool(amp_cfg.force_fp16)
+    if device != "CPU" or not low_precision_used:
+        return ""
+    from cpu_kernels import has_ops, low_precision
+    kernels = (low_precision().split(";")[0] if has_ops()
+               else "the CPU kernels are not built, so MindSpore's fp16 CPU kernels run everywhere")
+    return (f"amp.level={amp_cfg.level} on the CPU is for checking fp16 numerics, not for speed: {kernels}; "
+            f"MindSpore's own fp16 CPU kernels (MatMul, element-wise ops) run slower than fp32, so a step costs "
+            f"O0's or more (docs/benchmarks.md#mixed-precision-on-the-cpu); on Ascend and GPU fp16 runs natively")
+
+
 def _walk(cell: nn.Cell, prefix: str, match, on_match) -> None:
     """Replace every sub-Cell for which match(cell, path) holds by on_match(cell, path); not below it."""
     for name, child in list(cell.name_cells().items()):
@@ -132,6 +148,11 @@ def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
 
         def keep_in_fp32(cell, path):
             _mark_subtree(cell, path, "keep_fp32", reasons)
+            if getattr(cell, "fp32_inside", False) and low == mstype.float16:
+                # its kernel takes fp16, computes in fp32 and rounds its output (cpu_kernels' BatchNorm): no
+                # precision flag at all, so no Cast on its input, its parameters or its output
+                cell.add_flags_recursive(fp16=False, fp32=False, bf16=False)
+                return cell
             return CastOutput(cell.to_float(mstype.float32), low)
         if keep_names:
             _walk(net, "", kept, keep_in_fp32)

@@ -84,7 +84,8 @@ def keep_list(kept: List[str], units: List[Unit], net) -> List[str]:
 def candidate(k: int, ranked: List[Unit], pinned: List[str], units: List[Unit], net) -> Candidate:
     kept = sorted(set(pinned) | {u.path for u in ranked[:k]}, key=[u.path for u in units].index)
     low = [u for u in units if u.path not in kept]
-    share = lambda attr: sum(getattr(u, attr) for u in low) / max(sum(getattr(u, attr) for u in units), 1)  # noqa: E731
+    def share(attr: str) -> float:  # the part of the network's `attr` (params, flops) the low-precision units hold
+        return sum(getattr(u, attr) for u in low) / max(sum(getattr(u, attr) for u in units), 1)
     return Candidate(k, kept, keep_list(kept, units, net), share("params"), share("flops"))
 
 

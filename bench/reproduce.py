@@ -17,11 +17,11 @@ It first prints its plan: each run to train with about how long it takes (the re
 its own setting, else its plan's hours), and the total.
 Writes OUT/reproduce.json (one record per run, with its test-split curve) and OUT/REPRODUCE.md (the table;
 --out, default bench/results/reproduce) with OUT/curves_<family>.png (each model and data set: the test metric
-of every run against its step, every precision level at equal steps) after every finished run, and with
---write the same table into README.md between its `reproduce` markers: the README's "Published numbers" table
-comes from here and nowhere else. With --out elsewhere the README is left alone (a scratch reproduction, say
-from a worktree, keeps its checkout clean). --plan prints what would run and runs and writes nothing; --table
-prints the table from the runs so far and runs nothing, writing it only with --write;
+of every run against its step, every precision level at equal steps) after every finished run. With --write,
+the table it ends with goes into README.md between its `reproduce` markers, once: the README's "Published
+numbers" table comes from here and nowhere else. With --out elsewhere the README is left alone (a scratch
+reproduction, say from a worktree, keeps its checkout clean). --plan prints what would run and runs and writes
+nothing; --table prints the table from the runs so far and runs nothing, writing it only with --write;
 --only RECIPE (repeatable) runs only those recipes (the table keeps every row); --seeds N runs only the first N
 seeds of each (one seed of everything first, say; the table keeps every recorded run).
 A stop signal (Ctrl-C, SIGTERM) reaches the train.py it runs, which saves; then it exits 130 / 143 with one line.
@@ -221,33 +221,76 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
               max_seeds: Optional[int] = None, write: bool = True) -> dict:
     """Rows for every recipe in `recipes`; runs (and scores) those in `only` (default: all) whose data is here,
     each at its first `max_seeds` seeds (default: all of its plan's seeds). Prints the plan, with hours, first.
-    write=False (and plan_only): nothing is written; `readme`: the README whose table is replaced."""
+    write=False (and plan_only): nothing is written; `readme`: the README whose table is replaced, once, by the
+    table this call ends with."""
     write = write and not plan_only
     if write:
         out.mkdir(parents=True, exist_ok=True)
     results_file = out / "reproduce.json"
-    results = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
-    rows = []
-    for name in recipes:
-        card = recipe_card(name)
-        seeds = card["target"]["seeds"]
-        live = unfinished(runs, name, seeds, card["target"]["metric"])
-        gone = [dict(rec, live=False) for run_id, rec in results.get("unfinished", {}).items()  # machine gone
-                if run_id.rsplit("-s", 1)[0] == name and run_id not in live and run_id not in results["runs"]]
-        data = find_data(card, given)
-        rows.append({**card, "data": data, "seeds": seeds, "unfinished": list(live.values()) + gone,
-                     "runs": [] if data else [results["runs"][f"{name}-s{s}"] for s in seeds  # recorded elsewhere
-                                              if f"{name}-s{s}" in results["runs"]],
-                     "started": any((runs / f"{name}-s{seed}").exists() for seed in seeds)})
+    results = read_results(results_file)
+    rows = [recipe_row(name, given, runs, results) for name in recipes]
     # seed-major: every recipe's first seed before any second one, so a stopped reproduce already compares
     # the precision levels
     todo = [(row, seed) for i in range(max(len(r["seeds"]) for r in rows))
             for row in rows if row["data"] is not None and i < len(row["seeds"]) for seed in [row["seeds"][i]]]
-    is_recorded = lambda row, seed: results["runs"].get(f"{row['recipe']}-s{seed}", {}).get("data") == row["data"]  # noqa: E731
-    asked = lambda row, seed: (only is None or row["recipe"] in only) and not (  # noqa: E731
-        max_seeds and row["seeds"].index(seed) >= max_seeds)
-    to_train = [(row, seed) for row, seed in todo if not is_recorded(row, seed) and asked(row, seed)
-                and not (runs / f"{row['recipe']}-s{seed}" / "metrics.json").is_file()]
+    print_plan([(row, seed) for row, seed in todo if not recorded(results, row, seed)
+                and asked(row, seed, only, max_seeds)
+                and not (runs / f"{row['recipe']}-s{seed}" / "metrics.json").is_file()], results, plan_only)
+    for row, seed in todo:
+        if recorded(results, row, seed):
+            row["runs"].append(results["runs"][f"{row['recipe']}-s{seed}"])
+            continue
+        if not asked(row, seed, only, max_seeds):
+            continue  # not asked for: its recorded runs only
+        record = run_and_score(row, seed, runs, runner, scorer, plan_only)
+        if record is None:
+            continue
+        row["runs"].append(record)
+        row["unfinished"] = [rec for rec in row["unfinished"] if rec["run"] != record["run"]]
+        if write:
+            results = save_record(results_file, record)
+            publish(rows, out)  # the table as it stands after every finished run
+    if write:
+        keep_unfinished(results_file, rows)
+    for row in rows:
+        row["runs"].sort(key=lambda r: r["seed"])
+    table = publish(rows, out) if write else render(rows)
+    if write and readme is not None:
+        write_readme(table, readme)
+    return {"rows": rows, "table": table}
+
+
+def read_results(results_file: Path) -> dict:
+    return json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
+
+
+def recipe_row(name: str, given: Dict[str, str], runs: Path, results: dict) -> dict:
+    """A recipe's row: its card, where its data is (None: not here), its recorded runs (from elsewhere, when its
+    data is not here) and its unfinished ones (live here, or recorded when their machine is gone)."""
+    card = recipe_card(name)
+    seeds = card["target"]["seeds"]
+    live = unfinished(runs, name, seeds, card["target"]["metric"])
+    gone = [dict(rec, live=False) for run_id, rec in results.get("unfinished", {}).items()  # machine gone
+            if run_id.rsplit("-s", 1)[0] == name and run_id not in live and run_id not in results["runs"]]
+    data = find_data(card, given)
+    return {**card, "data": data, "seeds": seeds, "unfinished": list(live.values()) + gone,
+            "runs": [] if data else [results["runs"][f"{name}-s{s}"] for s in seeds  # recorded elsewhere
+                                     if f"{name}-s{s}" in results["runs"]],
+            "started": any((runs / f"{name}-s{seed}").exists() for seed in seeds)}
+
+
+def recorded(results: dict, row: dict, seed: int) -> bool:
+    """Whether a run of the row's recipe at `seed` on its data is recorded in reproduce.json."""
+    return results["runs"].get(f"{row['recipe']}-s{seed}", {}).get("data") == row["data"]
+
+
+def asked(row: dict, seed: int, only: Optional[List[str]], max_seeds: Optional[int]) -> bool:
+    """Whether --only and --seeds ask for this run."""
+    return (only is None or row["recipe"] in only) and not (max_seeds and row["seeds"].index(seed) >= max_seeds)
+
+
+def print_plan(to_train: List[Tuple[dict, int]], results: dict, plan_only: bool) -> None:
+    """Each run to train with about how long it takes, and the total."""
     plan_hours = [hours(row["recipe"], row["target"], results["runs"]) for row, _ in to_train]
     for (row, seed), h in zip(to_train, plan_hours):
         print(f"plan: {row['recipe']} seed {seed}: " + (f"about {h:.1f} h" if h is not None else "time unknown (no "
@@ -256,76 +299,82 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
     print(f"plan: {len(to_train)} runs to train, about {sum(known):.0f} hours on a 2-core CPU machine like this "
           f"project's" + (f" plus {len(to_train) - len(known)} of unknown time" if len(known) < len(to_train) else "")
           + ("" if plan_only else "; a killed reproduce continues where it stopped"), flush=True)
-    for row, seed in todo:
-        name, data = row["recipe"], row["data"]
-        run_id, run_dir = f"{name}-s{seed}", runs / f"{name}-s{seed}"
-        if is_recorded(row, seed):
-            row["runs"].append(results["runs"][run_id])
-            continue
-        if not asked(row, seed):
-            continue  # not asked for: its recorded runs only
-        if not (run_dir / "metrics.json").is_file():
-            cmd = train_command(row, data, seed, run_dir)
-            print(("would run: " if plan_only else "running: ") + " ".join(cmd[1:]), flush=True)
-            if plan_only:
-                continue
-            run_dir.mkdir(parents=True, exist_ok=True)
-            row["started"] = True
-            try:
-                code = runner(cmd, run_dir.parent / f"{run_id}.out")
-            except Interrupted as e:  # the signal came to reproduce and was passed on to the run, which saved
-                e.note = (f"{run_id} stopped (train.py's last line in {run_dir.parent / f'{run_id}.out'} says what "
-                          f"it saved); run the same command again to continue it")
-                raise
-            if code != 0 or not (run_dir / "metrics.json").is_file():
-                print(f"{run_id}: train.py exited {code} before finishing (see {run_dir.parent}/{run_id}.out); "
-                      f"run bench.reproduce again to continue it", flush=True)
-                continue
-        if plan_only:  # finished but not scored yet: scoring decodes, and --plan runs nothing
-            continue
-        try:
-            record = {"run": run_id, "seed": seed, "data": data, "run_dir": str(run_dir),
-                      **score(row, run_dir, scorer)}
-        except subprocess.CalledProcessError as e:  # the scorer's own output says why; the run is kept
-            print(f"{run_id}: scoring failed ({e.cmd} exited {e.returncode}); the run is finished and kept: run "
-                  f"bench.reproduce again to score it", flush=True)
-            continue
-        except Interrupted as e:  # not "nothing was written": the run is trained, and earlier runs are recorded
-            e.note = f"{run_id} is trained and kept, its scoring stopped; run the same command again to score it"
-            raise
-        row["runs"].append(record)
-        row["unfinished"] = [rec for rec in row["unfinished"] if rec["run"] != run_id]
-        if not write:
-            continue
-        # read again before writing: another reproduce (say --only another recipe) may have recorded a run since
-        results = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
-        results["runs"][run_id] = record
-        results.get("unfinished", {}).pop(run_id, None)
-        results_file.write_text(json.dumps(results, indent=2))
-        publish(rows, out, readme)  # the table as it stands after every finished run
-    if write:  # where the unfinished runs stand, kept beside the finished ones
-        recorded = json.loads(results_file.read_text()) if results_file.is_file() else {"runs": {}}
-        shown = {row["recipe"] for row in rows}
-        kept = {run_id: rec for run_id, rec in recorded.get("unfinished", {}).items()
-                if run_id.rsplit("-s", 1)[0] not in shown}  # recipes this call did not look at
-        for rec in (rec for row in rows for rec in row["unfinished"] if rec["run"] not in recorded["runs"]):
-            kept[rec["run"]] = {k: v for k, v in rec.items() if k != "live"}
-        recorded["unfinished"] = kept
-        results_file.write_text(json.dumps(recorded, indent=2))
-    for row in rows:
-        row["runs"].sort(key=lambda r: r["seed"])
-    table = publish(rows, out, readme) if write else render(rows)
-    return {"rows": rows, "table": table}
 
 
-def publish(rows: List[dict], out: Path, readme: Optional[Path]) -> str:
+def run_and_score(row: dict, seed: int, runs: Path, runner: Callable, scorer: Callable,
+                  plan_only: bool) -> Optional[dict]:
+    """One run of a recipe trained (or continued) to its end and scored: its record, or None when it did not
+    finish, was not run (plan_only) or could not be scored (the line says why; the run is kept)."""
+    run_id, run_dir = f"{row['recipe']}-s{seed}", runs / f"{row['recipe']}-s{seed}"
+    if not (run_dir / "metrics.json").is_file() and not train_one(row, seed, run_dir, runner, plan_only):
+        return None
+    if plan_only:  # finished but not scored yet: scoring decodes, and --plan runs nothing
+        return None
+    try:
+        return {"run": run_id, "seed": seed, "data": row["data"], "run_dir": str(run_dir),
+                **score(row, run_dir, scorer)}
+    except subprocess.CalledProcessError as e:  # the scorer's own output says why; the run is kept
+        print(f"{run_id}: scoring failed ({e.cmd} exited {e.returncode}); the run is finished and kept: run "
+              f"bench.reproduce again to score it", flush=True)
+        return None
+    except Interrupted as e:  # not "nothing was written": the run is trained, and earlier runs are recorded
+        e.note = f"{run_id} is trained and kept, its scoring stopped; run the same command again to score it"
+        raise
+
+
+def train_one(row: dict, seed: int, run_dir: Path, runner: Callable, plan_only: bool) -> bool:
+    """train.py on the row's recipe at `seed` into run_dir (resumed if it holds a checkpoint); whether it
+    finished. plan_only: the command is printed, and nothing runs."""
+    run_id = run_dir.name
+    cmd = train_command(row, row["data"], seed, run_dir)
+    print(("would run: " if plan_only else "running: ") + " ".join(cmd[1:]), flush=True)
+    if plan_only:
+        return False
+    run_dir.mkdir(parents=True, exist_ok=True)
+    row["started"] = True
+    try:
+        code = runner(cmd, run_dir.parent / f"{run_id}.out")
+    except Interrupted as e:  # the signal came to reproduce and was passed on to the run, which saved
+        e.note = (f"{run_id} stopped (train.py's last line in {run_dir.parent / f'{run_id}.out'} says what "
+                  f"it saved); run the same command again to continue it")
+        raise
+    if code != 0 or not (run_dir / "metrics.json").is_file():
+        print(f"{run_id}: train.py exited {code} before finishing (see {run_dir.parent}/{run_id}.out); "
+              f"run bench.reproduce again to continue it", flush=True)
+        return False
+    return True
+
+
+def save_record(results_file: Path, record: dict) -> dict:
+    """A finished run's record into reproduce.json, read again first: another reproduce (say --only another
+    recipe) may have recorded a run since. Returns what reproduce.json now holds."""
+    results = read_results(results_file)
+    results["runs"][record["run"]] = record
+    results.get("unfinished", {}).pop(record["run"], None)
+    results_file.write_text(json.dumps(results, indent=2))
+    return results
+
+
+def keep_unfinished(results_file: Path, rows: List[dict]) -> None:
+    """Where the unfinished runs stand, kept in reproduce.json beside the finished ones (those of recipes this
+    call did not look at too)."""
+    recorded_ = read_results(results_file)
+    shown = {row["recipe"] for row in rows}
+    kept = {run_id: rec for run_id, rec in recorded_.get("unfinished", {}).items()
+            if run_id.rsplit("-s", 1)[0] not in shown}  # recipes this call did not look at
+    for rec in (rec for row in rows for rec in row["unfinished"] if rec["run"] not in recorded_["runs"]):
+        kept[rec["run"]] = {k: v for k, v in rec.items() if k != "live"}
+    recorded_["unfinished"] = kept
+    results_file.write_text(json.dumps(recorded_, indent=2))
+
+
+def publish(rows: List[dict], out: Path) -> str:
+    """OUT/REPRODUCE.md (the table and its curves) as the rows stand; returns the table."""
     for row in rows:
         row["runs"].sort(key=lambda r: r["seed"])
     table = render(rows)
     curves = plot_curves(rows, out)
     (out / "REPRODUCE.md").write_text(table + "".join(f"\n![{p.stem}]({p.name})\n" for p in curves))
-    if readme is not None:
-        write_readme(table, readme)
     return table
 
 
@@ -396,69 +445,26 @@ def render(rows: List[dict]) -> str:
     one), a table of those whose data is not (with the command that would run each), and the published
     settings and sources the rows cite by number. A run recorded with `overrides` trained before its recipe
     changed: the row names them, and compares with O0 only when O0 trained with the same."""
-    means = {r["recipe"]: statistics.mean(x["value"] for x in r["runs"]) for r in rows if r["runs"]}
-    speed = {r["recipe"]: statistics.mean(x["throughput"] or 0 for x in r["runs"]) for r in rows if r["runs"]}
-    machines = {r["recipe"]: one_machine(r["runs"]) for r in rows if r["runs"]}
-    settings = {r["recipe"]: r["runs"][0].get("overrides", []) for r in rows if r["runs"]}
+    stats = {r["recipe"]: {"mean": statistics.mean(x["value"] for x in r["runs"]),
+                           "speed": statistics.mean(x["throughput"] or 0 for x in r["runs"]),
+                           "machine": one_machine(r["runs"]), "settings": r["runs"][0].get("overrides", [])}
+             for r in rows if r["runs"]}
     sources: List[str] = []  # one per published setting and source, cited by number
-
-    def published(t: dict) -> str:
-        if t.get("published") is None:
-            return "none published"
-        cited = f"{t['published']} {t['metric']}: {t.get('published_setting') or '-'}; {t.get('source') or '-'}"
-        if cited not in sources:
-            sources.append(cited)
-        return f"{t['published']} {t['metric']} [{sources.index(cited) + 1}]"
-
     here = ["| recipe | published | reproduced here | seeds | training time | device, notes |",
             "|---|---|---|---|---|---|"]
     absent = ["| recipe | published | data | run it with |", "|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: r["data"] is None and not r["runs"]):  # sources numbered as shown
-        head = f"| `{r['recipe']}` | {published(r['target'])} "
+        head = f"| `{r['recipe']}` | {published(r['target'], sources)} "
         if r["data"] is None and not r["runs"]:  # its recorded runs show even where its data is not
             cmd = f"python -m bench.reproduce --data {r['group']}=PATH --only {r['recipe']}"
             absent.append(head + f"| not found ({r['group']}) | `{cmd}` |")
-            continue
-        runs = r["runs"]
-        if not runs:
+        elif not r["runs"]:
             state = progress(r) if r.get("unfinished") else "not finished yet (`make reproduce` continues it)"
             if not r.get("started", True) and not r.get("unfinished"):
                 state = "not run yet (`make reproduce` runs it)"
             here.append(head + f"| {state} | - | - | - |")
-            continue
-        values = [x["value"] for x in runs]
-        ours = f"**{statistics.mean(values):.2f}**" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
-        ours += f" ({', '.join(f'{v:.2f}' for v in values)})" if len(values) > 1 else ""
-        if "moses_lc" in runs[0]:
-            ours += f"; paper's scorer {statistics.mean(x['moses_lc'] for x in runs):.2f}"
-        elif "cased" in runs[0]:
-            ours += f"; cased {statistics.mean(x['cased'] for x in runs):.2f}"
-        if "val" in runs[0]:
-            ours += f", val {statistics.mean(x['val'] for x in runs):.2f}"
-        sibling = family(r["recipe"]) + "_o0"
-        cpu = machines.get(r["recipe"])
-        notes = [runs[0]["device"] + (f" ({cpu})" if cpu else ""), runs[0]["amp"], runs[0]["protocol"],
-                 f"{runs[0]['steps']:,} steps" + (f" ({runs[0]['steps'] // runs[0]['update_freq']:,} updates of "
-                                                  f"{runs[0]['update_freq']})" if runs[0].get("update_freq") else "")]
-        overflows = sum(x["overflow_steps"] for x in runs)
-        if r["level"] != "O0":
-            notes.append(f"{overflows} overflowed steps")
-        if r.get("unfinished"):
-            notes.append(progress(r))
-        if runs[0].get("overrides"):  # trained before the recipe changed: what the recipe would need to match
-            notes.append("trained with " + " ".join(runs[0]["overrides"]))
-        if sibling in means and sibling != r["recipe"] and settings[sibling] != settings[r["recipe"]]:
-            notes.append("not compared with O0: trained at another setting")
-        elif sibling in means and sibling != r["recipe"]:
-            delta, tol = means[r["recipe"]] - means[sibling], r["target"]["parity"]
-            verdict = "" if tol is None else (f", within ±{tol}" if abs(delta) <= tol else f", OUTSIDE ±{tol}")
-            notes.append(f"{delta:+.2f} vs O0{verdict}; " + (
-                f"{speed[r['recipe']] / speed[sibling]:.2f}x O0's throughput" if cpu and cpu == machines[sibling]
-                else "throughput not compared: O0 trained on another machine"))
-        hours = sum(x["wall_time_s"] for x in runs) / len(runs) / 60
-        rate = (f", {speed[r['recipe']]:,.0f} {runs[0].get('throughput_unit') or 'samples'}/s"
-                if speed[r["recipe"]] else "")
-        here.append(head + f"| {ours} | {len(runs)} | {hours:.0f} min a run{rate} | {'; '.join(notes)} |")
+        else:
+            here.append(head + reproduced(r, stats))
     found = sorted({(r["group"], shown_path(r["data"])) for r in rows if r["data"] is not None})
     parts = ["\n".join(here) + "\n"]
     if found:
@@ -469,6 +475,58 @@ def render(rows: List[dict]) -> str:
         parts.append("Published settings and sources:\n\n"
                      + "\n".join(f"{i}. {s}" for i, s in enumerate(sources, 1)) + "\n")
     return "\n".join(parts)
+
+
+def published(target: dict, sources: List[str]) -> str:
+    """The published number of a recipe's card, citing its setting and source by number in `sources`."""
+    if target.get("published") is None:
+        return "none published"
+    cited = (f"{target['published']} {target['metric']}: {target.get('published_setting') or '-'}; "
+             f"{target.get('source') or '-'}")
+    if cited not in sources:
+        sources.append(cited)
+    return f"{target['published']} {target['metric']} [{sources.index(cited) + 1}]"
+
+
+def reproduced(r: dict, stats: Dict[str, dict]) -> str:
+    """The rest of a row with recorded runs: the mean (± spread, each run), seeds, time a run, and notes."""
+    runs, mine = r["runs"], stats[r["recipe"]]
+    values = [x["value"] for x in runs]
+    ours = f"**{statistics.mean(values):.2f}**" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
+    ours += f" ({', '.join(f'{v:.2f}' for v in values)})" if len(values) > 1 else ""
+    if "moses_lc" in runs[0]:
+        ours += f"; paper's scorer {statistics.mean(x['moses_lc'] for x in runs):.2f}"
+    elif "cased" in runs[0]:
+        ours += f"; cased {statistics.mean(x['cased'] for x in runs):.2f}"
+    if "val" in runs[0]:
+        ours += f", val {statistics.mean(x['val'] for x in runs):.2f}"
+    minutes = sum(x["wall_time_s"] for x in runs) / len(runs) / 60
+    rate = f", {mine['speed']:,.0f} {runs[0].get('throughput_unit') or 'samples'}/s" if mine["speed"] else ""
+    return f"| {ours} | {len(runs)} | {minutes:.0f} min a run{rate} | {'; '.join(notes(r, stats))} |"
+
+
+def notes(r: dict, stats: Dict[str, dict]) -> List[str]:
+    """A row's notes: device and setting, overflows, progress, and how it compares with its O0 sibling."""
+    runs, mine, cpu = r["runs"], stats[r["recipe"]], stats[r["recipe"]]["machine"]
+    out = [runs[0]["device"] + (f" ({cpu})" if cpu else ""), runs[0]["amp"], runs[0]["protocol"],
+           f"{runs[0]['steps']:,} steps" + (f" ({runs[0]['steps'] // runs[0]['update_freq']:,} updates of "
+                                            f"{runs[0]['update_freq']})" if runs[0].get("update_freq") else "")]
+    if r["level"] != "O0":
+        out.append(f"{sum(x['overflow_steps'] for x in runs)} overflowed steps")
+    if r.get("unfinished"):
+        out.append(progress(r))
+    if runs[0].get("overrides"):  # trained before the recipe changed: what the recipe would need to match
+        out.append("trained with " + " ".join(runs[0]["overrides"]))
+    sibling = stats.get(family(r["recipe"]) + "_o0")
+    if sibling is None or sibling is mine:
+        return out
+    if sibling["settings"] != mine["settings"]:
+        return out + ["not compared with O0: trained at another setting"]
+    delta, tol = mine["mean"] - sibling["mean"], r["target"]["parity"]
+    verdict = "" if tol is None else (f", within ±{tol}" if abs(delta) <= tol else f", OUTSIDE ±{tol}")
+    return out + [f"{delta:+.2f} vs O0{verdict}; " + (
+        f"{mine['speed'] / sibling['speed']:.2f}x O0's throughput" if cpu and cpu == sibling["machine"]
+        else "throughput not compared: O0 trained on another machine")]
 
 
 def write_readme(table: str, readme: Path) -> bool:
@@ -488,6 +546,9 @@ def data_option(value: str) -> Tuple[str, str]:
     if not (ROOT / "conf" / "dataset" / f"{group}.yaml").is_file():
         groups = [p.stem for p in (ROOT / "conf" / "dataset").glob("*.yaml")]
         fail(f"--data {group}=...: {group!r} is not a dataset group; " + choices_hint(group, groups))
+    if not Path(path).expanduser().is_dir():  # a mistyped path: its data would silently count as not here
+        fail(f"--data {group}={path}: {'a file' if Path(path).expanduser().exists() else 'no such folder'}; give the "
+             f"folder that holds the {group} files")
     return group, path
 
 
@@ -519,6 +580,12 @@ def main(argv: List[str]) -> None:
     recipes, given, runs, out, plan, only, max_seeds, readme, write = parse(argv)
     print(reproduce(recipes, given, runs, out, plan, readme=readme, only=only, max_seeds=max_seeds,
                     write=write)["table"])
+    asked = recipes if only is None else only  # --table (only=[]) trains nothing by design
+    missing = [name for name in asked if find_data(recipe_card(name), given) is None]
+    if missing and (only or len(missing) == len(recipes)):  # a command that reproduced nothing does not say it did
+        groups = sorted({recipe_card(name)["group"] for name in missing})
+        fail(f"not reproduced, for want of its data: {', '.join(missing)}; give "
+             f"{' '.join(f'--data {g}=PATH' for g in groups)}", code=1)
 
 
 if __name__ == "__main__":

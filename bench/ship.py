@@ -46,7 +46,8 @@ def overrides(run_cfg) -> List[str]:
     +key=value; a key the run does not have (setting=cased_4k has no dataset.params.lowercase) is ~key."""
     recipe = flatten(OmegaConf.to_container(compose([f"recipe={run_cfg.recipe_name}"]), resolve=True))
     run = flatten(OmegaConf.to_container(run_cfg, resolve=True))
-    skip = lambda key: key.split(".")[0] in SKIP or key in SKIP  # noqa: E731
+    def skip(key: str) -> bool:
+        return key.split(".")[0] in SKIP or key in SKIP
     out = [f"~{key}" for key in sorted(recipe) if key not in run and not skip(key)]
     for key, value in sorted(run.items()):
         if skip(key) or recipe.get(key) == value:

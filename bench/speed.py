@@ -18,7 +18,8 @@ loops); the same O0 step built with MindSpore's own Conv2D and BatchNorm takes t
 process of its own: its convolutions need the AVX2 oneDNN cap (zoo.runtime.cap_onednn_isa), which ours, with
 no MindSpore convolution, lifts. So the gain is measured in the same run, each side at the ISA a user gets.
 
-Two PyTorch peers take turns with ours. "PyTorch fp32" runs in our process, at our oneDNN ISA (the run's
+Three PyTorch peers take turns with ours; "PyTorch bf16 autocast" is PyTorch's own CPU mixed precision,
+torch.autocast("cpu", torch.bfloat16), in our process. "PyTorch fp32" runs in our process, at our oneDNN ISA (the run's
 "onednn" note): the same kernels' ISA on both sides. "PyTorch fp32, own process" runs in a process of its own at
 its full ISA (AVX-512 where the CPU has it), waiting on a pipe while the others run: the step a PyTorch user
 gets on this machine.
@@ -84,7 +85,11 @@ def torch_model(cfg, channels: int):
     return model
 
 
-def torch_step(cfg, shape) -> Callable[[], float]:
+def torch_step(cfg, shape, autocast: bool = False) -> Callable[[], float]:
+    """PyTorch's step in fp32, or (autocast) under torch.autocast("cpu", torch.bfloat16): PyTorch's own CPU
+    mixed precision."""
+    import contextlib
+
     import torch
     torch.manual_seed(0)
     model = torch_model(cfg, shape[1]).train()
@@ -96,7 +101,8 @@ def torch_step(cfg, shape) -> Callable[[], float]:
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with torch.autocast("cpu", torch.bfloat16) if autocast else contextlib.nullcontext():
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         return float(loss.detach())
@@ -232,6 +238,7 @@ def main(argv: List[str]) -> dict:
         torch.set_num_threads(2)  # MindSpore's CPU kernels use both cores here
         peer = f"PyTorch {torch.__version__} eager fp32, {torch.get_num_threads()} threads"
         variants["PyTorch fp32"] = torch_step(cfg, shape)
+        variants["PyTorch bf16 autocast"] = torch_step(cfg, shape, autocast=True)
         variants["PyTorch fp32, own process"] = own_process("torch", [*argv, *own])
     except ImportError:
         torch, peer = None, "PyTorch is not installed (pip install torch==2.14.1 torchvision==0.29.1): no peer"
@@ -249,6 +256,9 @@ def main(argv: List[str]) -> dict:
                                    ("speed_vs_pytorch_own_process", "PyTorch fp32, own process")):
                 rows[name][key] = ratio(times[peer_name], times[name])
                 rows[name][f"{key}_95ci"] = ratio_ci(times[peer_name], times[name])
+    for level in levels if "O0" in levels else []:  # > 1: faster than our O0 in the same run
+        rows[f"ours {level}"]["speed_vs_ours_O0"] = ratio(times["ours O0"], times[f"ours {level}"])
+        rows[f"ours {level}"]["speed_vs_ours_O0_95ci"] = ratio_ci(times["ours O0"], times[f"ours {level}"])
     mach = machine()
     # a number measured without our CPU kernels (no g++ or headers in this environment) must say so
     kernels = f"built: {library().name}" if has_ops() else f"not used: {why_not()}"

@@ -4,7 +4,8 @@ For each weight in weights/MANIFEST.json whose data is on this machine (--data G
 takes it, or the recipe's own dataset.path): check its sha256, evaluate it with
 eval.py's own evaluation on the full test split, and compare with the manifest. Evaluation is deterministic
 on one machine; across CPUs (oneDNN picks other kernels) a few borderline test images may flip, so a
-classification result agrees when within TOLERANCE (2 images in 10,000). Prints a table; exit 1 on a mismatch.
+classification result agrees when within TOLERANCE (2 images in 10,000). Prints a table; exit 1 on a mismatch,
+and when it verified nothing (no weight's data here) or not every weight it was asked for by name.
 """
 from zoo.entry import run  # first: a command's start-up, before MindSpore loads
 
@@ -14,7 +15,7 @@ from typing import Dict, List, Optional
 
 from hydra.core.hydra_config import HydraConfig
 
-from bench.reproduce import data_option, find_data
+from bench.reproduce import data_groups, data_option, find_data
 from engine.load import load_config
 from engine.weights import WEIGHTS, checkpoint_config, read_manifest
 from zoo.cli import pop_all
@@ -90,6 +91,17 @@ def main(argv: List[str]) -> None:
     print(table(rows))
     if any(r["ok"] is False for r in rows):
         sys.exit(1)
+    missing = [r["name"] for r in rows if r["ok"] is None]
+    if missing and (argv or len(missing) == len(rows)):  # a command that verified nothing does not say it did
+        groups = sorted({data_group(read_manifest()[name]) for name in missing})
+        fail(f"not verified, for want of its data: {', '.join(missing)}; give --data "
+             f"{' --data '.join(f'{g}=PATH' for g in groups)}", code=1)
+
+
+def data_group(entry: dict) -> str:
+    """The dataset group a weight's data is given as (--data GROUP=PATH): the one whose files it reads."""
+    load_config([f"recipe={entry['recipe']}", *entry["overrides"]], needs_data=False)
+    return data_groups(HydraConfig.get().runtime.choices["dataset"])[-1]
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     from cpu_kernels import has_ops, why_not
     has_ops()    # True: built for this environment, and the oneDNN it links is one its headers fit
     why_not()    # otherwise, why, in one line
+    low_precision()  # what the kernels do with fp16 and bf16 on this CPU, in one line
 
 The library links MindSpore's bundled oneDNN (libdnnl.so.3) and is compiled against oneDNN headers of a release
 not newer than it: oneDNN keeps its ABI backward compatible within a major version, so headers newer than the
@@ -22,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Tuple
 
-SOURCES = [Path(__file__).with_name(f"{name}.cc") for name in ("conv", "pool", "norm")]
+SOURCES = [Path(__file__).with_name(f"{name}.cc") for name in ("conv", "pool", "norm", "eltwise")]
 LIBRARY, RECORD = "libcpu_kernels.so", "build.json"
 THREADPOOL = 0x8  # dnnl_runtime_threadpool: the CPU runtime MindSpore's oneDNN is built with, and Pool implements
 
@@ -120,3 +121,29 @@ def library() -> Path:
     if path is None:
         raise RuntimeError(reason)
     return path
+
+
+def cpu_flags() -> set:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def low_precision(flags: Optional[set] = None) -> str:
+    """What the kernels do with low precision on this CPU, in one line: fp16 tensors are stored in fp16 between
+    the kernels and computed in fp32 inside them (the conversions: AVX-512, F16C, else portable code); native
+    fp16 arithmetic (AVX512-FP16) and bf16 are not used (MindSpore's CPU build has no bf16 Conv2D or MatMul for
+    the layers around them). make doctor measures what this costs against fp32."""
+    flags = cpu_flags() if flags is None else flags
+    convert = ("AVX-512" if {"avx512f", "f16c"} <= flags else "F16C" if {"avx2", "f16c"} <= flags
+               else "portable code")
+    native = ("present, not used: the kernels compute fp32" if "avx512_fp16" in flags
+              else "absent (no AVX512-FP16)")
+    return (f"fp16 stored in fp16 between the kernels and computed in fp32 inside them ({convert} conversions); "
+            f"native fp16 arithmetic {native}; bf16 not run (amp.dtype=bfloat16 is refused on the CPU)")

@@ -1,7 +1,7 @@
-"""The Cells of the CPU kernels: CpuConv2d, CpuBatchNorm2d, CpuMaxPool2x2 and CpuMaxPool3x3, each a subclass of the
-MindSpore Cell it replaces (the same parameters, so the same checkpoint), whose forward and backward are AOT custom
-ops from the extension's library (cpu_kernels.library()). models.layers builds them where runtime.cpu_kernels lets
-it; nothing else should.
+"""The Cells of the CPU kernels: CpuConv2d, CpuBatchNorm2d, CpuMaxPool2x2, CpuMaxPool3x3 and CpuReLU, each a subclass
+of the MindSpore Cell it replaces (the same parameters, so the same checkpoint), and CpuAddReLU (a residual block's
+relu(a + b)), whose forward and backward are AOT custom ops from the extension's library (cpu_kernels.library()).
+models.layers builds them where runtime.cpu_kernels lets it; nothing else should.
 
 MindSpore 2.10 hands oneDNN plain NCHW tensors for Conv2D and its two gradients, which leaves oneDNN only its
 im2col + sgemm path; PyTorch lets oneDNN pick a blocked layout and run its direct kernels. CpuConv2d does what
@@ -81,9 +81,9 @@ def conv_op(stride: int, padding: int, input_grad: bool = True, out_block: int =
 
 class CpuConv2d(nn.Conv2d):
     """nn.Conv2d (pad_mode "pad" or "valid", no bias) whose forward and backward run oneDNN's direct kernels.
-    It computes in fp32 like MindSpore's CPU Conv2D, with casts around the kernel as MindSpore has around its
-    own: under fp16 its input is widened and its output rounded to fp16. out_block: its output in the blocked
-    layout (block_for), else plain NCHW; its input may be either."""
+    It computes in fp32 like MindSpore's CPU Conv2D. Under fp16 it takes fp16 input and weights and returns
+    fp16, converting inside the kernel, so no Cast runs around it (MindSpore's Conv2D casts around its own).
+    out_block: its output in the blocked layout (block_for), else plain NCHW; its input may be either."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None,
                  input_grad=True, out_block=0):
@@ -97,11 +97,7 @@ class CpuConv2d(nn.Conv2d):
         if channels != self.in_channels:  # the kernel's own answer would be an error code
             raise ValueError(f"CpuConv2d: the input has {channels} channels, but this layer takes "
                              f"in_channels={self.in_channels} (input shape {x.shape})")
-        if x.dtype == ms.float32 and self.weight.dtype == ms.float32:
-            return self.conv(x, self.weight)
-        # fp16 (AMP): MindSpore's Cast kernels widen far faster than oneDNN's f16 reorders on AVX2. In PyNative
-        # MindSpore casts every op's inputs back to fp16; the kernel widens those itself (amp.audit's path)
-        return self.conv(x.astype(ms.float32), self.weight.astype(ms.float32)).astype(x.dtype)
+        return self.conv(x, self.weight)  # fp16 (AMP) in, fp16 out: the kernel converts (conv.cc's Arg)
 
 
 @lru_cache(maxsize=None)
@@ -182,6 +178,66 @@ class CpuMaxPool3x3(nn.MaxPool2d):
         return self.pool(x)
 
 
+@lru_cache(maxsize=None)
+def eltwise_op(name: str, inputs: int):
+    """eltwise.cc's `name`Fwd (`inputs` tensors -> y) with its backward `name`Bwd (y, dy -> dx, the gradient of
+    every input), in fp32 or fp16."""
+    lib = library()
+    backward = ops.Custom(f"{lib}:{name}Bwd", out_shape=lambda y, dy: y, out_dtype=lambda y, dy: y, func_type="aot")
+
+    def bprop_one(x, out, dout):
+        return (backward(out, dout),)
+
+    def bprop_two(a, b, out, dout):
+        dx = backward(out, dout)
+        return dx, dx
+
+    bprop = bprop_one if inputs == 1 else bprop_two
+    return ops.Custom(f"{lib}:{name}Fwd", out_shape=_first, out_dtype=_first, func_type="aot", bprop=bprop)
+
+
+def _first(*args):  # an element-wise op's output: the shape and dtype of its first input
+    return args[0]
+
+
+class CpuReLU(nn.ReLU):
+    """nn.ReLU (for keep-lists and reports) running eltwise.cc's pass, in fp32 or fp16."""
+
+    def __init__(self):
+        super().__init__()
+        self.op = eltwise_op("Relu", 1)
+
+    def construct(self, x):
+        return self.op(x)
+
+
+class CpuAddReLU(nn.Cell):
+    """relu(a + b), a residual block's end, in one pass of eltwise.cc (fp32 or fp16; a and b of one shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.op = eltwise_op("AddRelu", 2)
+
+    def construct(self, a, b):
+        return self.op(a, b)
+
+
+@lru_cache(maxsize=1)
+def unscale_sum_op():
+    """eltwise.cc's UnscaleSum: a float32 gradient and the loss scale -> the gradient unscaled, and its sum as a
+    (1,) tensor (inf or NaN when an element is): amp.loss_scale's unscale and overflow check in one pass."""
+    return ops.Custom(f"{library()}:UnscaleSumOp", out_shape=_unscaled_shape, out_dtype=_unscaled_dtype,
+                      func_type="aot")
+
+
+def _unscaled_shape(g, scale):
+    return g, [1]
+
+
+def _unscaled_dtype(g, scale):
+    return g, g
+
+
 @lru_cache(maxsize=1)
 def batch_norm_op():
     """Training BatchNorm from norm.cc: x, gamma, beta, moving mean, moving var, (momentum, eps) -> y, mean,
@@ -201,9 +257,13 @@ def batch_norm_op():
 
 class CpuBatchNorm2d(nn.BatchNorm2d):
     """nn.BatchNorm2d (the same parameters and checkpoint) whose training forward and backward run norm.cc's
-    loops and write the moving statistics as MindSpore's BatchNorm does. In fp32 only; evaluation, and fp16 input
-    (O3: BatchNorm in low precision), run MindSpore's own BatchNorm, so their numbers are MindSpore's. `block`:
-    its input and output are in that blocked layout (block_for), which MindSpore's BatchNorm gets as NCHW."""
+    loops and write the moving statistics as MindSpore's BatchNorm does. It computes in fp32 on fp32 or fp16
+    input and returns the input's dtype: O2's keep-list needs no Cast around it (`fp32_inside`, which
+    amp.policy reads). Evaluation runs MindSpore's own BatchNorm in fp32 (fp16 input widened and the output
+    rounded back), and fp16 parameters (O3: BatchNorm in low precision) run it in fp16, so those numbers are
+    MindSpore's. `block`: its input and output are in that blocked layout (block_for), which MindSpore's
+    BatchNorm gets as NCHW."""
+    fp32_inside = True
 
     def __init__(self, num_features, eps=1e-5, momentum=0.9, gamma_init="ones", block=0):
         super().__init__(num_features, eps=eps, momentum=momentum, gamma_init=gamma_init)
@@ -212,11 +272,20 @@ class CpuBatchNorm2d(nn.BatchNorm2d):
         self.block = block
         self.to_blocked, self.to_plain = relayout_ops(block) if block else (None, None)
 
+    def mindspores(self, x):
+        if self.block:
+            return self.to_blocked(super().construct(self.to_plain(x)))
+        return super().construct(x)
+
     def construct(self, x):
-        if not self.training or x.dtype != ms.float32 or self.gamma.dtype != ms.float32:
-            if self.block:
-                return self.to_blocked(super().construct(self.to_plain(x)))
-            return super().construct(x)
+        # O3 (BatchNorm in low precision): its flag casts the parameters, which ops.dtype sees (Parameter.dtype
+        # in graph mode is the declared one)
+        if ops.dtype(self.gamma) != ms.float32:
+            return self.mindspores(x)
+        if not self.training:
+            if x.dtype == ms.float32:
+                return self.mindspores(x)
+            return self.mindspores(x.astype(ms.float32)).astype(x.dtype)
         y, _, _, mean, var = self.norm(x, self.gamma, self.beta, self.moving_mean, self.moving_variance, self.hyper)
         ops.assign(self.moving_mean, mean)
         ops.assign(self.moving_variance, var)

@@ -9,10 +9,17 @@
 // Each exported function is one op: ConvFwd_sS_pP (x, w -> y), ConvBwd_sS_pP (x, w, dy -> dx, dw) and
 // ConvBwdW_sS_pP (x, w, dy -> dw: a network's first layer, whose input takes no gradient), for stride S and
 // symmetric padding P. fp32 or fp16 tensors, fp32 compute. Primitives are cached by shape and dtype.
+//
+// fp16 tensors (AMP's O2/O3) come in and go out as fp16: this file converts them to and from fp32 itself
+// (AmpZooHalfToFloat / AmpZooFloatToHalf, F16C or AVX-512 conversions on the pool's threads) around the fp32
+// kernel, so no MindSpore Cast runs around a convolution. oneDNN's own f16 reorders run a reference loop on a CPU
+// without AVX512-FP16 (docs/benchmarks.md); a conversion here is a pass over memory on every x86-64 CPU with F16C.
+#include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
 #include <oneapi/dnnl/dnnl_threadpool_iface.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -147,13 +154,149 @@ Runtime &RT() {
   return rt;
 }
 
-// A tensor given in the user's plain layout, and the kernel's layout (the same buffer when they agree).
+// fp16 <-> fp32 conversions, exact one way and rounded to nearest even the other (an fp32 value past fp16's
+// range becomes inf, as MindSpore's Cast makes it: the loss scale's overflow check then sees it), 16 lanes at a
+// time on AVX-512, 8 with F16C, else one at a time in portable code
+float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    uint32_t m = man;
+    do {
+      ++e;
+      m <<= 1;
+    } while (!(m & 0x400u));
+    bits = sign | ((112 - e) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToHalfBits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) return sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0);  // inf, NaN
+  if (x >= 0x477ff000u) return sign | 0x7c00u;                                    // rounds past 65504: inf
+  if (x < 0x38800000u) {  // an fp16 subnormal or zero: add 0.5 to land the bits in place, rounding to even
+    float a;
+    std::memcpy(&a, &x, 4);
+    a += 0.5f;
+    uint32_t b;
+    std::memcpy(&b, &a, 4);
+    return sign | static_cast<uint16_t>(b - 0x3f000000u);
+  }
+  const uint32_t odd = (x >> 13) & 1;
+  x += 0xc8000fffu + odd;  // rebias the exponent (-112 << 23) and round to nearest even
+  return sign | static_cast<uint16_t>(x >> 13);
+}
+
+__attribute__((target("avx512f,avx2,f16c"))) void H2F512(const uint16_t *s, float *d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + i))));
+  for (; i < n; ++i) d[i] = _cvtsh_ss(s[i]);
+}
+
+__attribute__((target("avx512f,avx2,f16c"))) void F2H512(const float *s, uint16_t *d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i),
+                        _mm512_maskz_cvtps_ph(0xffff, _mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+__attribute__((target("avx2,f16c"))) void H2F256(const uint16_t *s, float *d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(s + i))));
+  for (; i < n; ++i) d[i] = _cvtsh_ss(s[i]);
+}
+
+__attribute__((target("avx2,f16c"))) void F2H256(const float *s, uint16_t *d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+void H2FPortable(const uint16_t *s, float *d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = HalfBitsToFloat(s[i]);
+}
+
+void F2HPortable(const float *s, uint16_t *d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = FloatToHalfBits(s[i]);
+}
+
+// which conversion this CPU runs: 2 AVX-512, 1 F16C, 0 portable (AMP_ZOO_HALF_ISA caps it, for the tests)
+int HalfIsa() {
+  static const int isa = [] {
+    __builtin_cpu_init();
+    int best = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") ? 2
+               : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 0;
+    const char *cap = std::getenv("AMP_ZOO_HALF_ISA");
+    return cap && std::atoi(cap) < best ? std::max(0, std::atoi(cap)) : best;
+  }();
+  return isa;
+}
+
+// f(begin, end) over [0, n) in one piece per pool thread when n is large enough to pay for waking them
+void Split(int64_t n, const std::function<void(int64_t, int64_t)> &f) {
+  const int threads = n >= (1 << 16) ? RT().pool.get_num_threads() : 1;
+  if (threads == 1) return f(0, n);
+  RT().pool.parallel_for(threads, [&](int t, int k) {
+    const int64_t a = (n * t / k) & ~int64_t{15}, b = t + 1 == k ? n : (n * (t + 1) / k) & ~int64_t{15};
+    f(a, b);
+  });
+}
+
+}  // namespace
+
+// fp16 bits <-> fp32 over n elements on this thread (eltwise.cc converts chunk by chunk)
+void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n) {
+  const int isa = HalfIsa();
+  (isa == 2 ? H2F512 : isa == 1 ? H2F256 : H2FPortable)(s, d, n);
+}
+
+void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n) {
+  const int isa = HalfIsa();
+  (isa == 2 ? F2H512 : isa == 1 ? F2H256 : F2HPortable)(s, d, n);
+}
+
+// the same on the pool's threads (norm.cc uses them)
+void AmpZooHalfToFloat(const uint16_t *s, float *d, int64_t n) {
+  const int isa = HalfIsa();
+  Split(n, [&](int64_t a, int64_t b) { (isa == 2 ? H2F512 : isa == 1 ? H2F256 : H2FPortable)(s + a, d + a, b - a); });
+}
+
+void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n) {
+  const int isa = HalfIsa();
+  Split(n, [&](int64_t a, int64_t b) { (isa == 2 ? F2H512 : isa == 1 ? F2H256 : F2HPortable)(s + a, d + a, b - a); });
+}
+
+namespace {
+
+// A tensor given in the user's plain layout, and the kernel's layout (the same buffer when they agree). An fp16
+// tensor is staged: converted into an fp32 buffer of its own layout on the way in, and out of it on the way out.
 struct Arg {
   memory user, inner;
   dnnl::reorder to_inner, to_user;
-  bool reorder = false;
-  void Init(const memory::desc &plain, const memory::desc &want) {
+  bool reorder = false, half = false;
+  std::vector<float> staged;
+  void *out = nullptr;
+  void Init(const memory::desc &plain, const memory::desc &want, bool fp16) {
     auto &e = RT().engine;
+    half = fp16;
+    if (half) staged.resize(plain.get_size() / sizeof(float));
     user = memory(plain, e, DNNL_MEMORY_NONE);
     reorder = plain != want;
     inner = reorder ? memory(want, e) : user;
@@ -163,14 +306,23 @@ struct Arg {
     }
   }
   void In(void *p) {  // user data into the kernel's layout
+    if (half) {
+      AmpZooHalfToFloat(static_cast<const uint16_t *>(p), staged.data(), static_cast<int64_t>(staged.size()));
+      p = staged.data();
+    }
     user.set_data_handle(p);
     if (reorder) to_inner.execute(RT().stream, user, inner);
   }
   void Bind(void *p) {  // an output: the kernel writes here, or into `inner` and Out() reorders
-    user.set_data_handle(p);
+    out = p;
+    user.set_data_handle(half ? staged.data() : p);
   }
   void Out() {
     if (reorder) to_user.execute(RT().stream, inner, user);
+    if (half) {
+      RT().stream.wait();
+      AmpZooFloatToHalf(staged.data(), static_cast<uint16_t *>(out), static_cast<int64_t>(staged.size()));
+    }
   }
 };
 
@@ -203,9 +355,10 @@ struct Conv {
        dt xt, dt wt) {
     auto &e = RT().engine;
     memory::dims st{s, s}, pad{p, p};
-    // fp16 tensors (AMP) are converted by the reorders into and out of the fp32 kernel, as MindSpore's CPU
-    // Conv2D casts around its fp32 kernel: y has x's dtype, dx x's, dw w's
-    memory::desc x_plain(xd, xt, xl), w_plain(wd, wt, tag::oihw), y_plain(yd, xt, yl);
+    // fp16 tensors (AMP) are staged into fp32 (Arg) around the fp32 kernel, as MindSpore's CPU Conv2D casts
+    // around its own: y has x's dtype, dx x's, dw w's
+    const bool xh = xt == dt::f16, wh = wt == dt::f16;
+    memory::desc x_plain(xd, dt::f32, xl), w_plain(wd, dt::f32, tag::oihw), y_plain(yd, dt::f32, yl);
     memory::desc x_any(xd, dt::f32, tag::any), w_any(wd, dt::f32, tag::any), y_any(yd, dt::f32, tag::any);
     auto alg = dnnl::algorithm::convolution_direct;
     dnnl::convolution_forward::primitive_desc f(e, dnnl::prop_kind::forward_training, alg, x_any, w_any, y_any, st,
@@ -215,15 +368,15 @@ struct Conv {
     fwd = dnnl::convolution_forward(f);
     bwd_data = dnnl::convolution_backward_data(bd);
     bwd_weights = dnnl::convolution_backward_weights(bw);
-    x.Init(x_plain, f.src_desc());
-    w.Init(w_plain, f.weights_desc());
-    y.Init(y_plain, f.dst_desc());
-    dy_d.Init(y_plain, bd.diff_dst_desc());
-    w_d.Init(w_plain, bd.weights_desc());
-    dx.Init(x_plain, bd.diff_src_desc());
-    x_w.Init(x_plain, bw.src_desc());
-    dy_w.Init(y_plain, bw.diff_dst_desc());
-    dw.Init(w_plain, bw.diff_weights_desc());
+    x.Init(x_plain, f.src_desc(), xh);
+    w.Init(w_plain, f.weights_desc(), wh);
+    y.Init(y_plain, f.dst_desc(), xh);
+    dy_d.Init(y_plain, bd.diff_dst_desc(), xh);
+    w_d.Init(w_plain, bd.weights_desc(), wh);
+    dx.Init(x_plain, bd.diff_src_desc(), xh);
+    x_w.Init(x_plain, bw.src_desc(), xh);
+    dy_w.Init(y_plain, bw.diff_dst_desc(), xh);
+    dw.Init(w_plain, bw.diff_weights_desc(), wh);
   }
 
   void Forward(void *xp, void *wp, void *yp) {
@@ -317,13 +470,42 @@ int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char
   return 0;
 }
 
-// x in one layout -> y, the same tensor in another (plain NCHW <-> blocked, fp32 or fp16): a oneDNN reorder
+// fp16 plain NCHW <-> blocked (N, C/B, H, W, B), moved as 16-bit values (no conversion), a (n, block) at a time
+// on the pool's threads: oneDNN's f16 reorder runs a reference loop where the CPU lacks AVX512-FP16
+void Relayout16(const uint16_t *x, uint16_t *y, const memory::dims &d, int64_t block, bool to_blocked) {
+  const int64_t n = d[0], blocks = d[1] / block, plane = d[2] * d[3];
+  auto rows = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {  // r = (n, block)
+      const int64_t base = r * block * plane;  // the same offset in both layouts
+      for (int64_t l = 0; l < block; ++l)
+        for (int64_t i = 0; i < plane; ++i) {
+          const int64_t plain_at = base + l * plane + i, blocked_at = base + i * block + l;
+          if (to_blocked)
+            y[blocked_at] = x[plain_at];
+          else
+            y[plain_at] = x[blocked_at];
+        }
+    }
+  };
+  const int threads = RT().pool.get_num_threads();
+  RT().pool.parallel_for(threads, [&](int t, int k) { rows(n * blocks * t / k, n * blocks * (t + 1) / k); });
+}
+
+// x in one layout -> y, the same tensor in another (plain NCHW <-> blocked, fp32 or fp16): a oneDNN reorder for
+// fp32, Relayout16 for fp16
 int Reorder(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   dt t = Dtype(dtypes[0]);
   if (nparam != 2 || t == dt::undef || Dtype(dtypes[1]) != t || !Rank(ndims[0]) || !Rank(ndims[1])) return 1;
   const tag from = Layout(Block(shapes[0], ndims[0])), to = Layout(Block(shapes[1], ndims[1]));
   const memory::dims d = Dims(shapes[0], ndims[0]);
   if (from == tag::undef || to == tag::undef || d != Dims(shapes[1], ndims[1])) return 1;
+  if (t == dt::f16 && from != to) {
+    const bool to_blocked = from == tag::nchw;
+    const int64_t block = to_blocked ? Block(shapes[1], ndims[1]) : Block(shapes[0], ndims[0]);
+    if (from != tag::nchw && to != tag::nchw) return 1;  // blocked -> blocked of another width: not used
+    Relayout16(static_cast<const uint16_t *>(params[0]), static_cast<uint16_t *>(params[1]), d, block, to_blocked);
+    return 0;
+  }
   static std::mutex m;
   static std::map<Key, std::unique_ptr<std::tuple<memory, memory, dnnl::reorder>>> cache;
   Key k{d[0], d[1], d[2], d[3], static_cast<int64_t>(from), static_cast<int64_t>(to), static_cast<int64_t>(t)};

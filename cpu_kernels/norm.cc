@@ -14,13 +14,21 @@
 // BatchNormBwd (x, gamma, mean, invstd, dy -> dx, dgamma, dbeta, and three zero tensors: the gradients of the
 // forward's moving statistics and hyper, which a custom op's bprop must return).
 // Sums are taken in float over 8 lanes within a row of W x H and in double across rows.
+// x, y, dy and dx may be float16 (O2 keeps BatchNorm in fp32 but its neighbours are fp16): they are converted
+// to float32 on the way in and rounded to float16 on the way out (conv.cc's conversions), so the op computes
+// in fp32 as a keep-list Cell does, without a MindSpore Cast on either side. The statistics stay float32.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
+
+#include <vector>
 
 void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc: its thread pool
 int AmpZooThreads();
+void AmpZooHalfToFloat(const uint16_t *s, float *d, int64_t n);  // conv.cc: fp16 <-> fp32
+void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n);
 
 namespace {
 
@@ -180,21 +188,52 @@ void Channels(int64_t channels, const std::function<void(int64_t, int64_t)> &wor
   AmpZooParallel(threads, [&](int t, int n) { work(channels * t / n, channels * (t + 1) / n); });
 }
 
-bool Float32(int nparam, const char **dtypes) {
-  for (int i = 0; i < nparam; ++i)
-    if (std::strcmp(dtypes[i], "float32")) return false;
+bool Is(const char *dtype, const char *name) { return !std::strcmp(dtype, name); }
+
+// The dtypes these ops take: float32 everywhere, or float16 for the tensors in `io` (all of them alike)
+bool Dtypes(int nparam, const char **dtypes, std::initializer_list<int> io) {
+  const bool half = Is(dtypes[*io.begin()], "float16");
+  for (int i = 0; i < nparam; ++i) {
+    bool in_io = false;
+    for (int k : io) in_io = in_io || k == i;
+    if (!Is(dtypes[i], in_io && half ? "float16" : "float32")) return false;
+  }
   return true;
 }
+
+// A float32 view of an op's tensor: the tensor itself, or (float16) a staging buffer of this thread's, filled
+// from it (In) or rounded back into it (Out)
+struct View {
+  float *p;
+  void *user;
+  int64_t n;
+  bool half;
+  View(std::vector<float> &buffer, void *tensor, int64_t count, bool fp16, bool in)
+      : p(static_cast<float *>(tensor)), user(tensor), n(count), half(fp16) {
+    if (!half) return;
+    if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+    p = buffer.data();
+    if (in) AmpZooHalfToFloat(static_cast<const uint16_t *>(user), p, n);
+  }
+  void Out() {
+    if (half) AmpZooFloatToHalf(p, static_cast<uint16_t *>(user), n);
+  }
+};
+
+thread_local std::vector<float> stage[3];
 
 }  // namespace
 
 // Return codes (MindSpore reports them): 1 a rank, count or dtype these ops do not take
 extern "C" int BatchNormFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                             void *) {
-  if (nparam != 11 || !Float32(nparam, dtypes)) return 1;
+  if (nparam != 11 || !Dtypes(nparam, dtypes, {0, 6})) return 1;
   const int64_t *s = shapes[0], batch = s[0], blocks = s[1], plane = s[2] * s[3];
   const int64_t channels = ndims[0] == 5 ? blocks * s[4] : blocks;
-  auto f = [&](int i) { return static_cast<float *>(params[i]); };
+  const int64_t count = batch * channels * plane;
+  const bool half = Is(dtypes[0], "float16");
+  View x(stage[0], params[0], count, half, true), y(stage[1], params[6], count, half, false);
+  auto f = [&](int i) { return i == 0 ? x.p : i == 6 ? y.p : static_cast<float *>(params[i]); };
   const float momentum = f(5)[0], eps = f(5)[1];
   if (ndims[0] == 5 && (s[4] == 16 || s[4] == 8)) {  // blocked: split by block of s[4] channels
     Channels(blocks, [&](int64_t b0, int64_t b1) {
@@ -209,15 +248,20 @@ extern "C" int BatchNormFwd(int nparam, void **params, int *ndims, int64_t **sha
   } else {
     return 1;
   }
+  y.Out();
   return 0;
 }
 
 extern "C" int BatchNormBwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                             void *) {
-  if (nparam != 11 || !Float32(nparam, dtypes)) return 1;
+  if (nparam != 11 || !Dtypes(nparam, dtypes, {0, 4, 5})) return 1;
   const int64_t *s = shapes[0], batch = s[0], blocks = s[1], plane = s[2] * s[3];
   const int64_t channels = ndims[0] == 5 ? blocks * s[4] : blocks;
-  auto f = [&](int i) { return static_cast<float *>(params[i]); };
+  const int64_t count = batch * channels * plane;
+  const bool half = Is(dtypes[0], "float16");
+  View x(stage[0], params[0], count, half, true), dy(stage[1], params[4], count, half, true),
+      dx(stage[2], params[5], count, half, false);
+  auto f = [&](int i) { return i == 0 ? x.p : i == 4 ? dy.p : i == 5 ? dx.p : static_cast<float *>(params[i]); };
   if (ndims[0] == 5 && (s[4] == 16 || s[4] == 8)) {
     Channels(blocks, [&](int64_t b0, int64_t b1) {
       (s[4] == 16 ? BackwardBlocked<16> : BackwardBlocked<8>)(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7), batch,
@@ -230,6 +274,7 @@ extern "C" int BatchNormBwd(int nparam, void **params, int *ndims, int64_t **sha
   } else {
     return 1;
   }
+  dx.Out();
   std::memset(f(8), 0, sizeof(float) * channels);  // d moving_mean
   std::memset(f(9), 0, sizeof(float) * channels);  // d moving_var
   std::memset(f(10), 0, sizeof(float) * 2);        // d hyper

@@ -50,6 +50,19 @@ def check_cifar_folder(path: Path, split: str) -> None:
                               f"0-9 (the binary version's first byte of each 3,073-byte record): not a CIFAR-10 batch?")
 
 
+def _colour(cfg, ops: list) -> list:
+    """The transforms after decoding, in the channels the network takes: the images as decoded (RGB), or
+    grey with dataset.channels=1 (a 1-channel network, such as a shipped Fashion-MNIST weight)."""
+    if cfg.channels == 1:
+        return [V.ConvertColor(V.ConvertMode.COLOR_RGB2GRAY), *ops, _normalize(cfg), _channel_axis]
+    return [*ops, _normalize(cfg), V.HWC2CHW()]
+
+
+def _channel_axis(image):
+    """A grey HxW image as the 1xHxW a network takes (HWC2CHW leaves a 2-D image as it is)."""
+    return image[None]
+
+
 def _finish(ds, cfg, split: str, ops):
     train = split == "train"
     ds = ds.map(operations=ops, input_columns="image", num_parallel_workers=workers(cfg))
@@ -62,7 +75,7 @@ def _normalize(cfg):
     return V.Normalize(mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std])
 
 
-@DATASETS.register("cifar10", task="classification", classes=10)
+@DATASETS.register("cifar10", task="classification", classes=10, channels=3)
 def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
     path = _require_path(cfg, "the cifar-10-batches-bin folder")
@@ -71,7 +84,7 @@ def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     ds = msds.Cifar10Dataset(str(path), usage=split, **sampling(n, split, shard, seed, start_epoch,
                                                                  skip_batches * cfg.batch_size))
     ops = [V.RandomCrop(32, padding=4), V.RandomHorizontalFlip()] if split == "train" else []
-    return _finish(ds, cfg, split, ops + [_normalize(cfg), V.HWC2CHW()])
+    return _finish(ds, cfg, split, _colour(cfg, ops))
 
 
 # what ImageFolderDataset reads (it matches suffixes exactly): images only, so a .DS_Store or notes.txt that a
@@ -109,7 +122,7 @@ def folder_classes(path) -> list:
     return image_classes(Path(path).expanduser() / "train")
 
 
-@DATASETS.register("imagenet", task="classification", classes_on_disk=folder_classes)
+@DATASETS.register("imagenet", task="classification", classes_on_disk=folder_classes, channels=3)
 def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
     """path/train/<class>/*.JPEG and path/val/<class>/*.JPEG (the torchvision ImageFolder layout)."""
@@ -141,4 +154,4 @@ def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
         ops = [V.RandomResizedCrop(size, scale=(0.08, 1.0)), V.RandomHorizontalFlip()]
     else:
         ops = [V.Resize(int(round(size * 256 / 224))), V.CenterCrop(size)]
-    return _finish(ds, cfg, split, ops + [_normalize(cfg), V.HWC2CHW()])
+    return _finish(ds, cfg, split, _colour(cfg, ops))

@@ -110,7 +110,7 @@ def transforms(image_size: int, channels: int, mean, std) -> list:
     ops = [V.Resize((image_size, image_size))]
     if channels == 3:  # grey digits for a 3-channel network (the ResNet smoke runs)
         ops.append(V.ConvertColor(V.ConvertMode.COLOR_GRAY2RGB))
-        mean, std = mean * 3, std * 3
+        mean, std = (v * 3 if len(v) == 1 else v for v in (mean, std))  # one value for all three, or one each
     return ops + [V.Normalize(mean=mean, std=std), V.HWC2CHW()]
 
 
@@ -124,7 +124,7 @@ def preprocessed(path, split: str, test_fraction: float, image_size: int, channe
     return next(ds.batch(len(labels)).create_tuple_iterator(output_numpy=True))[0], labels
 
 
-@DATASETS.register("mnist", task="classification", classes=10)
+@DATASETS.register("mnist", task="classification", classes=10, channels=1)
 def mnist(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
     train = split == "train"

@@ -31,14 +31,37 @@ def read_checkpoint(path) -> dict:
     if not path.is_file():
         raise ConfigError(f"checkpoint={str(path)!r} does not exist; give a .ckpt file written by train.py "
                           f"(runs/<recipe>/<time>/checkpoints/)")
+    crc = has_crc(path)
     try:
-        params = ms.load_checkpoint(str(path))
+        params = ms.load_checkpoint(str(path), crc_check=crc)
     except Exception as e:  # noqa: BLE001  (MindSpore raises ValueError or RuntimeError on a corrupt file)
+        if crc and "crc check" in str(e.__cause__ or e):
+            raise ConfigError(f"checkpoint={str(path)!r} fails its CRC32 check: a byte changed after train.py wrote "
+                              f"it (a damaged disk or copy); it cannot be evaluated or trained from: take an earlier "
+                              f"checkpoint of the run") from None
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"checkpoint={str(path)!r} is not a readable MindSpore checkpoint "
                           f"(truncated or corrupt?): {reason}") from None
     check_finite(params, path)
     return params
+
+
+CRC_TRAILER = b"crc_num"  # what MindSpore's save_checkpoint(crc_check=True) ends a file with, before 10 bytes of CRC
+
+
+def has_crc(path) -> bool:
+    """Whether a checkpoint carries MindSpore's CRC32 (train.py's own do; a shipped weight is sha256-checked
+    instead, and a checkpoint written before train.py saved one has none): then loading checks it."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-17, os.SEEK_END)
+            return f.read(7) == CRC_TRAILER
+    except OSError:
+        return False
+
+
+class NonFinite(ConfigError):
+    """A checkpoint that reads but holds NaN or inf: the run diverged before it was written."""
 
 
 def check_finite(params: dict, path) -> None:
@@ -49,7 +72,7 @@ def check_finite(params: dict, path) -> None:
             array = value.asnumpy() if value.dtype != ms.bfloat16 else value.float().asnumpy()
             if not np.isfinite(array).all():
                 bad = int(np.size(array) - np.isfinite(array).sum())
-                raise ConfigError(f"checkpoint={str(path)!r} holds non-finite values: {name} has {bad} NaN or inf "
+                raise NonFinite(f"checkpoint={str(path)!r} holds non-finite values: {name} has {bad} NaN or inf "
                                   f"of {np.size(array)} (the first such parameter); it cannot be evaluated or "
                                   f"trained from: take an earlier checkpoint of the run")
 
@@ -77,27 +100,54 @@ def load_weights(net: nn.Cell, path, model_name: str, params: dict = None) -> di
 def initial_weights(net: nn.Cell, path, model_name: str, num_classes: int) -> List[str]:
     """train.py weights=NAME / checkpoint=FILE: a new run starts from a checkpoint's network parameters (no
     optimizer moments, step, schedule or loss scale: not a resume). A parameter whose shape differs only where
-    the file has another class count (the head) keeps its fresh initialisation; returns those names. Any other
-    difference is one error line (another model or width)."""
+    the file has another class count (the head) keeps its fresh initialisation; returns those names. The first
+    convolution of a network for another number of input channels (a shipped 1-channel Fashion-MNIST weight
+    fine-tuned on RGB images) is adapted to it (adapt_input_conv), in one log line. Any other difference is one
+    error line (another model or width)."""
     params = read_checkpoint(path)
     own = list(net.get_parameters())
     missing = [p.name for p in own if p.name not in params]
     if missing:
         raise ConfigError(f"{path} does not fit model {model_name!r}: {len(missing)} of its parameters are missing "
                           f"(e.g. {', '.join(missing[:3])}); start from a weight of the same model")
-    fresh = []
+    first_conv = next((p.name for p in own if len(p.shape) == 4), None)
+    fresh, adapted = [], {}
     for p in own:
         theirs, ours = tuple(params[p.name].shape), tuple(p.shape)
         if theirs == ours:
             continue
         axes = [i for i, (a, b) in enumerate(zip(theirs, ours)) if a != b] if len(theirs) == len(ours) else [-1]
+        if p.name == first_conv and axes == [1]:
+            adapted[p.name] = ms.Parameter(ms.Tensor(adapt_input_conv(params[p.name].asnumpy(), ours[1])),
+                                           name=p.name)
+            log.info("%s: %s adapted from %d to %d input channels (the data's), as timm's adapt_input_conv does",
+                     path, p.name, theirs[1], ours[1])
+            continue
         if len(axes) != 1 or ours[axes[0]] != num_classes:
             raise ConfigError(f"{path} does not fit model {model_name!r}: {p.name} has shape {theirs} in the file, "
-                              f"{ours} in the model; only a head for another class count is re-initialised")
+                              f"{ours} in the model; only a head for another class count is re-initialised (and a "
+                              f"first convolution adapted to another number of input channels)")
         fresh.append(p.name)
-    ms.load_param_into_net(net, {p.name: as_dtype(params[p.name], p) for p in own if p.name not in fresh},
-                           strict_load=False)
+    ms.load_param_into_net(net, {p.name: as_dtype(adapted.get(p.name, params[p.name]), p) for p in own
+                                 if p.name not in fresh}, strict_load=False)
     return fresh
+
+
+def adapt_input_conv(weight: np.ndarray, channels: int) -> np.ndarray:
+    """A first convolution's weight (out, in, kh, kw) for `channels` input channels, after timm's
+    adapt_input_conv: to 1 channel, the sum over the file's channels (a grey image gives the response its RGB
+    copy gave); from 1 channel, the filter repeated and divided by `channels` (an RGB copy of a grey image gives
+    the response the grey image gave); from 3 channels to another count, the RGB filters repeated and scaled by
+    3 / channels."""
+    have = weight.shape[1]
+    if channels == 1:
+        return weight.sum(axis=1, keepdims=True)
+    if have == 1:
+        return np.repeat(weight, channels, axis=1) / channels
+    if have == 3:
+        return np.tile(weight, (1, -(-channels // 3), 1, 1))[:, :channels] * (3 / channels)
+    raise ConfigError(f"a first convolution of {have} input channels cannot be adapted to {channels}: only one of 1 "
+                      f"or 3 channels, or to 1 channel; set model.params.in_channels={have}")
 
 
 def as_dtype(value, like):
@@ -133,6 +183,16 @@ def check_same_shape(params: dict, path, world_size: int, global_batch: int) -> 
                       f"weights with checkpoint={path}")
 
 
+def is_amp_state(name: str) -> bool:
+    """A loss-scale or AMP counter parameter of a train step, not a weight or the optimizer's state."""
+    return name in AMP_STATE or name.startswith("amp_")
+
+
+def accumulates(keys) -> bool:
+    """Whether a train step's parameter names hold gradient accumulation's buffers (update_freq > 1)."""
+    return any(k.startswith("amp_accum.") for k in keys)
+
+
 def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, model_name: str = "",
                     params: Optional[dict] = None) -> int:
     """Load weights and optimizer state (from `path`, or `params` already read from it) into a train step;
@@ -142,11 +202,9 @@ def restore_weights(step_cell: nn.Cell, path, with_amp_state: bool = False, mode
     (a lower fallback rung starts its own scale)."""
     params = dict(read_checkpoint(path) if params is None else params)
     params.pop("learning_rate", None)  # the schedule comes from the config; its position is global_step
-    is_amp_state = lambda n: n in AMP_STATE or n.startswith("amp_")  # noqa: E731
     if not with_amp_state:
         params = {k: v for k, v in params.items() if not is_amp_state(k)}
     names = [p.name for p in step_cell.get_parameters() if p.name != "learning_rate"]
-    accumulates = lambda keys: any(k.startswith("amp_accum.") for k in keys)  # noqa: E731  (update_freq > 1)
     if with_amp_state and accumulates(params) != accumulates(names):
         given = "update_freq > 1" if accumulates(names) else "update_freq=1"
         raise ConfigError(f"{path} was written {'with' if accumulates(params) else 'without'} gradient accumulation "
@@ -204,10 +262,10 @@ def _fsync_dir(path) -> None:
 
 class AtomicCheckpoint(Callback):
     """Checkpoints of the whole train step (weights, optimizer moments, LR position, loss-scale state, AMP
-    counters) with the completed epochs and global step, written atomically: to a temporary file, fsynced,
-    then renamed. A process killed mid-save leaves the previous checkpoint the newest complete one. `clock`
-    gives the run's training and wall seconds so far, kept in the checkpoint so that a resumed run's times
-    count every process.
+    counters) with the completed epochs and global step and MindSpore's CRC32 (checked on every load), written
+    atomically: to a temporary file, fsynced, then renamed. A process killed mid-save leaves the previous
+    checkpoint the newest complete one. `clock` gives the run's training and wall seconds so far, kept in the
+    checkpoint so that a resumed run's times count every process.
 
     `every_steps` (> 0) also saves a resume point inside an epoch every that many steps, so that a killed
     process (a session's end, a preempted node) loses at most that many steps of a long epoch (the driver turns
@@ -234,7 +292,8 @@ class AtomicCheckpoint(Callback):
             tmp.parent.mkdir(exist_ok=True)
             times = self.clock() if self.clock else {}  # RUN_TIMES
             ms.save_checkpoint(train_network, str(tmp), append_dict={"epoch_num": epochs_done, "step_num": step,
-                                                                     **times, **self.shape})
+                                                                     **times, **self.shape},
+                               crc_check=True)  # a byte flipped later is refused on load (read_checkpoint)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, final)
@@ -348,16 +407,21 @@ def step_of(params: Optional[dict]) -> int:
 
 def last_good_checkpoint(ckpt_dir: Path, remove: bool = True) -> Tuple[Optional[Path], Optional[dict]]:
     """The newest checkpoint whose weights are all finite and hold no overflowed update
-    (holds_overflowed_update), and its parameters (read once); unreadable, non-finite or overflowed ones are
-    removed (never resumed) when `remove` (rank 0 alone: ranks may share the folder). (None, None): start from
-    the initial weights."""
+    (holds_overflowed_update), and its parameters (read once); non-finite or overflowed ones (the divergence's
+    own) are removed, never resumed, when `remove` (rank 0 alone: ranks may share the folder). One that does not
+    read (damaged, a failed CRC) is passed over and kept, with a warning: it is not the divergence's to delete.
+    (None, None): start from the initial weights."""
     for path in reversed(checkpoints(ckpt_dir)):
         try:
             params = read_checkpoint(path)
-            why = "it holds an update that overflowed" if holds_overflowed_update(params) else None
-        except ConfigError:
+        except NonFinite:
             params, why = None, "its weights are not finite"
-        if why is None:  # read_checkpoint refuses non-finite weights
+        except ConfigError as e:
+            log.warning("passing over %s (kept): %s", path.name, e)
+            continue
+        else:
+            why = "it holds an update that overflowed" if holds_overflowed_update(params) else None
+        if why is None:
             return path, params
         if remove:
             log.info("removing %s: %s", path.name, why)

@@ -2,22 +2,21 @@
 amp.search, bench) gets its run: compose recipe and overrides, apply the recipe's smoke block under the
 user's own keys, and check every value before anything compiles. Any failure is a ConfigError: one line.
 """
+import math
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
-import data  # noqa: F401  (registers the datasets)
+import data  # (and registers the datasets)
 from amp.names import check_policy_names
 from amp.policy import check_device_dtype, keep_fp32_names
-from models import check_model, import_plugins  # (and registers the models)
-from zoo.compose import check_slips, compose, expand_home, hydra_flags, one_line
+from models import check_model, import_plugins, model_args  # (and registers the models)
+from zoo.compose import check_slips, compose, expand_home, hydra_flags, one_line, sweep
 from zoo.config import Config, RANGES, SPECIAL
 from zoo.errors import ConfigError, fail
 from zoo.paths import check_writable
-from zoo.registry import DATASETS
+from zoo.registry import DATASETS, MODELS
 from zoo.runtime import msrun_env, pick_device
 
 
@@ -44,8 +43,18 @@ def load_config(argv: List[str], composed=None, smoke: bool = True,
             raise ConfigError(f"{e}; this run is {cfg.recipe_name}'s smoke block (dataset.path unset) with your "
                               f"{', '.join(kept)} kept over the block's own value") from None
         raise
-    cfg.description = describe(cfg, argv)
+    cfg.description = describe(cfg, argv) + overrides_note(cfg)
     return cfg, note
+
+
+def overrides_note(cfg) -> str:
+    """A plugin's model or dataset registered over a shipped one's name (`override=True`): the description, which
+    the log's first lines and config.yaml carry, says whose runs."""
+    replaced = [(kind, name, registry.overridden[name]) for kind, name, registry in
+                (("model", cfg.model.name, MODELS), ("dataset", cfg.dataset.name, DATASETS))
+                if name in registry.overridden]
+    return "".join(f" [{kind} {name!r} is {where}, registered with override=True over the shipped one]"
+                   for kind, name, where in replaced)
 
 
 def no_hydra_flags(argv: List[str]) -> None:
@@ -116,7 +125,6 @@ def apply_smoke(cfg, given: List[str] = ()) -> Tuple[object, Optional[str], List
     if cfg.dataset.path is not None or not cfg.smoke:
         return cfg, None, []
     smoke = flatten(OmegaConf.to_container(cfg.smoke))
-    overlaps = lambda a, b: a == b or a.startswith(b + ".") or b.startswith(a + ".")  # noqa: E731
     kept = sorted({u for u in given for k in smoke if overlaps(k, u)})
     applied = {k: v for k, v in smoke.items() if not any(overlaps(k, u) for u in kept)}
     nested: Dict = {}
@@ -140,15 +148,21 @@ def apply_smoke(cfg, given: List[str] = ()) -> Tuple[object, Optional[str], List
     return merged, note, kept
 
 
+def overlaps(a: str, b: str) -> bool:
+    """Whether two dotted keys name the same setting, or one holds the other (`model` and `model.params.d_model`)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
 def check_ranges(cfg) -> None:
-    """Every number of the schema within its range (zoo/config.py RANGES)."""
+    """Every number of the schema within its range (zoo/config.py RANGES), and finite: NaN compares false with
+    any bound, so `optimizer.lr=nan` passed and the run then diverged as if precision were the cause."""
     for key, (low, high) in RANGES.items():
         value = OmegaConf.select(cfg, key)
         if value is None or value in SPECIAL.get(key, ()):
             continue
         exclusive = isinstance(low, float) and low == 0.0
         too_low = low is not None and (value <= low if exclusive else value < low)
-        if too_low or (high is not None and value > high):
+        if too_low or (high is not None and value > high) or not math.isfinite(value):
             if exclusive:
                 valid = "positive" + (f" and at most {high}" if high is not None else "")
             elif high is None:
@@ -156,7 +170,26 @@ def check_ranges(cfg) -> None:
             else:
                 valid = f"from {low} to {high}"
             also = f" (or {', '.join(map(str, SPECIAL[key]))})" if key in SPECIAL else ""
-            raise ConfigError(f"{key}={value} must be {valid}{also}")
+            finite = "" if math.isfinite(value) else "a finite number, "
+            raise ConfigError(f"{key}={value} must be {finite}{valid}{also}")
+    for key, (valid, words) in LIST_RANGES.items():
+        values = list(OmegaConf.select(cfg, key) or [])
+        if not all(map(valid, values)):  # NaN fails every comparison
+            raise ConfigError(f"{key}={values}: each value must be {words}")
+    check_finite(cfg)
+
+
+# Lists of numbers: what each value must be, and that in words.
+LIST_RANGES = {"optimizer.betas": (lambda v: 0 <= v < 1, "from 0 to below 1"),
+               "dataset.std": (lambda v: v > 0, "positive (the images are divided by it)")}
+
+
+def check_finite(cfg) -> None:
+    """Every other number a config holds (model.params, a plugin's keys, target) is finite: one line naming it."""
+    for key, value in flatten(OmegaConf.to_container(cfg, resolve=False)).items():
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{key}={value} is not a finite number; give one")
 
 
 def validate(cfg, needs_data: bool = True) -> None:
@@ -169,6 +202,9 @@ def validate(cfg, needs_data: bool = True) -> None:
     DATASETS.get(cfg.dataset.name, "dataset.name")
     check_model(cfg)  # the registered name first, then the model's own check
     meta = DATASETS.meta(cfg.dataset.name)
+    if needs_data:
+        check_image_folder(cfg, meta)
+    check_channels(cfg)
     classes = meta.get("classes") or len(cfg.dataset.params.get("classes") or [])
     if classes and cfg.model.num_classes != classes:
         raise ConfigError(f"model.num_classes={cfg.model.num_classes} does not match the {classes} classes of "
@@ -193,6 +229,35 @@ def validate(cfg, needs_data: bool = True) -> None:
     check_device_dtype(pick_device(str(cfg.runtime.device)), cfg.amp)
 
 
+def check_image_folder(cfg, meta: dict) -> None:
+    """A folder of images in class sub-folders given to a reader of another format (a Fashion-MNIST recipe's
+    idx reader, say) is one line naming the reader that reads it, not an error about its idx files or classes."""
+    folder_reader = next((n for n in DATASETS if DATASETS.meta(n).get("classes_on_disk")), None)
+    if cfg.dataset.path is None or meta.get("classes_on_disk") or folder_reader is None:
+        return
+    found = DATASETS.meta(folder_reader)["classes_on_disk"](cfg.dataset.path)
+    if found:
+        raise ConfigError(f"dataset.path={cfg.dataset.path} is a folder of images in class sub-folders (train/"
+                          f"{found[0]}/, ...), which dataset {cfg.dataset.name} does not read; add "
+                          f"dataset={folder_reader} (the image-folder reader) and model.num_classes={len(found)}")
+
+
+def check_channels(cfg) -> None:
+    """The data's channels (data.channels) are the ones the network's first convolution takes: a mismatch is one
+    line before anything compiles, not a shape error at the first step."""
+    data.check_channels(cfg)
+    given, args = data.channels(cfg), model_args(cfg)
+    if given is None or "in_channels" not in args or args["in_channels"] == given:
+        return
+    how = f"dataset.channels={cfg.dataset.channels}" if cfg.dataset.channels else f"dataset {cfg.dataset.name}"
+    fix = (f"set model.params.in_channels={given} (a weight's first convolution is adapted to it when a run starts "
+           f"from one)")
+    if args["in_channels"] in (1, 3):
+        fix += f", or read the images with dataset.channels={args['in_channels']}"
+    raise ConfigError(f"model.params.in_channels={args['in_channels']} does not fit the {given}-channel images of "
+                      f"{how}; {fix}")
+
+
 def check_devices(cfg) -> None:
     """Settings that would go wrong only on a device (and so never show on a CPU test machine)."""
     if cfg.trainer.sink and cfg.trainer.sink_size != -1:
@@ -210,9 +275,11 @@ def check_devices(cfg) -> None:
                           f"rank its own device)")
 
 
-def check_command_line(argv: List[str]) -> None:
-    """Compose and check every run the command line asks for (several with -m); on any error print one line
-    and exit 2, before Hydra creates a run directory."""
+def check_command_line(argv: List[str], single: bool = True) -> None:
+    """Check train.py's command line: its slips, where its runs will write, and every run it asks for, composed
+    (each run of a -m sweep, before the first starts); on any error print one line and exit 2, before Hydra
+    creates a run directory. single=False: a command line of one run is composed by Hydra alone, and checked
+    there (train.py's main), so that it is composed once."""
     try:
         check_slips(argv)
     except ConfigError as e:
@@ -233,12 +300,8 @@ def check_command_line(argv: List[str]) -> None:
     except ConfigError as e:
         fail(f"{e} (the default run directory is under runs/; or give hydra.run.dir=DIR)" if not dirs else str(e))
     try:
-        if "-m" in flags or "--multirun" in flags:
-            parsed = OverridesParser.create().parse_overrides(overrides)
-            runs = [run for batch in BasicSweeper.split_arguments(parsed, None) for run in batch]
-        else:
-            runs = [overrides]
-        for run in runs:
+        multirun = "-m" in flags or "--multirun" in flags
+        for run in sweep(overrides) if multirun else [overrides] if single else []:
             load_config(run)
     except ConfigError as e:
         fail(str(e))

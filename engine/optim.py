@@ -31,6 +31,9 @@ def lr_schedule(sched_cfg, base_lr: float, steps_per_epoch: int, epochs: int) ->
     elif name == "cosine":
         progress = np.clip((steps - warmup) / max(1, total - warmup), 0, 1)
         lr = sched_cfg.min_lr + 0.5 * (base_lr - sched_cfg.min_lr) * (1 + np.cos(math.pi * progress))
+    elif name == "linear":  # to min_lr at the end (the MindSpore model zoo's ResNet "linear" decay)
+        progress = np.clip((steps - warmup) / max(1, total - warmup), 0, 1)
+        lr = base_lr - (base_lr - sched_cfg.min_lr) * progress
     elif name == "step":
         epoch = steps // steps_per_epoch
         lr = base_lr * sched_cfg.gamma ** np.searchsorted(sorted(sched_cfg.milestones), epoch, side="right")

@@ -8,6 +8,7 @@ unknown name and a `recipe=` of another recipe are each one line.
 """
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Tuple
@@ -132,6 +133,17 @@ def weights_argv(argv: List[str]) -> Tuple[List[str], Optional[Path], str]:
     return rest, None, "freshly initialised"
 
 
+def search_argv(argv: List[str]) -> List[str]:
+    """amp.search: a shipped weight (see `shipped`) is searched under its own recipe and manifest overrides, the
+    command line's other keys over them, as eval.py evaluates it (not the default recipe), and every training run
+    of the search starts from it (weights=NAME). Any other command line as it is."""
+    weight = shipped(argv)
+    if weight is None:
+        return argv
+    print(weight.note, file=sys.stderr)
+    return [*weight.overrides, f"weights={weight.name}"]
+
+
 def as_trained(cfg, checkpoint: Optional[Path], argv: List[str]):
     """amp.audit and amp.report: a train.py checkpoint's network is its run's (its config.yaml, the command line's
     keys over it, as eval.py reads it), not the recipe as written: a run's num_classes, model.params or smoke
@@ -230,3 +242,23 @@ def weights_config(argv: List[str], suffix: str = ".eval.json"):
         out.output = str(Path("runs", "weights", weight.name + suffix))
         check_writable(Path(out.output).parent, "output (default)", folder=True)  # made when eval.py writes
     return out, weight.note
+
+
+# Keys that say where the data is or how a command runs, not what it evaluates or exports: no file name needs them.
+NEUTRAL = ("dataset.path", "dataset.params.test_prefix", "dataset.num_workers", "dataset.eval_batch_size",
+           "decode.batch_size", "runtime.")
+
+
+def overrides(argv: List[str]) -> List[str]:
+    """The command line's keys over the checkpoint's (or shipped weight's) config, as given (eval.py records them)."""
+    return [a for a in argv if "=" in a and not a.startswith("-") and
+            not a.lstrip("+").startswith(("weights=", "checkpoint=", "output=", "recipe="))]
+
+
+def override_tag(argv: List[str]) -> str:
+    """eval.py's and export.py's default file names: the overrides that change what is evaluated or exported
+    (amp.level=O0 -> "amp.level-O0"; a long list -> "overrides-<hash>"), "" when none, so that a result or file
+    under another setting never replaces the plain one (a shipped weight's own)."""
+    changed = [a.lstrip("+") for a in overrides(argv) if not a.lstrip("+").startswith(NEUTRAL)]
+    tag = re.sub(r"[^A-Za-z0-9._,-]+", "-", ",".join(changed))
+    return tag if len(tag) <= 48 else "overrides-" + hashlib.sha1(",".join(sorted(changed)).encode()).hexdigest()[:8]

@@ -134,12 +134,14 @@ def main(argv) -> dict:
             driver.train(cfg, Path(tmp) / "run")
     ratio, (low, high), ratios = ratio_of_blocks(blocks.ours, blocks.theirs)
     aa, (aa_low, aa_high), _ = ratio_of_blocks(blocks.theirs2, blocks.theirs)
-    ms_of = lambda blocks_: round(statistics.median(statistics.median(b) for b in blocks_[1:]) * 1e3, 3)  # noqa: E731
+    def ms_of(blocks_) -> float:
+        return round(statistics.median(statistics.median(b) for b in blocks_[1:]) * 1e3, 3)
     result = {"recipe": cfg.recipe_name, "block_steps": block, "blocks": len(ratios),
               "ours_step_ms": ms_of(blocks.ours), "bare_step_ms": ms_of(blocks.theirs),
               "ratio": ratio, "ratio_95ci": [low, high], "aa_ratio": aa, "aa_95ci": [aa_low, aa_high],
               "ratios": ratios}
-    pct = lambda r: f"{100 * (r - 1):+.1f}%"  # noqa: E731
+    def pct(r: float) -> str:
+        return f"{100 * (r - 1):+.1f}%"
     print(f"{cfg.recipe_name}: our driver {result['ours_step_ms']:.2f} ms/step, bare MindSpore "
           f"{result['bare_step_ms']:.2f} ms/step, {len(ratios)} interleaved blocks of {block} steps: overhead "
           f"{pct(ratio)} (95% CI {pct(low)} to {pct(high)}); bare against bare (noise floor) {pct(aa)} "

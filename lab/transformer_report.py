@@ -150,7 +150,8 @@ def runs_compared(lines, runs, out: Path):
          "val BLEU (lowercased, greedy) at equal updates", xlabel="optimizer updates")
     base = curves[names[0]]
     values = {u: {n: at_update(curves[n], int(u)) for n in names[1:]} for u in sorted(base, key=int)}
-    cell = lambda v: "" if v is None else f"{v[0]:.2f}" if v[1] else f"~{v[0]:.2f}"  # noqa: E731
+    def cell(v) -> str:
+        return "" if v is None else f"{v[0]:.2f}" if v[1] else f"~{v[0]:.2f}"
     rows = [(u, f"{base[u]['bleu_lowercase']:.2f}", *(cell(vs[n]) for n in names[1:]))
             for u, vs in values.items() if any(vs.values())]
     lines += table("Runs compared at equal updates",

@@ -12,14 +12,18 @@ import os
 import sys
 import traceback
 import warnings
+from pathlib import Path
 from typing import Callable, List
 
 import mindspore as ms
 
 from models import layers, lenet, resnet, transformer  # noqa: F401  (the models register themselves)
 from zoo.errors import ConfigError, choices_hint
-from zoo.registry import MODELS
+from zoo.registry import CELLS, DATASETS, MODELS
 from zoo.runtime import cap_onednn_isa
+
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def check_model_params(name: str, params: dict) -> None:
@@ -49,9 +53,6 @@ def check_model(cfg) -> None:
     check = MODELS.meta(cfg.model.name).get("check")
     if check is not None:
         check(args, cfg.dataset)
-    if "in_channels" in args and cfg.dataset.channels and cfg.dataset.channels != args["in_channels"]:
-        raise ConfigError(f"dataset.channels={cfg.dataset.channels} does not fit model.params.in_channels="
-                          f"{args['in_channels']}; make them equal")
 
 
 def create_model(name: str, num_classes: int, **params):
@@ -89,13 +90,19 @@ def import_plugins() -> None:
     themselves with @MODELS.register(). Set by the user in the environment, never by a recipe; looked for on
     sys.path and then in the current folder. Anything a plugin raises while importing is one ConfigError
     naming the plugin (engine.load.load_config calls this, inside every command's one-line error handling)."""
+    ours = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()} | {p.stem for p in ROOT.glob("*.py")}
     for name in plugin_names():
+        if name.split(".")[0] in ours:  # the zoo's own module comes first on the path: yours would never load
+            raise ConfigError(f"AMP_ZOO_PLUGINS names {name!r}, a module of amp-zoo itself "
+                              f"({ROOT / name.split('.')[0]}), so a file of yours by that name is never imported; "
+                              f"rename it (e.g. my_{name}.py) and set AMP_ZOO_PLUGINS=my_{name}")
         if name in sys.modules:
             continue
         if os.getcwd() not in sys.path and importlib.util.find_spec(name.split(".")[0]) is None:
             sys.path.append(os.getcwd())  # `python /path/to/train.py` from the plugin's folder
+        before = registered()
         try:
-            importlib.import_module(name)
+            module = importlib.import_module(name)
         except ModuleNotFoundError as e:
             where = "the current folder" if e.name == name else f"{name!r}'s own imports"
             raise ConfigError(f"AMP_ZOO_PLUGINS names {name!r}, which cannot be imported: {e} (looked on "
@@ -109,6 +116,16 @@ def import_plugins() -> None:
                     if isinstance(e, ImportError) else "")
             raise ConfigError(f"plugin {name!r} (AMP_ZOO_PLUGINS) failed while importing: {type(e).__name__}: "
                               f"{e} ({frame.filename}:{frame.lineno}){hint}") from None
+        if registered() == before:  # another module of that name (an installed package's) came first, or a plugin that
+            # registers nothing: either way the user's models are not there
+            raise ConfigError(f"plugin {name!r} (AMP_ZOO_PLUGINS) registered no model, dataset or Cell: the module "
+                              f"imported is {getattr(module, '__file__', None) or name}; if that is not your file, "
+                              f"another module of that name comes first: rename yours (e.g. my_{name}.py)")
+
+
+def registered() -> int:
+    """How many names the registries hold, overrides counted: what a plugin's import added."""
+    return sum(len(r.names()) + len(r.overridden) for r in (MODELS, DATASETS, CELLS))
 
 
 def plugins_hint() -> str:

@@ -111,6 +111,49 @@ def max_pool2d(kernel_size: int, stride: int, padding: int = 0) -> nn.MaxPool2d:
     return nn.MaxPool2d(kernel_size, stride, pad_mode="pad" if padding else "valid", padding=padding)
 
 
+def relu() -> nn.ReLU:
+    """nn.ReLU, or where the CPU kernels run, CpuReLU (one pass in fp32 or fp16: MindSpore's CPU ReLU and its
+    gradient run several times slower in fp16 than in fp32)."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import CpuReLU
+        return CpuReLU()
+    return nn.ReLU()
+
+
+class AddReLU(nn.Cell):
+    """relu(a + b): the end of a residual block."""
+
+    def construct(self, a, b):
+        return ops.relu(a + b)
+
+
+def add_relu() -> nn.Cell:
+    """AddReLU, or where the CPU kernels run, CpuAddReLU (the sum and the ReLU in one pass, fp32 or fp16)."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import CpuAddReLU
+        return CpuAddReLU()
+    return AddReLU()
+
+
+class ToNCHW(nn.Cell):
+    """The explicit end of the CPU kernels' blocked layout, for a model of your own: a layer built here may return
+    its activations as (N, C/B, H, W, B) (cpu_kernels.cells.block_for); element-wise ops, the residual sum and a
+    mean over (H, W) do not care, but anything that reads channels or positions does. This returns plain NCHW
+    (a rank-4 input passes as it is), with its gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.to_plain = None
+        if use_cpu_kernels():
+            from cpu_kernels.cells import block, relayout_ops
+            self.to_plain = relayout_ops(block())[1]
+
+    def construct(self, x):
+        if x.ndim == 5:
+            return self.to_plain(x)
+        return x
+
+
 def runs_mindspore_conv(net: nn.Cell) -> bool:
     """Whether `net` runs one of MindSpore's own convolutions (a Conv Cell other than the CPU kernels', or a Cell
     holding a Conv primitive), which oneDNN runs far slower above AVX2 (zoo.runtime.cap_onednn_isa). A model that

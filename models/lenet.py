@@ -2,7 +2,7 @@
 import mindspore.nn as nn
 from mindspore.common.initializer import Normal
 
-from models.layers import max_pool2d
+from models.layers import max_pool2d, relu
 from zoo.errors import ConfigError
 from zoo.registry import MODELS
 
@@ -15,7 +15,7 @@ class LeNet5(nn.Cell):
         self.fc1 = nn.Dense(16 * 5 * 5, 120, weight_init=Normal(0.02))
         self.fc2 = nn.Dense(120, 84, weight_init=Normal(0.02))
         self.fc3 = nn.Dense(84, num_classes, weight_init=Normal(0.02))
-        self.relu = nn.ReLU()
+        self.relu = relu()
         self.pool = max_pool2d(2, 2)
         self.flatten = nn.Flatten()
 

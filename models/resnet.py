@@ -10,7 +10,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
-from models.layers import batch_norm2d, conv2d, max_pool2d
+from models.layers import add_relu, batch_norm2d, conv2d, max_pool2d, relu
 from zoo.errors import ConfigError
 from zoo.registry import MODELS
 
@@ -31,7 +31,7 @@ class BasicBlock(nn.Cell):
         super().__init__()
         self.conv1, self.bn1 = conv(in_ch, ch, 3, stride), bn(ch)
         self.conv2, self.bn2 = conv(ch, ch, 3), bn(ch, zero_init_residual)
-        self.relu = nn.ReLU()
+        self.relu, self.add_relu = relu(), add_relu()
         self.down = None
         if stride != 1 or in_ch != ch:
             self.down = nn.SequentialCell([conv(in_ch, ch, 1, stride), bn(ch)])
@@ -40,7 +40,7 @@ class BasicBlock(nn.Cell):
         identity = x if self.down is None else self.down(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        return self.add_relu(out, identity)  # relu(out + identity)
 
 
 class Bottleneck(nn.Cell):
@@ -52,7 +52,7 @@ class Bottleneck(nn.Cell):
         self.conv1, self.bn1 = conv(in_ch, ch, 1), bn(ch)
         self.conv2, self.bn2 = conv(ch, ch, 3, stride), bn(ch)
         self.conv3, self.bn3 = conv(ch, out_ch, 1), bn(out_ch, zero_init_residual)
-        self.relu = nn.ReLU()
+        self.relu, self.add_relu = relu(), add_relu()
         self.down = None
         if stride != 1 or in_ch != out_ch:
             self.down = nn.SequentialCell([conv(in_ch, out_ch, 1, stride), bn(out_ch)])
@@ -62,7 +62,7 @@ class Bottleneck(nn.Cell):
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
+        return self.add_relu(out, identity)  # relu(out + identity)
 
 
 def check_resnet(args: dict, data=None) -> None:
@@ -82,7 +82,7 @@ class ResNet(nn.Cell):
         chans = [width, width * 2, width * 4, width * 8]
         # the stem's input is the data: its convolution computes no input gradient
         if stem == "imagenet":
-            self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2, input_grad=False), bn(width), nn.ReLU(),
+            self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2, input_grad=False), bn(width), relu(),
                                            max_pool2d(3, 2, padding=1)])
         else:
             self.stem = nn.SequentialCell([conv(in_channels, width, 3, input_grad=False), bn(width), nn.ReLU()])

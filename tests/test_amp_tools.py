@@ -156,7 +156,8 @@ def test_audit_and_report_look_at_the_weights_they_are_given():
     fresh = run_cli("-m amp.audit", "recipe=lenet_o2")
     assert "weights: freshly initialised (seed 1)" in fresh.stdout
     # trained weights hold larger activations than the initial ones: the audit sees the network it is given
-    top = lambda out: max(float(ln.split("|")[4]) for ln in out.splitlines() if ln.startswith("| fc"))  # noqa: E731
+    def top(out):
+        return max(float(ln.split("|")[4]) for ln in out.splitlines() if ln.startswith("| fc"))
     assert top(audited.stdout) > 5 * top(fresh.stdout)
     wrong = run_cli("-m amp.audit", "weights=lenet_fashion_o2", "recipe=resnet34_o2")
     assert wrong.returncode == 2 and "drop recipe=" in wrong.stderr

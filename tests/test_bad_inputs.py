@@ -46,6 +46,17 @@ CASES = [
      "itself (trainer.epochs)"),  # not silently ignored
     (["runtime.distributed=true", "runtime.device_id=3"], "runtime.device_id=3 with runtime.distributed=true would "
                                                           "put every rank on device 3"),
+    # numbers that cannot train: NaN passes every comparison with a bound, so each is checked for being finite
+    (["optimizer.lr=nan"], "optimizer.lr=nan must be a finite number, positive"),
+    (["optimizer.lr=inf"], "optimizer.lr=inf must be a finite number, positive"),
+    (["schedule.min_lr=nan"], "schedule.min_lr=nan must be a finite number, at least 0"),
+    (["amp.loss_scale.init_scale=inf"], "amp.loss_scale.init_scale=inf must be a finite number, positive"),
+    (["trainer.label_smoothing=nan"], "trainer.label_smoothing=nan must be a finite number, from 0 to 1"),
+    (["optimizer.betas=[0.9,1.5]"], "optimizer.betas=[0.9, 1.5]: each value must be from 0 to below 1"),
+    (["optimizer.betas=[nan,0.98]"], "optimizer.betas=[nan, 0.98]: each value must be from 0 to below 1"),
+    (["dataset.std=[0]"], "dataset.std=[0.0]: each value must be positive"),
+    (["dataset.mean=[nan]"], "dataset.mean=[nan] is not a finite number"),
+    (["recipe=transformer_base_o2", "model.params.dropout=nan"], "model.params.dropout=nan is not a finite number"),
 ]
 
 
@@ -213,15 +224,15 @@ PIPELINE_ERROR = """Exception thrown from dataset pipeline. Refer to 'Dataset Pi
 def test_a_file_the_pipeline_cannot_read_is_one_line_at_any_step(tmp_path):
     import types
 
-    import train
+    from engine.process.failures import step_error
     run = types.SimpleNamespace(timer=types.SimpleNamespace(steps=[120]), run_dir=tmp_path, device="CPU", is_main=True,
                                 cfg=types.SimpleNamespace(recipe_name="resnet34_o2"))
-    line = train.step_error(run, RuntimeError(PIPELINE_ERROR), ran_before=True)
+    line = step_error(run, RuntimeError(PIPELINE_ERROR), ran_before=True)
     assert line.startswith("the data pipeline failed at step 120: Invalid image, /data/imagenet/train/n01/10.JPEG "
                            "decode failed")
     assert f"continue with: python train.py recipe=resnet34_o2 hydra.run.dir={tmp_path} resume=auto" in line
     with pytest.raises(RuntimeError, match="a bug"):  # anything else after the first step is not bad input
-        train.step_error(run, RuntimeError("a bug"), ran_before=True)
+        step_error(run, RuntimeError("a bug"), ran_before=True)
 
 
 @pytest.mark.parametrize("command", ["eval.py", "export.py", "-m bench.verify", "-m bench.ship", "-m bench.multi30k",

@@ -519,7 +519,8 @@ def test_every_rank_profiles_the_same_window_and_rank_0_alone_writes_the_summary
 
     from amp import profile as amp_profile
     stopped, folders = [], []
-    stop = lambda: stopped.append(ctx.args.cur_step_num)  # noqa: E731
+    def stop():
+        stopped.append(ctx.args.cur_step_num)
     monkeypatch.setattr(profiler, "profile", lambda **kw: SimpleNamespace(start=lambda: None, stop=stop))
     monkeypatch.setattr(profiler, "tensorboard_trace_handler", lambda path: folders.append(path))
     monkeypatch.setattr(amp_profile, "op_times", lambda d, device: [("Default/net-LeNet5/fc1-Dense/MatMul-op1",
@@ -559,23 +560,23 @@ def stand_in_run(device, rank, tmp_path):
 def test_a_device_failure_is_reported_as_one_not_as_a_model_that_does_not_compile(tmp_path, capsys, monkeypatch):
     """An Ascend memory failure in the first step: one line naming the device and its error, exit 1 (DeviceError,
     not the bad-input code), and a rank without train.log (under msrun, rank 1) keeps the trace in its own log."""
-    import train
+    from engine.process.failures import step_error
     from zoo.errors import DeviceError, TracedError
     run = stand_in_run("Ascend", 1, tmp_path)
     monkeypatch.setattr(logging.root, "handlers", [])  # as on rank 1: setup removed its train.log handler
     with pytest.raises(DeviceError) as e:
-        train.step_error(run, RuntimeError(ACL_FAILURE), ran_before=False)
+        step_error(run, RuntimeError(ACL_FAILURE), ran_before=False)
     message = str(e.value)
     assert message.startswith("the Ascend failed in the first step (rank 1 of 2): Call aclrtMalloc failed")
     assert "make doctor" in message and "does not compile" not in message
     assert "rank 1's msrun worker log" in message and "RuntimeError: Call aclrtMalloc failed" in capsys.readouterr().err
     run.timer.steps = [5005]
     with pytest.raises(DeviceError, match="the Ascend failed after step 5005"):  # mid-run: no raw traceback
-        train.step_error(run, RuntimeError(ACL_FAILURE), ran_before=True)
+        step_error(run, RuntimeError(ACL_FAILURE), ran_before=True)
     shape_bug = "For 'MatMul' the input dimensions must be equal, but got 'x1_col': 1024 and 'x2_row': 32."
     run.timer.steps = []
-    assert "does not compile" in train.step_error(run, ValueError(shape_bug), ran_before=False)
-    assert "does not compile" in train.step_error(stand_in_run("CPU", 0, tmp_path), RuntimeError(ACL_FAILURE), False)
+    assert "does not compile" in step_error(run, ValueError(shape_bug), ran_before=False)
+    assert "does not compile" in step_error(stand_in_run("CPU", 0, tmp_path), RuntimeError(ACL_FAILURE), False)
     assert issubclass(TracedError, ConfigError) and not issubclass(DeviceError, ConfigError)
 
 
@@ -615,7 +616,7 @@ def test_under_msrun_other_ranks_print_warnings_and_their_checksum_not_every_lin
     keeps its warnings and the line every rank must say (its parameter checksum)."""
     import sys
 
-    import train
+    from engine.process.logs import rank_logging
     console, file_log = logging.StreamHandler(sys.stderr), logging.FileHandler("/dev/null")
     monkeypatch.setattr(logging.root, "handlers", [console, file_log])
     monkeypatch.setattr(logging.root, "level", logging.INFO)
@@ -624,7 +625,7 @@ def test_under_msrun_other_ranks_print_warnings_and_their_checksum_not_every_lin
     monkeypatch.setattr(log, "disabled", False)
     monkeypatch.setattr(logging.root.manager, "disable", logging.NOTSET)
     log.manager._clear_cache()
-    train.rank_logging()
+    rank_logging()
     assert logging.root.handlers == [console]
     log.info("epoch 1/90: step 5005")
     log.warning("by step 5005: 2 batch(es) with NaN/Inf inputs skipped")

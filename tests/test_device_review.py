@@ -189,7 +189,8 @@ def test_every_rank_reads_the_tokenizer_rank_0_keeps(tmp_path):
     run_dir.mkdir()
     with pytest.raises(ConfigError, match="rank 1 cannot see .*tokenizer.model, the tokenizer rank 0 keeps"):
         keep_tokenizer(cfg, run_dir, 1, resuming=False, wait=lambda flag: False)  # rank 0's copy never came
-    rank0_copies = lambda flag: (run_dir / "tokenizer.model").write_bytes(b"rank 0's model")  # noqa: E731
+    def rank0_copies(flag):
+        (run_dir / "tokenizer.model").write_bytes(b"rank 0's model")
     keep_tokenizer(cfg, run_dir, 1, resuming=False, wait=rank0_copies)
     assert cfg.dataset.params.spm_model == str((run_dir / "tokenizer.model").resolve())
 

@@ -5,8 +5,8 @@ import re
 
 from tests.conftest import run_cli
 
-CHECKS = ["device", "overflow", "clean step", "inf forward", "inf backward", "kernels", "msrun", "sinking",
-          "profiler"]
+CHECKS = ["device", "overflow", "clean step", "inf forward", "inf backward", "kernels", "cpu kernels", "msrun",
+          "sinking", "profiler"]
 
 
 def test_the_doctor_on_a_cpu_runs_what_applies_and_names_what_it_skipped():
@@ -21,8 +21,10 @@ def test_the_doctor_on_a_cpu_runs_what_applies_and_names_what_it_skipped():
     assert "inf forward  ok: step skipped, scale 1,024 -> 512" in result.stdout
     assert "inf backward ok: step skipped, scale 16,777,216 -> 8,388,608" in result.stdout
     assert "bf16 absent, as expected on CPU" in result.stdout
+    assert re.search(r"cpu kernels  ok: fp16 stored in fp16 between the kernels and computed in fp32 .*; "
+                     r"conv\+BatchNorm\+ReLU fp16 [\d.]+ ms against fp32 [\d.]+ ms", result.stdout), lines
     assert lines[-2].startswith("skipped: no device: the overflow, kernel, sinking and profiler checks ran on the CPU")
-    assert lines[-1] == "doctor: 9 checks, none failed" and result.stderr.strip() == ""
+    assert lines[-1] == "doctor: 10 checks, none failed" and result.stderr.strip() == ""
 
 
 def test_a_failing_check_prints_fails_with_what_to_do_and_exits_non_zero(monkeypatch, capsys):

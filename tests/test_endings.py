@@ -81,10 +81,9 @@ def test_a_signal_while_the_graph_compiles_saves_nothing_and_says_so(tmp_path):
 DEFERRED = """
 import os, signal
 from zoo import interrupt
-interrupt.install()
 events = []
 try:
-    with interrupt.deferred():
+    with interrupt.handled(), interrupt.deferred():
         os.kill(os.getpid(), signal.SIGTERM)
         for _ in range(100000):  # the handler runs within these bytecodes
             pass

@@ -100,18 +100,18 @@ def test_a_graph_account_an_earlier_process_left_is_not_named(tmp_path, monkeypa
     import os
     import types
 
-    import train
+    from engine.process import failures
     left = tmp_path / "rank_0" / "om" / "analyze_fail.ir"
     left.parent.mkdir(parents=True)
     left.write_text("the earlier graph")
-    os.utime(left, (train.STARTED - 60, train.STARTED - 60))
+    os.utime(left, (failures.STARTED - 60, failures.STARTED - 60))
     monkeypatch.setenv("MS_OM_PATH", str(tmp_path))
     run = types.SimpleNamespace(rank=0, run_dir=tmp_path, is_main=True,
                                 cfg=types.SimpleNamespace(model=types.SimpleNamespace(name="tinynet"),
                                                           recipe_name="tinynet_o2"))
-    assert "account of the graph" not in train.compile_error(run, RuntimeError("For 'MatMul' ..."))
+    assert "account of the graph" not in failures.compile_error(run, RuntimeError("For 'MatMul' ..."))
     left.touch()  # written by this process
-    assert f"account of the graph: {left}" in train.compile_error(run, RuntimeError("For 'MatMul' ..."))
+    assert f"account of the graph: {left}" in failures.compile_error(run, RuntimeError("For 'MatMul' ..."))
 
 
 def one_error(result) -> str:
@@ -146,6 +146,9 @@ def tinynet(num_classes=10, hidden=32):
     ("my_models", "from models import no_such_api\n", "my_models", "from zoo.registry import MODELS"),
     ("my_models", MODEL, "my_modles", "AMP_ZOO_PLUGINS names 'my_modles', which cannot be imported"),
     ("my_models", MODEL, "", "AMP_ZOO_PLUGINS, which is not set"),
+    # python -m from a folder with a models.py: the zoo imported it instead of its own package (a traceback)
+    ("models", MODEL, "my_models", "models.py has the name of one of amp-zoo's own modules, and this folder comes "
+                                   "first on the path (python -m): rename it (e.g. my_models.py"),
 ])
 def test_a_plugin_that_does_not_load_is_one_line(tmp_path, module, source, plugins, message):
     _, search = fork(tmp_path, module, source, "tinynet_o2", RECIPE)
@@ -164,3 +167,53 @@ def test_a_recipe_not_found_names_the_folders_searched(tmp_path):
     _, search = fork(tmp_path, "my_models", MODEL, "tinynet_o2", RECIPE)
     line = one_error(run_cli("train.py", search, "recipe=tinynet_o3"))
     assert f"looked in {ROOT / 'recipes'}, {tmp_path / 'recipes' / 'recipe'}" in line and "tinynet_o2" in line
+
+
+SHADOWING = '''
+from models.lenet import LeNet5
+from zoo.registry import MODELS
+
+
+@MODELS.register({args})
+def my_lenet5(num_classes=10, in_channels=1):
+    return LeNet5(num_classes, in_channels)
+'''
+
+
+def test_a_fork_recipe_named_like_a_shipped_one_is_one_line(tmp_path):
+    """recipes/recipe/lenet_o2.yaml of your own: Hydra read the shipped lenet_o2 instead, silently."""
+    _, search = fork(tmp_path, "my_models", MODEL, "lenet_o2", RECIPE)
+    line = one_error(run_cli("train.py", search, "recipe=lenet_o2", f"hydra.run.dir={tmp_path / 'run'}"))
+    assert (f"recipe=lenet_o2: {tmp_path / 'recipes' / 'recipe' / 'lenet_o2.yaml'} has the name of a shipped recipe "
+            f"(recipes/lenet_o2.yaml), which Hydra reads instead of yours; rename yours") in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_plugin_registering_a_shipped_models_name_is_refused_or_named(tmp_path):
+    """A plugin's `lenet5` replaced the shipped LeNet-5 in every recipe, silently: now one line, unless it says
+    override=True, and then the run's description (its log's first lines, config.yaml) names whose model runs."""
+    env, search = fork(tmp_path, "my_models", SHADOWING.format(args='"lenet5"'), "tinynet_o2", RECIPE)
+    line = one_error(run_cli("train.py", "recipe=lenet_o2", f"hydra.run.dir={tmp_path / 'run'}", env=env))
+    assert ("plugin 'my_models' (AMP_ZOO_PLUGINS): my_models.my_lenet5 registers the model name 'lenet5', which "
+            "models.lenet.lenet5 has") in line and "override=True" in line, line
+    env, _ = fork(tmp_path, "my_models", SHADOWING.format(args='"lenet5", override=True'), "tinynet_o2", RECIPE)
+    run = tmp_path / "run"
+    result = run_cli("train.py", "recipe=lenet_o2", "trainer.max_steps=1", "logger.progress_bar=false",
+                     f"hydra.run.dir={run}", env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    named = "[model 'lenet5' is my_models.my_lenet5, registered with override=True over the shipped one]"
+    from omegaconf import OmegaConf
+    assert named in (run / "train.log").read_text() and named in OmegaConf.load(run / "config.yaml").description
+
+
+@pytest.mark.parametrize("module, message", [
+    ("models", "AMP_ZOO_PLUGINS names 'models', a module of amp-zoo itself"),
+    ("code", "plugin 'code' (AMP_ZOO_PLUGINS) registered no model, dataset or Cell: the module imported is /"),
+])
+def test_a_plugin_that_another_module_shadows_is_one_line(tmp_path, module, message):
+    """A plugin file named like a module that comes first on the path (the zoo's own models, the standard
+    library's code) was never imported, silently: the model it registers was then "not registered"."""
+    _, search = fork(tmp_path, module, MODEL, "tinynet_o2", RECIPE)
+    result = run_cli(f"{ROOT / 'train.py'}", search, "recipe=tinynet_o2", cwd=tmp_path,
+                     env={"AMP_ZOO_PLUGINS": module})
+    assert message in one_error(result)

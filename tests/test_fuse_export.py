@@ -59,3 +59,36 @@ def test_eval_and_export_with_folding(tmp_path):
     graph = nn.GraphCell(ms.load(str(out)))
     y = graph(ms.Tensor(np.zeros((1, 3, 32, 32), np.float32)))
     assert y.shape == (1, 10)
+
+
+def test_the_export_format_follows_the_file_name(tmp_path):
+    """output=x.onnx without infer.format wrote a MINDIR file named .onnx (exit 0): the suffix sets the format,
+    and a format it contradicts is one line, exit 2, nothing written."""
+    ckpt = tmp_path / "lenet.ckpt"
+    ms.save_checkpoint(create_model("lenet5", num_classes=10), str(ckpt))
+    onnx = tmp_path / "lenet.onnx"
+    out = run_cli("export.py", "recipe=lenet_o2", f"checkpoint={ckpt}", f"output={onnx}")
+    assert out.returncode == 0 and "(ONNX, inputs (1, 1, 32, 32))" in out.stdout, out.stderr[-2000:]
+    assert onnx.read_bytes()[:1] == b"\x08" and b"MindSpore" in onnx.read_bytes()[:32]  # ONNX's ModelProto
+    with pytest.raises(Exception):
+        ms.load(str(onnx))  # not a MINDIR
+    wrong = tmp_path / "lenet.mindir"
+    out = run_cli("export.py", "recipe=lenet_o2", f"checkpoint={ckpt}", f"output={wrong}", "infer.format=ONNX")
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
+        f"error: output={wrong}: its suffix says MINDIR, but infer.format=ONNX; drop infer.format (the suffix "
+        f"decides) or name the file lenet.onnx"), out.stderr
+    assert not wrong.exists()
+
+
+def test_an_export_with_overrides_names_its_own_file(tmp_path):
+    """Without output=, an export at another batch (or any key that changes what is exported) replaced the plain
+    one beside the checkpoint: it names its own file, as eval.py's results do; the format stays the suffix."""
+    from export import output_path
+    from engine.weights import checkpoint_config
+
+    ckpt = tmp_path / "lenet.ckpt"
+    ms.save_checkpoint(create_model("lenet5", num_classes=10), str(ckpt))
+    for argv, name in [([], "lenet.ckpt.mindir"), (["infer.batch_size=8"], "lenet.ckpt.infer.batch_size-8.mindir"),
+                       (["infer.format=ONNX", "runtime.seed=3"], "lenet.ckpt.onnx")]:
+        argv = ["recipe=lenet_o2", f"checkpoint={ckpt}", *argv]
+        assert output_path(checkpoint_config(argv)[0], argv) == tmp_path / name

@@ -6,6 +6,8 @@ import pytest
 
 from tests.conftest import run_cli
 
+pytestmark = pytest.mark.lab  # the lab is not the product: make test-lab (or make test-all) runs these, make test not
+
 
 def test_transformer_report_lines_runs_up_at_equal_updates(tmp_path):
     """Two batches an update (update_freq 2): its epoch 2 is the same number of updates as epoch 1 of a run

@@ -211,3 +211,25 @@ def test_with_update_freq_the_scale_moves_once_an_update(graph_mode):
     t = step.telemetry()
     assert t["loss_scale"] == 2.0 ** 23 and t["amp_overflow_steps"] >= 1 and t["amp_skipped_steps"] == 2
     assert all(np.array_equal(before[k], v) for k, v in weights(net).items()), "the overflowed update is dropped"
+
+
+@pytest.mark.parametrize("init_scale, overflows", [(2.0 ** 4, False), (2.0 ** 24, True)])
+def test_the_cpu_kernels_unscale_and_check_as_mindspores_ops_do(graph_mode, monkeypatch, init_scale, overflows):
+    """On the CPU with the CPU kernels, the unscale and the overflow check are one pass (cpu_kernels'
+    UnscaleSum): the overflow verdict and the weights after the step are those of MindSpore's Mul and
+    ReduceSum, bit for bit."""
+    from amp import loss_scale as module
+    from cpu_kernels import has_ops, why_not
+    if not has_ops():
+        pytest.skip(why_not())
+    results = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(module, "fused_unscale_op", lambda device, distributed: None)
+        net, step = make_step(loss_scale(init_scale=init_scale), level="O2")
+        assert (step.unscale_sum is not None) == fused
+        _, overflow, _ = run(step)
+        results.append((overflow, weights(net)))
+    (fused_overflow, fused_weights), (overflow, plain_weights) = results
+    assert fused_overflow == overflow == overflows
+    assert all(np.array_equal(fused_weights[k], v) for k, v in plain_weights.items())

@@ -85,6 +85,29 @@ def test_a_killed_run_continues_with_resume_auto(tmp_path, fake_runner, monkeypa
     assert (stopped.with_name(stopped.name + "-stop") / "metrics.json").is_file()
 
 
+def test_the_readme_is_written_once_with_the_table_it_ends_with(tmp_path, fake_runner, monkeypatch):
+    """With --write, README.md's table is the one reproduce ends with, written once: not rewritten after every
+    run (OUT/REPRODUCE.md is the table as it stands)."""
+    data = tmp_path / "fashion"
+    data.mkdir()
+    seeds(monkeypatch, lenet_fashion_o0=[1, 2])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{rp.README_BEGIN}\nold table\n{rp.README_END}\n")
+    written = []
+    monkeypatch.setattr(rp, "write_readme", lambda table, path, real=rp.write_readme: written.append(table) or
+                        real(table, path))
+    table = rp.reproduce(recipes=["lenet_fashion_o0"], given={"fashion_mnist": str(data)}, runs=tmp_path / "runs",
+                         out=tmp_path / "out", runner=fake_runner, readme=readme)["table"]
+    assert len(fake_runner.calls) == 2 and written == [table] and table in readme.read_text()
+
+
+def test_no_function_of_reproduce_is_over_60_lines():
+    import ast
+    tree = ast.parse(rp.Path(rp.__file__).read_text())
+    lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert "reproduce" in lengths and max(lengths.values()) <= 60, {k: n for k, n in lengths.items() if n > 60}
+
+
 def test_the_readme_table_is_replaced_between_its_markers(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{rp.README_BEGIN}\nold table\n{rp.README_END}\nafter\n")
@@ -106,7 +129,8 @@ def test_a_session_killed_outright_ends_at_its_last_checkpoint(tmp_path):
                                         "[2026-11-22 07:01:00,000][amp_zoo][INFO] - epoch 1/9: step 10\n"
                                         "[2026-11-22 09:00:00,000][amp_zoo][INFO] - recipe a: b\n"
                                         "[2026-11-22 09:05:00,000][amp_zoo][INFO] - final\n")
-    at = lambda hms: datetime.strptime(f"2026-11-22 {hms}", "%Y-%m-%d %H:%M:%S").timestamp()  # noqa: E731
+    def at(hms):
+        return datetime.strptime(f"2026-11-22 {hms}", "%Y-%m-%d %H:%M:%S").timestamp()
     (tmp_path / "checkpoints").mkdir()
     for name, hms in [("e0001-s00000010", "07:01:00"), ("e0003-s00000030", "07:20:00"),
                       ("e0004-s00000040", "09:03:00")]:
@@ -119,6 +143,7 @@ def test_a_session_killed_outright_ends_at_its_last_checkpoint(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--data", "fashion"], "give GROUP=PATH"),
     (["--data", "fashon_mnist=/x"], "did you mean fashion_mnist"),
+    (["--data", "fashion_mnist=/no/such/folder"], "--data fashion_mnist=/no/such/folder: no such folder"),
     (["--only", "lenet_o9"], "is not a recipe"),
     (["--seeds", "0"], "a whole number >= 1"),
     (["--bogus"], "unknown argument '--bogus'"),
@@ -293,8 +318,8 @@ def test_a_scorer_that_fails_keeps_the_run_and_scores_it_next_time(tmp_path, fak
     rp.reproduce(**args, scorer=failing)
     assert "scoring failed (python -m bench.multi30k" in capsys.readouterr().out
     test = {"bleu_lowercase": 40.5, "bleu": 40.1}
-    scored = lambda run_dir: {"averaged_test_2016_flickr": test, "averaged_val": test,  # noqa: E731
-                              "averaged": list(range(10)), "beam": 5}
+    def scored(run_dir):
+        return {"averaged_test_2016_flickr": test, "averaged_val": test, "averaged": list(range(10)), "beam": 5}
     table = rp.reproduce(**args, scorer=scored)["table"]
     assert len(fake_runner.calls) == 1, "the finished run is not trained again"
     assert "**40.50**" in next(line for line in table.splitlines() if "`transformer_tiny_multi30k_o0`" in line)
@@ -313,8 +338,8 @@ def test_a_lowercase_run_is_shown_with_the_papers_scorer_and_its_updates(tmp_pat
         (run_dir / "config.yaml").write_text("trainer: {update_freq: 2}\ndataset: {params: {lowercase: true}}\n")
         return code
     test = {"bleu_lowercase": 40.61, "bleu": 8.4, "bleu_moses_lc": 40.52}
-    scored = lambda run_dir: {"averaged_test_2016_flickr": test, "averaged_val": test,  # noqa: E731
-                              "averaged": list(range(10)), "beam": 5}
+    def scored(run_dir):
+        return {"averaged_test_2016_flickr": test, "averaged_val": test, "averaged": list(range(10)), "beam": 5}
     table = rp.reproduce(recipes=["transformer_tiny_multi30k_o2"], given={"multi30k": str(data)},
                          runs=tmp_path / "runs", out=tmp_path / "out", runner=runner, readme=None,
                          scorer=scored)["table"]
@@ -339,3 +364,13 @@ def test_a_signal_while_scoring_says_the_run_is_kept(tmp_path, fake_runner, monk
         rp.reproduce(recipes=["transformer_tiny_multi30k_o0"], given={"multi30k": str(data)}, runs=tmp_path / "runs",
                      out=tmp_path / "out", runner=fake_runner, readme=None, scorer=stopped)
     assert info.value.note.startswith("transformer_tiny_multi30k_o0-s1 is trained and kept"), info.value.note
+
+
+def test_a_reproduce_that_reproduced_nothing_says_so(tmp_path, capsys):
+    """--only RECIPE without its data printed "plan: 0 runs to train" and the table, exit 0: it is exit 1 naming
+    the --data to give."""
+    with pytest.raises(SystemExit) as e:
+        rp.main(["--only", "lenet_o0", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    assert e.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: not reproduced, for want of its data: lenet_o0; give --data mnist=PATH")

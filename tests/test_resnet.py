@@ -242,3 +242,34 @@ def test_the_imagenet_stem_pools_as_torchvision(pynative_mode):
     padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
     expected = np.array([[padded[0, 0, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max() for j in range(4)] for i in range(4)])
     np.testing.assert_array_equal(pool(ms.Tensor(x)).asnumpy()[0, 0], expected)
+
+
+def test_image_folder_reads_grey_images_with_channels_1(tmp_path):
+    """dataset.channels=1 reads an image folder grey, for a 1-channel network (it was always decoded RGB)."""
+    write_image_folder(tmp_path)
+    cfg = OmegaConf.merge(compose(["recipe=resnet34_o2", f"dataset.path={tmp_path}"]).dataset,
+                          {"batch_size": 4, "eval_batch_size": 6, "image_size": 32, "num_workers": 1, "channels": 1,
+                           "mean": [0.45], "std": [0.23]})
+    images, _ = next(create_dataset(cfg, "train").create_tuple_iterator())
+    assert images.shape == (4, 1, 32, 32)
+    images, _ = next(create_dataset(cfg, "test").create_tuple_iterator())
+    assert images.shape == (6, 1, 32, 32)
+
+
+def test_a_channel_mismatch_is_one_line_before_anything_compiles(tmp_path):
+    """A shipped 1-channel ResNet recipe over RGB images: one line naming both fixes, from the config check (it
+    failed at the first step, inside the compiled graph); an image folder given to the idx reader names the
+    reader that reads it; a mean of 3 values for grey images is one line."""
+    write_image_folder(tmp_path)
+    with pytest.raises(ConfigError, match=r"model.params.in_channels=1 does not fit the 3-channel images of dataset "
+                                          r"imagenet; set model.params.in_channels=3 .*dataset.channels=1"):
+        load_config(["recipe=resnet18_fashion_o2", "dataset=imagenet", f"dataset.path={tmp_path}",
+                     "model.num_classes=2"])
+    with pytest.raises(ConfigError, match="is a folder of images in class sub-folders .* add dataset=imagenet"):
+        load_config(["recipe=resnet18_fashion_o2", f"dataset.path={tmp_path}", "model.num_classes=2"])
+    with pytest.raises(ConfigError, match=r"dataset.mean=\[0.485, 0.456, 0.406\] has 3 values but the images are "
+                                          r"read with 1 channel"):
+        load_config(["recipe=resnet18_fashion_o2", "dataset=imagenet", f"dataset.path={tmp_path}",
+                     "model.num_classes=2", "dataset.channels=1"])
+    load_config(["recipe=resnet18_fashion_o2", "dataset=imagenet", f"dataset.path={tmp_path}", "model.num_classes=2",
+                 "dataset.channels=1", "dataset.mean=[0.45]", "dataset.std=[0.23]"])

@@ -271,3 +271,54 @@ def test_resume_says_when_more_epochs_stretch_a_cosine_schedule(tmp_path):
     assert found, (longer.stdout + longer.stderr)[-3000:]
     was, goes = map(float, found.groups())
     assert 0 < was < goes  # 12 of 125 steps into the cosine, then 12 of 250
+
+
+def flip_a_weight_byte(path):
+    """One bit of a float in the middle of the file (the largest weight's data) flipped: the file still parses
+    and its weights are finite, so only a checksum tells."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 - len(data) // 2 % 4] ^= 0x01  # a mantissa's lowest bit of a little-endian float
+    path.write_bytes(bytes(data))
+
+
+def test_a_runs_own_checkpoint_with_a_flipped_byte_is_refused(tmp_path):
+    """train.py's checkpoints carry MindSpore's CRC32: a byte changed on disk is one line on load (it loaded, and
+    evaluated or trained on from the changed weight), as a shipped weight's sha256 refuses it."""
+    from engine.checkpoint import AtomicCheckpoint, read_checkpoint
+    from models import create_model
+    from zoo.errors import ConfigError
+
+    saver = AtomicCheckpoint(tmp_path, "lenet5", every_epochs=1, keep_last=1, steps_per_epoch=10)
+    path = saver.save(create_model("lenet5", num_classes=10), 10)
+    read_checkpoint(path)
+    flip_a_weight_byte(path)
+    with pytest.raises(ConfigError, match="fails its CRC32 check: a byte changed after train.py wrote it"):
+        read_checkpoint(path)
+
+
+def test_resume_skips_a_checkpoint_with_a_flipped_byte(uninterrupted, tmp_path):
+    import shutil
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted, run_dir)
+    flip_a_weight_byte(run_dir / "checkpoints" / "lenet5-e0003-s00000375.ckpt")
+    result = run_cli("train.py", *ARGS[:1], "trainer.epochs=4", "logger.progress_bar=false",
+                     f"hydra.run.dir={run_dir}", "resume=auto")
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = result.stdout + result.stderr
+    assert "skipping lenet5-e0003-s00000375.ckpt" in log and "fails its CRC32 check" in log, log[-3000:]
+    assert "resumed from" in log and "lenet5-e0002-s00000250.ckpt (step 250" in log
+
+
+def test_a_fallback_keeps_a_damaged_checkpoint_it_passes_over(tmp_path):
+    """The fallback ladder restarts from the newest finite checkpoint and removes the non-finite ones (the
+    divergence's); one that does not read (a failed CRC) was removed as "not finite" too: it is passed over
+    and kept, the log naming why."""
+    from engine.checkpoint import AtomicCheckpoint, last_good_checkpoint
+    from models import create_model
+
+    saver = AtomicCheckpoint(tmp_path, "lenet5", every_epochs=1, keep_last=5, steps_per_epoch=10)
+    good = saver.save(create_model("lenet5", num_classes=10), 10)
+    damaged = saver.save(create_model("lenet5", num_classes=10), 20)
+    flip_a_weight_byte(damaged)
+    assert last_good_checkpoint(tmp_path, remove=True)[0] == good
+    assert damaged.exists()

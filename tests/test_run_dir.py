@@ -60,7 +60,7 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run):
 def test_a_finished_run_names_the_key_that_ended_it(tmp_path):
     """A run cut by trainer.max_steps continues only with a larger max_steps: pointing at trainer.epochs,
     which a user would raise to no effect, was wrong."""
-    from train import finished_note
+    from engine.start import finished_note
     cut = {"steps": 300, "epochs": 10, "steps_per_epoch": 125}
     assert finished_note(tmp_path, cut, 300) == (
         f"{tmp_path} is finished at step 300 of 1,250 (trainer.max_steps=300, trainer.epochs=10): nothing to do; "
@@ -257,7 +257,8 @@ def test_a_translation_run_keeps_its_tokenizer(tmp_path):
     other.write_bytes(b"another model")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = lambda spm: OmegaConf.create({"dataset": {"name": "multi30k", "params": {"spm_model": spm}}})  # noqa: E731
+    def cfg(spm):
+        return OmegaConf.create({"dataset": {"name": "multi30k", "params": {"spm_model": spm}}})
     later_rank = cfg(str(model))
     keep_tokenizer(later_rank, run_dir, rank=1, resuming=False)  # msrun: rank 0 copies; the others use the model
     assert later_rank.dataset.params.spm_model == str(model) and not (run_dir / "tokenizer.model").exists()
@@ -357,19 +358,19 @@ def test_a_run_started_from_a_translation_runs_checkpoint_takes_its_tokenizer(tm
     as weights=NAME uses the weight's: its embeddings are for those token ids, not for a model trained anew."""
     from omegaconf import OmegaConf
 
-    import train
+    from engine.start import start_from
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["recipe=transformer_base_o2"])[0]))
     (run_dir / "tokenizer.model").write_bytes(b"the run's model")
     ckpt = run_dir / "checkpoints" / "transformer-e0001-s00000010.ckpt"
     ckpt.write_bytes(b"weights")
-    cfg, init = train.start_from(load_config(["recipe=transformer_base_o2", f"checkpoint={ckpt}"])[0])
+    cfg, init = start_from(load_config(["recipe=transformer_base_o2", f"checkpoint={ckpt}"])[0])
     assert cfg.dataset.params.get("spm_model") == str((run_dir / "tokenizer.model").resolve()) and init[0] == ckpt
     mine = tmp_path / "mine.model"
     mine.write_bytes(b"another model")
     with caplog.at_level(logging.WARNING, logger="amp_zoo"):
-        cfg, _ = train.start_from(load_config(["recipe=transformer_base_o2", f"checkpoint={ckpt}",
+        cfg, _ = start_from(load_config(["recipe=transformer_base_o2", f"checkpoint={ckpt}",
                                                f"++dataset.params.spm_model={mine}"])[0])
     assert cfg.dataset.params.spm_model == str(mine), "a tokenizer given is the user's choice"
     assert "mine.model is not the tokenizer of the checkpoint" in caplog.text, "and it is said, not silent"

@@ -198,3 +198,21 @@ def test_a_winner_is_named_only_when_the_budget_can_tell_candidates_apart():
     one_seed = inconclusive({3: within, 0: outside}, 3, {1: {"metric": 0.94}}, 100.0, s, cfg)
     assert "one seed cannot measure" in one_seed and "search.seeds=[1,2]" in one_seed
     assert inconclusive({1: within, 0: diverged}, 1, {1: {"metric": 0.94}}, 100.0, s, cfg) is None
+
+
+def test_a_shipped_weight_is_searched_under_its_own_recipe(tmp_path):
+    """amp.search weights=NAME searched the default recipe (LeNet-5 on MNIST) fine-tuned from the weight: it takes
+    the weight's recipe and overrides, as eval.py does, and every training run starts from the weight (the
+    settings every run gets, written before the first; here a bad pin stops it right after)."""
+    from pathlib import Path
+
+    from engine.weights import read_manifest
+    if not Path("/usr/share/datasets/fashion-mnist").is_dir():
+        pytest.skip("needs Fashion-MNIST: apt-get install dataset-fashion-mnist")
+    entry = read_manifest()["lenet_fashion_o2"]
+    result = run_cli("-m amp.search", "weights=lenet_fashion_o2", f"search.out={tmp_path}", "search.pin_fp32=[nosuch]")
+    assert result.returncode == 2 and "weights lenet_fashion_o2: sha256 verified" in result.stderr, result.stderr
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert settings == {"recipe": entry["recipe"], "train_overrides": [f"recipe={entry['recipe']}", *entry["overrides"],
+                                                                       "weights=lenet_fashion_o2",
+                                                                       "trainer.eval_every=0"]}

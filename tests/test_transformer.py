@@ -242,7 +242,8 @@ def copy_model():
     for _ in range(60):
         lengths = rng.randint(3, 10, 32)
         body = [rng.randint(4, 24, n) for n in lengths]
-        pad = lambda rows, w: np.stack([np.pad(r, (0, w - len(r))) for r in rows]).astype(np.int32)  # noqa: E731
+        def pad(rows, w):
+            return np.stack([np.pad(r, (0, w - len(r))) for r in rows]).astype(np.int32)
         step(ms.Tensor(pad([np.append(b, EOS) for b in body], 12)),
              ms.Tensor(pad([np.insert(b, 0, BOS) for b in body], 12)),
              ms.Tensor(pad([np.append(b, EOS) for b in body], 12)))
@@ -362,3 +363,24 @@ def test_multi30k_real_corpus_trains(tmp_path):
                      timeout=3000)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "metrics.json").read_text())["final"]["bleu"] > 1.0
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared/data/multi30k/train.en.gz").exists(), reason="no Multi30k here")
+def test_the_readmes_transformer_export_decodes(tmp_path):
+    """README's export of a shipped Transformer at infer.seq_len, and its greedy loop over the exported graph,
+    run as written (paths aside): a German sentence comes out."""
+    import re as regex
+    readme = (ROOT / "README.md").read_text()
+    command = regex.search(r"python export.py (weights=transformer\S+ .*?)\n```", readme, regex.S).group(1)
+    args = command.replace("\\\n", " ").replace("/data/multi30k", str(ROOT.parent / "shared/data/multi30k")).split()
+    out = run_cli("export.py", *[a if not a.startswith("output=") else f"output={tmp_path / 'tiny.mindir'}"
+                                 for a in args])
+    assert out.returncode == 0 and "(MINDIR, inputs (1, 64), (1, 64))" in out.stdout, out.stderr[-2000:]
+    assert "does not decode" in out.stderr
+    loop = regex.search(r"```python\n(import mindspore as ms, numpy as np, sentencepiece.*?)```", readme,
+                        regex.S).group(1)
+    (tmp_path / "decode.py").write_text(loop.replace('"tiny.mindir"', repr(str(tmp_path / "tiny.mindir")))
+                                        .replace('"weights/', f'"{ROOT}/weights/'))
+    decoded = run_cli(str(tmp_path / "decode.py"))
+    assert decoded.returncode == 0, decoded.stderr[-2000:]
+    assert decoded.stdout.strip() == "ein mann fährt mit dem fahrrad die straße entlang."

@@ -94,7 +94,8 @@ def test_eval_by_name_writes_outside_the_repository(tmp_path):
 
 def test_a_weight_takes_any_key_of_its_own_recipe(tmp_path):
     """eval.py weights=NAME key=value: the keys are the weight's recipe's (another split, beam, length penalty),
-    not the default recipe's, without recipe=; the result file names the split, so the test split's stays."""
+    not the default recipe's, without recipe=; the result file names the split, so the test split's stays, and the
+    keys that change what is evaluated (where the data is changes nothing)."""
     from engine.weights import checkpoint_config
     from eval import result_path, split_of
 
@@ -104,7 +105,9 @@ def test_a_weight_takes_any_key_of_its_own_recipe(tmp_path):
     cfg, _ = checkpoint_config(argv)
     assert (cfg.recipe_name, cfg.dataset.params.test_prefix, cfg.decode.beam, cfg.decode.length_penalty) == (
         ENTRIES[name]["recipe"], "val", 4, 0.6)
-    assert result_path(cfg, argv) == Path("runs", "weights", f"{name}.val.eval.json") and split_of(cfg) == "val"
+    assert result_path(cfg, argv) == Path("runs", "weights", f"{name}.decode.beam-4,decode.length_penalty-0.6."
+                                                             f"val.eval.json") and split_of(cfg) == "val"
+    assert result_path(cfg, argv[:3]) == Path("runs", "weights", f"{name}.val.eval.json")
     test, _ = checkpoint_config(argv[:2])
     assert result_path(test, argv[:2]) == Path("runs", "weights", f"{name}.test_2016_flickr.eval.json")
     with pytest.raises(ConfigError, match="recipe=lenet_o2, but weights transformer_tiny_multi30k_o0_bpe8k were"):
@@ -211,7 +214,7 @@ def test_each_transformer_weight_composes_the_config_it_was_trained_with(name):
     entry = ENTRIES[name]
     now = plain(compose([f"recipe={entry['recipe']}", *entry["overrides"]]))
     # keys the schema gained since, none of which changes what trains or decodes
-    assert set(now) - set(before) <= {"runtime.cpu_kernels"}
+    assert set(now) - set(before) <= {"runtime.cpu_kernels", "infer.seq_len"}
     assert {k: now.get(k) for k in before} == before
 
 
@@ -257,3 +260,71 @@ def test_train_refuses_what_it_would_ignore(tmp_path):
     out = run_cli("train.py", "recipe=lenet_o0", "output=x.json", f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode == 2 and "output is for eval.py and export.py" in out.stderr, out.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("saved,wanted", [(1, 3), (3, 1)])
+def test_a_first_convolution_is_adapted_to_the_datas_channels(tmp_path, saved, wanted):
+    """A 1-channel weight (every shipped image weight) starts a 3-channel network, and the reverse, as timm's
+    adapt_input_conv: the same grey image, replicated to RGB, gives the same logits through both networks."""
+    import numpy as np
+
+    from engine.checkpoint import initial_weights
+    from models import create_model
+
+    ms.set_seed(0)
+    source = create_model("lenet5", num_classes=10, in_channels=saved)
+    ms.save_checkpoint(source, str(tmp_path / "w.ckpt"))
+    target = create_model("lenet5", num_classes=10, in_channels=wanted)
+    assert initial_weights(target, tmp_path / "w.ckpt", "lenet5", 10) == []
+    grey = np.random.RandomState(0).rand(2, 1, 32, 32).astype(np.float32)
+    given = lambda n: ms.Tensor(np.repeat(grey, n, axis=1))  # noqa: E731
+    np.testing.assert_allclose(target(given(wanted)).asnumpy(), source(given(saved)).asnumpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_train_fine_tunes_a_shipped_1_channel_weight_on_rgb_images(tmp_path):
+    """The README's fine-tune of a shipped Fashion-MNIST ResNet on your own RGB images: it died at its first step
+    (the first convolution took 1 channel); now two steps train, and the log says the convolution was adapted."""
+    from tests.test_resnet import write_image_folder
+
+    write_image_folder(tmp_path / "images")
+    run = tmp_path / "run"
+    out = run_cli("train.py", "recipe=resnet18_fashion_o2", "weights=resnet18_fashion_o2", "dataset=imagenet",
+                  f"dataset.path={tmp_path / 'images'}", "model.num_classes=2", "model.params.in_channels=3",
+                  "dataset.batch_size=2", "dataset.num_workers=1", "trainer.max_steps=2", "logger.progress_bar=false",
+                  f"hydra.run.dir={run}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    log = (run / "train.log").read_text()
+    assert "stem.0.weight adapted from 1 to 3 input channels" in log, log
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 2
+
+
+def test_verify_that_verified_nothing_says_so(tmp_path):
+    """bench.verify exited 0 having verified nothing: a named weight without its data is exit 1 naming what to
+    give; a mistyped --data path is one line, exit 2 (it counted as "no data here")."""
+    out = run_cli("-m bench.verify", "transformer_tiny_multi30k_o0")  # Multi30k ships in no package
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "| transformer_tiny_multi30k_o0 | bleu_lowercase | 39.4972 | no data here | - |" in out.stdout
+    assert out.stderr.strip().splitlines()[-1] == ("error: not verified, for want of its data: "
+                                                   "transformer_tiny_multi30k_o0; give --data multi30k=PATH")
+    out = run_cli("-m bench.verify", "--data", f"multi30k={tmp_path / 'multi30K'}")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        f"error: --data multi30k={tmp_path / 'multi30K'}: no such folder; give the folder that holds the multi30k "
+        f"files"], out.stderr
+
+
+def test_eval_by_name_with_an_override_keeps_the_weights_own_result(tmp_path):
+    """eval.py weights=NAME amp.level=O0 overwrote runs/weights/NAME.eval.json, and its JSON did not say O0: the
+    override is recorded and names a file of its own; where the data is (dataset.path) names none."""
+    if data_here(ENTRIES["lenet_fashion_o2"]) is None:
+        pytest.skip(f"needs Fashion-MNIST: {FASHION}")
+    plain = run_cli(str(ROOT / "eval.py"), "weights=lenet_fashion_o2",
+                    f"dataset.path={data_here(ENTRIES['lenet_fashion_o2'])}", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    own = tmp_path / "runs" / "weights" / "lenet_fashion_o2.eval.json"
+    before = own.read_text()
+    assert json.loads(before)["overrides"] == [f"dataset.path={data_here(ENTRIES['lenet_fashion_o2'])}"]
+    overridden = run_cli(str(ROOT / "eval.py"), "weights=lenet_fashion_o2", "amp.level=O0", cwd=tmp_path)
+    assert overridden.returncode == 0, overridden.stderr[-2000:]
+    assert own.read_text() == before
+    record = json.loads((tmp_path / "runs" / "weights" / "lenet_fashion_o2.amp.level-O0.eval.json").read_text())
+    assert record["overrides"] == ["amp.level=O0"] and record["top1"] > 0.85

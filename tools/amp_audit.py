@@ -158,7 +158,8 @@ def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
 
 
 def to_markdown(result: Dict) -> str:
-    fmt = lambda v: "-" if v is None else ("inf" if v == float("inf") else f"{v:.2e}")  # noqa: E731
+    def fmt(v) -> str:
+        return "-" if v is None else ("inf" if v == float("inf") else f"{v:.2e}")
     lines = [f"# fp16 audit: {result['level']} ({result['dtype']}), tolerance {result['tolerance']:g}", "",
              *([f"weights: {result['weights']}", ""] if result.get("weights") else []),
              "| cell | class | dtype | max abs (fp32) | underflow | local rel err | end-to-end rel err | flags |",

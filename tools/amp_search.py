@@ -24,6 +24,8 @@
    evidence, candidates and winner), SEARCH.md (the table),
    search.png (metric against low-precision share), RECIPE_searched.yaml (the recipe with the winning policy:
    copy it into recipes/ to use it), and the override line.
+weights=NAME (a shipped weight) instead of recipe=: its own recipe and overrides, as eval.py takes them, and
+every training run starts from the weight.
 Resumable: each training run is a train.py run directory (runs/o0-s1, runs/keep-<hash>-s1) continued with
 resume=auto; finished ones are read, not trained again. On CPU low precision is slower than fp32: the search
 maximises the share that pays off on Ascend and GPU.
@@ -48,6 +50,7 @@ from data import create_dataset, task
 from engine import train_run
 from engine.load import load_config
 from engine.rundir import claim
+from engine.weights import search_argv
 from models import build_model
 from zoo.errors import ConfigError, fail
 from zoo.interrupt import Interrupted
@@ -390,6 +393,7 @@ def prepare_out(cfg, base: List[str]) -> Path:
 
 def main(argv: List[str]) -> dict:
     try:
+        argv = search_argv(argv)
         cfg, smoke_note = load_config(argv)
         if smoke_note:
             print(smoke_note, file=sys.stderr)

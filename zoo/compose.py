@@ -1,7 +1,9 @@
 """Hydra composition of conf/ and recipes/ over the schema, outside @hydra.main too, and the one line a Hydra or
 OmegaConf error is shown as. Imports Hydra, never MindSpore."""
 import dataclasses
+import itertools
 import os
+from pathlib import Path
 from typing import List, Tuple
 
 from zoo.config import CONF_DIR, Config, register_schema
@@ -28,31 +30,50 @@ def expand_home(argv: List[str]) -> List[str]:
             if "=" in a and a.split("=", 1)[1].startswith("~") and not a.startswith("-") else a for a in argv]
 
 
+# Hydra 1.3's own flags (`python train.py --help` lists them): how many values each takes. None: one, always
+# (the next word, whatever it is); "?": one of `INFO` when the next word is one, else "all"; 0: none.
+FLAG_VALUES = {"--help": 0, "-h": 0, "--hydra-help": 0, "--version": 0, "--cfg": None, "-c": None, "--resolve": 0,
+               "--package": None, "-p": None, "--run": 0, "-r": 0, "--multirun": 0, "-m": 0,
+               "--shell-completion": 0, "-sc": 0, "--config-path": None, "-cp": None, "--config-name": None,
+               "-cn": None, "--config-dir": None, "-cd": None, "--experimental-rerun": None, "--info": "?", "-i": "?"}
+INFO = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
 def hydra_flags(argv: List[str]) -> Tuple[List[str], List[str]]:
     """(Hydra's own flags with their values, the key=value overrides) of a command line, in any order: a flag's
-    value (`--cfg job`, `-cn NAME`, `--info defaults`) is no override. Flags as Hydra's own parser defines them;
-    each comes back as one `--flag=value` item (or the bare flag), so that `flags + overrides` is a command line
-    Hydra's parser reads whatever the order was (it reads no override after a flag's value, nor one after a
-    bare --info)."""
-    from hydra._internal.utils import get_args_parser
-
-    options = get_args_parser()._option_string_actions  # pylint: disable=protected-access
+    value (`--cfg job`, `-cn NAME`, `--info defaults`) is no override. Each flag comes back as one `--flag=value`
+    item (or the bare flag), so that `flags + overrides` is a command line Hydra's parser reads whatever the order
+    was (it reads no override after a flag's value, nor one after a bare --info)."""
     flags, overrides, i = [], [], 0
     while i < len(argv):
         arg = argv[i]
-        action = options.get(arg.split("=", 1)[0]) if arg.startswith("-") else None
-        if action is None or "=" in arg or action.nargs == 0:
-            (flags if arg.startswith("-") else overrides).append(arg)
-        elif action.nargs is None and i + 1 < len(argv):  # a value is required: the next word, whatever it is
+        values = FLAG_VALUES.get(arg, 0) if arg.startswith("-") else 0
+        if values is None and i + 1 < len(argv):  # a value is required: the next word, whatever it is
             flags.append(f"{arg}={argv[i + 1]}")
             i += 1
-        elif action.nargs == "?" and i + 1 < len(argv) and argv[i + 1] in (action.choices or ()):
+        elif values == "?" and i + 1 < len(argv) and argv[i + 1] in INFO:
             flags.append(f"{arg}={argv[i + 1]}")
             i += 1
         else:
-            flags.append(f"{arg}={action.const}" if action.nargs == "?" else arg)
+            flags.append(f"{arg}=all" if values == "?" else arg) if arg.startswith("-") else overrides.append(arg)
         i += 1
     return flags, overrides
+
+
+def sweep(overrides: List[str]) -> List[List[str]]:
+    """The runs of a multirun (-m) command line, each as its overrides, in the order Hydra's basic sweeper runs
+    them: the product of every `key=a,b` (and range) sweep, the other overrides in each."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Transformer
+
+    choices = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            choices.append([f"{key}={value}" for value in override.sweep_iterator(transformer=Transformer.encode)])
+        else:
+            choices.append([f"{key}={override.get_value_element_as_str()}"])
+    return [list(run) for run in itertools.product(*choices)]
 
 
 def check_slips(argv: List[str]) -> None:
@@ -91,6 +112,21 @@ def recipe_folders(argv: List[str]) -> List[str]:
             for entry in arg.split("=", 1)[1].strip("[]").split(","):
                 folders.append(entry.strip().strip("'\"").removeprefix("file://").rstrip("/") + "/recipe")
     return folders
+
+
+def check_shadowed(choices: dict, argv: List[str]) -> None:
+    """A config of your own (FOLDER/recipe/NAME.yaml, or any group's, on hydra.searchpath) that a run uses under the
+    name of a shipped one would be silently ignored: Hydra takes the repository's first. One line instead."""
+    for folder in recipe_folders(argv)[1:]:
+        root = Path(folder).parent
+        for group, option in choices.items():
+            if not isinstance(option, str) or group.startswith("hydra"):
+                continue
+            mine, shipped = root / group / f"{option}.yaml", CONF_DIR / group / f"{option}.yaml"
+            if mine.is_file() and shipped.is_file() and mine.read_bytes() != shipped.read_bytes():
+                raise ConfigError(f"{group}={option}: {mine} has the name of a shipped {group} "
+                                  f"({shipped.resolve().relative_to(CONF_DIR.parent)}), which Hydra reads instead of "
+                                  f"yours; rename yours (e.g. my_{option}.yaml, then {group}=my_{option})")
 
 
 def one_line(exc: BaseException, argv: List[str] = ()) -> str:
@@ -144,6 +180,7 @@ def compose(overrides: List[str], config_name: str = "config"):
     register_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    check_shadowed(dict(cfg.hydra.runtime.choices), overrides)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]

@@ -77,6 +77,7 @@ class OptimizerName(StrEnum):
 class ScheduleName(StrEnum):
     constant = "constant"
     cosine = "cosine"
+    linear = "linear"
     step = "step"
     inverse_sqrt = "inverse_sqrt"
 
@@ -199,6 +200,7 @@ class InferConfig:
     fuse_conv_bn: bool = False        # fold Conv2d+BatchNorm2d pairs first (engine/fuse.py)
     format: ExportFormat = ExportFormat.MINDIR
     batch_size: int = 1               # export: the batch dimension of the exported inputs
+    seq_len: int = 0                  # export, translation: the source and target length (0: the first test batch's)
 
 
 @dataclass
@@ -288,7 +290,7 @@ RANGES = {
     "trainer.keep_last": (1, None), "trainer.sink_size": (-1, None), "trainer.log_every": (1, None),
     "decode.beam": (1, 64), "decode.length_penalty": (0, 10), "decode.average_last": (1, None),
     "decode.batch_size": (1, None),
-    "infer.batch_size": (1, None),
+    "infer.batch_size": (1, None), "infer.seq_len": (0, None),
     "runtime.device_id": (0, 63), "runtime.seed": (0, 2**31 - 1),
     "search.tolerance": (0, None), "search.budget_epochs": (0, None), "search.budget_steps": (0, None),
 }

@@ -2,10 +2,12 @@
 the shell's exit code for the signal (128 + its number: 130 for SIGINT, 143 for SIGTERM), so that
 `python train.py ... && python eval.py ...` never evaluates a half-trained model. A leaf: imports nothing of ours.
 
-`install()` makes both signals raise `Interrupted` wherever the command is (importing, composing, compiling,
-evaluating, decoding); the command that knows what it wrote catches it and calls `exit_line` with that. One that
-is not caught (a signal while modules import) still ends in the one line, through `sys.excepthook`. Training
-itself stops more gently: engine.callbacks.GracefulStop finishes the step and saves first.
+Inside `handled()`, the block a command runs its work in, both signals raise `Interrupted` wherever the command
+is (composing, compiling, evaluating, decoding); the command that knows what it wrote catches it and calls
+`exit_line` with that. Before and after the block they do what they did: a test or a tool that imports a command
+keeps its own handlers. A Ctrl-C while the command's modules import, before the block, still ends in the one line
+through `hook` (sys.excepthook, set by zoo.entry). Training itself stops more gently:
+engine.callbacks.GracefulStop finishes the step and saves first.
 
 An exception raised at any bytecode is not safe everywhere, so two places are guarded:
 - inside `deferred()` (the TensorBoard writer's calls) a signal waits for the block's end: raised between a
@@ -79,7 +81,11 @@ def exit_line(error: Interrupted, note: Optional[str] = None) -> None:
     raise SystemExit(error.code)
 
 
-def _hook(kind, value, tb, previous=sys.excepthook):
+def hook(kind, value, tb, previous=sys.excepthook):
+    """sys.excepthook of a command: an uncaught Interrupted (or a Ctrl-C before `handled()`) is its one line and
+    exit code; anything else is Python's own report."""
+    if isinstance(value, KeyboardInterrupt):
+        value = Interrupted(signal.SIGINT)
     if not isinstance(value, Interrupted):
         if received() is None:
             return previous(kind, value, tb)
@@ -89,12 +95,22 @@ def _hook(kind, value, tb, previous=sys.excepthook):
     os._exit(value.code)  # an excepthook cannot set the exit code otherwise (Python would exit 1)
 
 
-def install() -> None:
-    """SIGINT and SIGTERM raise Interrupted from here on (MindSpore's compiled graphs put their own SIGINT handler
-    in place while they run, which turns a Ctrl-C into a SIGTERM to this process: the exit is then 143)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def handled():
+    """SIGINT and SIGTERM raise Interrupted inside the block, and do what they did before it once it ends
+    (MindSpore's compiled graphs put their own SIGINT handler in place while they run, which turns a Ctrl-C into a
+    SIGTERM to this process: the exit is then 143)."""
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    for sig in SIGNALS:
         signal.signal(sig, _raise)
-    sys.excepthook = _hook
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 SWALLOWED = "the signal came while MindSpore compiled, which cannot be stopped, and the command then finished: " \
@@ -105,7 +121,7 @@ def finished() -> None:
     """The command's work is done and reported: a signal from here on (while Python shuts down) changes nothing.
     A signal received before, that C code swallowed, still ends the command with its code, so that
     `train.py && eval.py` stops where the user asked it to."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     if _received:
         exit_line(Interrupted(_received[0]), SWALLOWED)

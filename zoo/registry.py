@@ -10,6 +10,10 @@ Registries live here, outside the packages they fill, so registering a model imp
 
 `MODELS.get("lenet5")` returns it or raises ConfigError with the close matches; `MODELS.meta(name)` gives
 what was registered with it (a dataset's `task`).
+
+A name is registered once: a plugin that registers `lenet5` again would replace the shipped model in every
+recipe, so it is one error line unless it says `@MODELS.register("lenet5", override=True)`, which the run's
+description then names (`MODELS.overridden`).
 """
 from typing import Any, Callable, Dict, List, Optional
 
@@ -22,15 +26,24 @@ class Registry:
         self._items: Dict[str, Any] = {}
         self._meta: Dict[str, Dict[str, Any]] = {}
         self.missing_hint: Optional[Callable[[], str]] = None  # what an unknown name's error adds (MODELS: plugins)
+        self.overridden: Dict[str, str] = {}  # name: what replaced the one registered first (override=True)
 
-    def register(self, name: Optional[str] = None, **meta) -> Callable:
-        """Decorator: register under `name` (default: the function's or class's own name) with metadata."""
+    def register(self, name: Optional[str] = None, override: bool = False, **meta) -> Callable:
+        """Decorator: register under `name` (default: the function's or class's own name) with metadata;
+        `override=True` replaces what is registered under that name already (otherwise an error)."""
         def wrap(obj):
-            self.add(name or obj.__name__, obj, **meta)
+            self.add(name or obj.__name__, obj, override=override, **meta)
             return obj
         return wrap
 
-    def add(self, name: str, obj, **meta) -> None:
+    def add(self, name: str, obj, override: bool = False, **meta) -> None:
+        before = self._items.get(name)
+        if before is not None and _where(before) != _where(obj):  # the same code imported again is no clash
+            if not override:
+                raise ConfigError(f"{_where(obj)} registers the {self.kind} name {name!r}, which {_where(before)} "
+                                  f"has: it would replace that {self.kind} everywhere it is named; register yours "
+                                  f"under another name, or with .register({name!r}, override=True) to replace it")
+            self.overridden[name] = _where(obj)
         self._items[name] = obj
         self._meta[name] = meta
 
@@ -57,6 +70,10 @@ class Registry:
 
     def __iter__(self):
         return iter(self.names())
+
+
+def _where(obj) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', type(obj).__name__)}"
 
 
 MODELS = Registry("model")

@@ -1,0 +1,211 @@
+"""The CPU kernels in fp16 (O2/O3 on the CPU): tensors stay fp16 between the kernels and are computed in fp32
+inside them, with no Cast around them. Each kernel's fp16 output and gradients equal its fp32 ones rounded to
+fp16 (within an ulp where fp32 sums of another order round apart); the fp16 <-> fp32 conversions agree with
+numpy's on every CPU path (AVX-512, F16C, portable), overflow included; and O2's BatchNorm keeps fp32 parameters
+without a precision flag."""
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+import mindspore.nn as nn
+import mindspore.ops as ops
+
+from cpu_kernels import has_ops, library, why_not
+from cpu_kernels.cells import CpuAddReLU, CpuBatchNorm2d, CpuConv2d, CpuReLU
+
+pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def call(fname: str, arrays, dtype: bytes) -> int:
+    """One of the library's element-wise exports on flat numpy arrays, as MindSpore calls it."""
+    fn = getattr(ctypes.CDLL(str(library())), fname)
+    k, n = len(arrays), arrays[0].size
+    shapes = [(ctypes.c_int64 * 1)(n) for _ in range(k)]
+    return fn(k, (ctypes.c_void_p * k)(*[a.ctypes.data for a in arrays]), (ctypes.c_int * k)(*[1] * k),
+              (ctypes.POINTER(ctypes.c_int64) * k)(*[ctypes.cast(s, ctypes.POINTER(ctypes.c_int64)) for s in shapes]),
+              (ctypes.c_char_p * k)(*[dtype] * k), None, None)
+
+
+def edge_halves() -> np.ndarray:
+    """Every fp16 bit pattern but the NaNs, and sums that overflow, tie and land in the subnormals."""
+    every = np.arange(65536, dtype=np.uint16).view(np.float16)
+    return every[~np.isnan(every)]
+
+
+CONVERSIONS = """
+import sys, numpy as np
+sys.path.insert(0, {root!r})
+from tests.test_cpu_half import call, edge_halves
+a = edge_halves()
+rng = np.random.RandomState(0)
+b = rng.permutation(a)
+out = np.empty_like(a)
+assert call("AddReluFwd", [a, b, out], b"float16") == 0
+with np.errstate(over="ignore", invalid="ignore"):
+    want = np.maximum((a.astype(np.float32) + b.astype(np.float32)).astype(np.float16), 0)
+bad = np.flatnonzero(out.view(np.uint16) != want.view(np.uint16))
+assert not bad.size, (a[bad[:5]], b[bad[:5]], out[bad[:5]], want[bad[:5]])
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", ["0", "1", "2"])  # portable, F16C, AVX-512 (capped by AMP_ZOO_HALF_ISA)
+def test_the_conversions_round_as_numpy_on_every_path(isa):
+    """The sum of two fp16 values, computed in fp32 and rounded to fp16 (ties to even, past 65504 to inf,
+    subnormals exact), bit for bit as numpy rounds it, on each conversion path a CPU may take."""
+    out = subprocess.run([sys.executable, "-c", CONVERSIONS.format(root=ROOT)], capture_output=True, text=True,
+                         env={**os.environ, "AMP_ZOO_HALF_ISA": isa}, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_relu_and_its_gradient_equal_numpys(dtype):
+    x = np.random.RandomState(0).randn(70001).astype(dtype)  # several chunks and threads, and a tail
+    x[:3] = [np.nan, -np.inf, np.inf]
+    dy = np.random.RandomState(1).randn(70001).astype(dtype)
+    y, dx = np.empty_like(x), np.empty_like(x)
+    name = b"float16" if dtype == np.float16 else b"float32"
+    assert call("ReluFwd", [x, y], name) == 0 and call("ReluBwd", [y, dy, dx], name) == 0
+    assert np.isnan(y[0]) and y[1] == 0 and y[2] == np.inf  # a NaN reaches the loss scale's check
+    np.testing.assert_array_equal(y[3:], np.maximum(x[3:], 0))
+    np.testing.assert_array_equal(dx, np.where(y > 0, dy, 0))
+
+
+def grads_of(cell, *inputs):
+    """The cell's output and the gradients of sum(output * weights) for its inputs, in graph mode."""
+    class Loss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.cell = cell
+
+        def construct(self, *xs):
+            y = self.cell(*xs)  # weights exact in fp16, so the gradient reaching the cell is the same in both dtypes
+            w = ops.arange(y.size).reshape(y.shape).astype(ms.float32).sin().astype(ms.float16).astype(ms.float32)
+            return (y.astype(ms.float32) * w).sum()
+    out = cell(*inputs)
+    grads = ms.grad(Loss(), grad_position=tuple(range(len(inputs))))(*inputs)
+    return out, grads if isinstance(grads, tuple) else (grads,)
+
+
+def as_half(*arrays):
+    return [ms.Tensor(a.astype(np.float16)) for a in arrays]
+
+
+def test_add_relu_in_fp16_rounds_the_fp32_result_once(graph_mode):
+    rng = np.random.RandomState(2)
+    a, b = rng.randn(2, 16, 5, 5).astype(np.float32), rng.randn(2, 16, 5, 5).astype(np.float32)
+    y16, (da16, db16) = grads_of(CpuAddReLU(), *as_half(a, b))
+    a16, b16 = a.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32)
+    y32, (da32, db32) = grads_of(CpuAddReLU(), ms.Tensor(a16), ms.Tensor(b16))
+    assert y16.dtype == da16.dtype == ms.float16
+    np.testing.assert_array_equal(y16.asnumpy(), y32.asnumpy().astype(np.float16))
+    np.testing.assert_array_equal(da16.asnumpy(), da32.asnumpy().astype(np.float16))
+    np.testing.assert_array_equal(db16.asnumpy(), da16.asnumpy())
+    relu16, (dr16,) = grads_of(CpuReLU(), *as_half(a))
+    np.testing.assert_array_equal(relu16.asnumpy(), np.maximum(a.astype(np.float16), 0))
+    assert dr16.dtype == ms.float16
+
+
+def ulps(a, b) -> float:
+    """How far fp16 `a` is from fp32 `b`, in units of fp16's spacing at b (0.5 at most when a is b rounded)."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    spacing = np.spacing(np.abs(b).astype(np.float16)).astype(np.float32)
+    return float(np.max(np.abs(a - b) / spacing))
+
+
+@pytest.mark.parametrize("stride,padding", [(1, 1), (2, 1), (2, 0)])
+def test_conv_in_fp16_is_fp32_rounded_once(graph_mode, stride, padding):
+    """fp16 input and weights in, fp16 out, computed in fp32: the output and both gradients are the fp32
+    kernel's on the same (fp16) values, rounded to fp16, within an ulp."""
+    rng = np.random.RandomState(3)
+    k = 3 if padding else 1
+    x, w = rng.randn(2, 16, 8, 8).astype(np.float32), (rng.randn(32, 16, k, k) * 0.2).astype(np.float32)
+    conv16 = CpuConv2d(16, 32, k, stride, padding, weight_init=ms.Tensor(w.astype(np.float16)))
+    conv32 = CpuConv2d(16, 32, k, stride, padding,
+                       weight_init=ms.Tensor(w.astype(np.float16).astype(np.float32)))
+    y16, (dx16,) = grads_of(conv16, *as_half(x))
+    y32, (dx32,) = grads_of(conv32, ms.Tensor(x.astype(np.float16).astype(np.float32)))
+    assert y16.dtype == dx16.dtype == ms.float16
+    assert ulps(y16.asnumpy(), y32.asnumpy()) <= 1.01 and ulps(dx16.asnumpy(), dx32.asnumpy()) <= 1.01
+
+
+@pytest.mark.parametrize("block", [0, 16])
+def test_batchnorm_takes_fp16_and_computes_in_fp32(graph_mode, block):
+    """O2 keeps BatchNorm in fp32: on fp16 input its output and input gradient are the fp32 op's rounded to
+    fp16, its parameter gradients and moving statistics the fp32 op's."""
+    rng = np.random.RandomState(4)
+    x = (rng.randn(4, 16, 6, 6) * 3 + 1).astype(np.float16)
+    xs = [x, x.astype(np.float32)]
+    if block:  # the blocked layout between the kernels: (N, C/16, H, W, 16)
+        xs = [v.reshape(4, 1, 16, 6, 6).transpose(0, 1, 3, 4, 2).copy() for v in xs]
+    norms = [CpuBatchNorm2d(16, block=block), CpuBatchNorm2d(16, block=block)]
+    outs = []
+    for norm, v in zip(norms, xs):
+        norm.set_train()
+        weights = ms.ParameterTuple(norm.trainable_params())
+
+        class Loss(nn.Cell):
+            def __init__(self, n):
+                super().__init__()
+                self.n = n
+
+            def construct(self, t):
+                y = self.n(t)
+                w = ops.arange(y.size).reshape(y.shape).astype(ms.float32).cos().astype(ms.float16)
+                return (y.astype(ms.float32) * w.astype(ms.float32)).sum()
+        grad = ops.GradOperation(get_all=True, get_by_list=True)(Loss(norm), weights)
+        (dx,), (dgamma, dbeta) = grad(ms.Tensor(v))
+        outs.append((dx.asnumpy(), dgamma.asnumpy(), dbeta.asnumpy(), norm.moving_mean.asnumpy(),
+                     norm.moving_variance.asnumpy()))
+    (dx16, dg16, db16, mm16, mv16), (dx32, dg32, db32, mm32, mv32) = outs
+    assert dx16.dtype == np.float16
+    assert ulps(dx16, dx32) <= 1.01
+    np.testing.assert_allclose(dg16, dg32, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db16, db32, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mm16, mm32, rtol=1e-6)
+    np.testing.assert_allclose(mv16, mv32, rtol=1e-6)
+
+
+def test_o2_keeps_cpu_batchnorm_fp32_without_casts():
+    """amp.level=O2: the CPU BatchNorm gets no precision flag and no CastOutput (its kernel widens and rounds
+    itself), its parameters stay fp32, and the precision report says it computes in fp32."""
+    from omegaconf import OmegaConf
+
+    from amp.policy import CastOutput, apply_policy, compute_dtype
+    from models import create_model
+    net = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=16)
+    amp_cfg = OmegaConf.create({"level": "O2", "dtype": "float16", "keep_fp32": None, "force_fp16": []})
+    wrapped, _ = apply_policy(net, amp_cfg)
+    norms = [c for _, c in wrapped.cells_and_names() if isinstance(c, CpuBatchNorm2d)]
+    assert norms and all(compute_dtype(c) == "float32" for c in norms)
+    assert not any(isinstance(c, CastOutput) and isinstance(c.cell, CpuBatchNorm2d)
+                   for _, c in wrapped.cells_and_names())
+    convs = [c for _, c in wrapped.cells_and_names() if isinstance(c, CpuConv2d)]
+    assert all(compute_dtype(c) == "float16" for c in convs)
+    x = ms.Tensor(np.random.RandomState(5).randn(2, 1, 8, 8).astype(np.float32))
+    wrapped.set_train()
+    assert wrapped(x).dtype == ms.float32
+    assert all(p.dtype == ms.float32 for p in wrapped.get_parameters())
+
+
+def test_to_nchw_ends_the_blocked_layout_for_a_model_of_your_own(graph_mode):
+    """models.layers' convolution may return (N, C/B, H, W, B); ToNCHW gives the plain tensor MindSpore's own
+    convolution gives, and passes a plain one through."""
+    from models.layers import ToNCHW, conv2d
+    rng = np.random.RandomState(6)
+    w = ms.Tensor((rng.randn(16, 3, 3, 3) * 0.2).astype(np.float32))
+    ours = conv2d(3, 16, 3, 1, 1, weight_init=w)
+    theirs = nn.Conv2d(3, 16, 3, pad_mode="pad", padding=1, has_bias=False, weight_init=w)
+    x = ms.Tensor(rng.randn(2, 3, 8, 8).astype(np.float32))
+    blocked = ours(x)
+    assert blocked.ndim == 5
+    plain, reference = ToNCHW()(blocked), theirs(x)
+    assert plain.shape == reference.shape == (2, 16, 8, 8)
+    np.testing.assert_allclose(plain.asnumpy(), reference.asnumpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(ToNCHW()(reference).asnumpy(), reference.asnumpy())
