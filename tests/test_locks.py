@@ -140,7 +140,10 @@ def test_a_single_process_run_on_storage_without_flock(tmp_path, code):
     (tmp_path / "noflock.py").write_text(
         "import errno, fcntl, os\n"
         f"def refuse(fd, op): raise OSError({code}, os.strerror({code}))\n"
-        "fcntl.flock = refuse\n")
+        "fcntl.flock = refuse\n"
+        "from data.mnist import mnist\n"  # a plugin registers something (here MNIST again, under a name of its own)
+        "from zoo.registry import DATASETS\n"
+        "DATASETS.add('mnist_noflock', mnist, task='classification')\n")
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}", AMP_ZOO_PLUGINS="noflock")
     run_dir = tmp_path / "run"
     result = subprocess.run([sys.executable, "train.py", "recipe=lenet_o0", "trainer.epochs=1", "trainer.max_steps=3",
