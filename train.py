@@ -24,7 +24,7 @@ from mindspore.train import Model
 from omegaconf import OmegaConf
 from tensorboardX import SummaryWriter
 
-from amp.fallback import DivergenceWatch, describe, finite_loss, ladder, not_learning
+from amp.fallback import DivergenceWatch, describe, ladder, not_learning, run_failed
 from amp.policy import cpu_cost_note
 from amp.precision import precision_report, write_report
 from amp.profile import ProfileSteps
@@ -32,7 +32,7 @@ from amp.telemetry import AmpTelemetry
 from data import create_dataset, task
 from engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, ProgressBar, SafeWriter,
                               StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
-from engine.checkpoint import AtomicCheckpoint, check_disk_space, initial_weights, last_good_checkpoint, restore_weights
+from engine.checkpoint import AtomicCheckpoint, check_disk_space, initial_weights, restart_checkpoint, restore_weights
 from engine.load import load_config, user_keys, validate
 from engine.metrics import NetWithEval, metrics
 from engine.plan import data_plan, learning_rate
@@ -40,8 +40,9 @@ from engine.process.command import job, run_hydra
 from engine.process.directory import continue_with, forget_command
 from engine.process.failures import step_error
 from engine.process.logs import rank_logging
+from engine.ranks import rank0_flag, rank0_says, resume_on_ranks, run_shape
 from engine.records import summary, write_metrics, write_run_config
-from engine.rundir import claim_by_rank0, keep_tokenizer, refuse_fresh_start, resume_config
+from engine.rundir import keep_tokenizer, refuse_fresh_start, resume_config
 from engine.start import Start, finished, finished_note, resume_start, start_from, step_of
 from engine.state import Rung, Run
 from engine.step import build_train_step
@@ -113,7 +114,8 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
             raise stopped(run, rung.stop, rung.checkpoints.latest)
         if number + 1 == len(rungs):
             fail(no_rung_left(cfg, rung.watch, amp_cfg, len(rungs)), code=1)
-        checkpoint, params = last_good_checkpoint(run_dir / "checkpoints", remove=run.is_main)
+        checkpoint, params = restart_checkpoint(run_dir / "checkpoints", cfg.model.name, run.steps_per_epoch,
+                                                run.is_main, rank0_says(run.is_main, run.world))
         transitions.append({"step": rung.watch.step, "from": describe(amp_cfg), "to": describe(rungs[number + 1]),
                             "reason": rung.watch.reason, "restart_from": checkpoint.name if checkpoint else None})
         log.warning("fallback: %s; continuing at %s from %s", rung.watch.reason, describe(rungs[number + 1]),
@@ -160,15 +162,14 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
         log.info(note)
     if smoke_note:
         log.warning(smoke_note)
-    if cfg.runtime.distributed:
-        claim_by_rank0(run_dir, rank, any_rank)
+    resume_on_ranks(cfg, run_dir, start, rank, world)  # under msrun: rank 0 holds the run directory first
     if task(cfg) == "translation":  # the run keeps the tokenizer its token ids come from
-        keep_tokenizer(cfg, run_dir, rank, resuming=start.checkpoint is not None)
+        keep_tokenizer(cfg, run_dir, rank, resuming=start.checkpoint is not None, wait=any_rank if world > 1 else None)
     if rank == 0:
         write_run_config(cfg, run_dir, resuming=start.checkpoint is not None)
     seed_everything(cfg.runtime.seed)
-    sink, sink_note = sink_mode(device, cfg.trainer.sink, shapes_vary=task(cfg) == "translation",
-                                max_steps=cfg.trainer.max_steps, profile=cfg.runtime.profile)
+    sink, sink_note = sink_mode(device, cfg.trainer.sink, task(cfg) == "translation", cfg.trainer.max_steps,
+                                cfg.runtime.profile, cfg.trainer.save_every_steps, str(cfg.runtime.mode))
     log.info("device %s, %s mode; %s", device, cfg.runtime.mode, sink_note)
     test_ds = create_dataset(cfg.dataset, "test")
     steps_per_epoch, per_step = data_plan(cfg, world, rank)
@@ -237,7 +238,8 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
     step, model, report = build_step(run, amp_cfg, start)
     run.evaluator.model = model
     telemetry = AmpTelemetry(step.cell, run.writer, t.log_every, step.plan.kind)
-    watch = DivergenceWatch(telemetry.read, step.plan.kind, step.plan.min_scale, cfg.amp.fallback, t.log_every)
+    watch = DivergenceWatch(telemetry.read, step.plan.kind, step.plan.min_scale, cfg.amp.fallback, t.log_every,
+                            saturation=step.cell.saturation_mode)
     t_train = time.perf_counter()
 
     def clock() -> dict:  # the run's times so far, saved in each checkpoint
@@ -245,7 +247,7 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
                 "wall_time_s": run.wall_before_s + time.perf_counter() - run.t_start}
     checkpoints = AtomicCheckpoint(run.run_dir / "checkpoints", cfg.model.name, t.ckpt_every, t.keep_last,
                                    run.steps_per_epoch, on_save=run.writer.flush if run.writer else None, clock=clock,
-                                   every_steps=t.save_every_steps)
+                                   every_steps=t.save_every_steps, shape=run_shape(cfg, run.world))
     stop = GracefulStop(checkpoints.save if run.is_main else save_nothing, agree=any_rank if run.world > 1 else None,
                         every=t.log_every)
     offset = StepOffset(start.step)
@@ -312,8 +314,8 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
         write_metrics(run, summary(run, rung, final, steps_done, transitions, summaries))
     last = run.evaluator.history[-1]
     verdict = not_learning(rung.amp_cfg, last, cfg.model.num_classes, cfg.optimizer.lr, fell_back=bool(transitions))
-    if verdict and (transitions or not finite_loss(last)):  # metrics.json is written;
-        fail(f"{verdict} ({run.run_dir / 'metrics.json'})", code=1)  # the exit code says the run failed
+    if run_failed(verdict, bool(transitions), last, rank0_flag(run.is_main, run.world)):  # metrics.json is written
+        fail(f"{verdict or 'rank 0 finds that the run does not learn'} ({run.run_dir / 'metrics.json'})", code=1)
     if verdict and run.is_main:  # at chance: a short run may be meant (a smoke test), so a warning
         log.warning(verdict)
     return final.get("top1", 0.0)

@@ -1,12 +1,13 @@
 """Divergence watch and the fallback ladder.
 
 Without `amp.fallback.enabled`, a run stops with a clear error instead of training on NaN weights: when
-non-finite gradients were applied to the weights (no overflow skipping; a NaN can hide behind a finite
-loss, e.g. after a ReLU), or a dynamic scale overflows at its
-minimum. With it, those events, or an overflow rate above `amp.fallback.overflow_rate` over the last
-`amp.fallback.window` steps, make train.py restore the last good checkpoint and continue one rung down:
-O2 with scale 128 -> O1 with scale 128 -> O1 without loss scaling -> O0 (the order Ascend's AMP guide
-recommends).
+non-finite gradients were applied to the weights (no overflow skipping; a NaN can hide behind a finite loss,
+e.g. after a ReLU; on an Ascend in saturation mode, the 910A, the overflow saturates and the weights stay finite
+while holding it), or a dynamic scale overflows at its minimum. With it, those events, or an overflow rate
+above `amp.fallback.overflow_rate` over the last `amp.fallback.window` steps, make train.py restore the last
+good checkpoint (finite, and holding no overflowed update: on the 910A the one saved at the stop is finite but
+holds it; engine.checkpoint.last_good_checkpoint) and continue one rung down: O2 with scale 128 -> O1 with
+scale 128 -> O1 without loss scaling -> O0 (the order Ascend's AMP guide recommends).
 """
 import collections
 import math
@@ -91,6 +92,16 @@ def not_learning(amp_cfg, final: dict, num_classes: int, lr: float, fell_back: b
             f"may not help; train at amp.level=O0 to tell whether precision is the cause (optimizer.lr={lr:g})")
 
 
+def run_failed(verdict: Optional[str], fell_back: bool, final: dict, agree=None) -> bool:
+    """Whether a finished run's `verdict` (not_learning) fails it, exit 1: it does not learn after the ladder
+    stepped down, or its loss is not finite; otherwise a verdict is a warning (a short run may be meant). Under
+    msrun `agree(flag)` gives every rank rank 0's judgement: each rank judges its own final evaluation, and a
+    ResNet's BatchNorm statistics are each rank's own, so ranks at the threshold could disagree, one exiting 1
+    beside rank 0's metrics.json that passes."""
+    failed = bool(verdict) and (fell_back or not finite_loss(final))
+    return agree(failed) if agree is not None else failed
+
+
 class DivergenceWatch(Callback):
     """Stops training when it diverges; `reason` says why and by which step.
 
@@ -98,8 +109,9 @@ class DivergenceWatch(Callback):
     a host read per step would stall MindSpore's asynchronous execution, and the counters miss nothing.
     `read(step)` is AmpTelemetry.read, so the watch and the telemetry share one read per step."""
 
-    def __init__(self, read, kind: str, min_scale: float, fallback_cfg, every: int):
+    def __init__(self, read, kind: str, min_scale: float, fallback_cfg, every: int, saturation: bool = False):
         self.read, self.kind, self.min_scale, self.every = read, kind, min_scale, every
+        self.saturation = saturation  # an Ascend in saturation mode: an overflowed update leaves the weights finite
         self.enabled = bool(fallback_cfg.enabled)
         self.rate, self.window = fallback_cfg.overflow_rate, fallback_cfg.window
         self.history = collections.deque()  # (steps, overflow steps) at each check
@@ -130,7 +142,11 @@ class DivergenceWatch(Callback):
             self.history.popleft()
         span, overflows = t["step"] - self.history[0][0], t["amp_overflow_steps"] - self.history[0][1]
         reason = None
-        if t["amp_nonfinite_updates"] > last["amp_nonfinite_updates"]:
+        if t["amp_nonfinite_updates"] > last["amp_nonfinite_updates"] and self.saturation:
+            reason = (f"by step {step}: an update whose gradients overflowed was applied to the weights (no overflow "
+                      f"skipping); this Ascend saturates an overflow to the largest float16 instead of inf, so the "
+                      f"weights stay finite but hold it")
+        elif t["amp_nonfinite_updates"] > last["amp_nonfinite_updates"]:
             reason = (f"by step {step}: non-finite gradients were applied to the weights "
                       f"(no overflow skipping), so the weights are no longer finite")
         elif self.kind == "dynamic" and t["amp_floor_overflows"] > last["amp_floor_overflows"]:

@@ -6,6 +6,11 @@
 
 Built from `value_and_grad`, MindSpore's `DynamicLossScaler`/`StaticLossScaler` and `all_finite`; the same
 `amp.loss_scale` config as train.py. Overflowed steps are skipped whenever a scale is in use.
+
+Data parallel (msrun, after `init()` and `set_auto_parallel_context(parallel_mode=DATA_PARALLEL)`): the
+gradients are all-reduced (MindSpore's DistributedGradReducer, as TrainOneStepCell does) before the finite check,
+and the finite flag is all-reduced too, since on an Ascend in saturation mode all_finite reads each rank's own
+status register: every rank skips the same steps and moves its scale alike.
 """
 import mindspore as ms
 import mindspore.nn as nn
@@ -13,6 +18,8 @@ import mindspore.ops as ops
 from mindspore import Parameter, Tensor
 from mindspore import dtype as mstype
 from mindspore.amp import DynamicLossScaler, StaticLossScaler, all_finite
+from mindspore.context import ParallelMode
+from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
 
 from amp.loss_scale import TELEMETRY
 
@@ -36,12 +43,20 @@ class FunctionalAmpStep:
 
         grad_fn = ms.value_and_grad(forward, None, optimizer.parameters, has_aux=True)
         skip, dynamic = self.skip, kind == "dynamic"  # Python constants, folded at compile time
+        parallel = _get_parallel_mode() in (ParallelMode.DATA_PARALLEL, ParallelMode.HYBRID_PARALLEL)
+        reducer = nn.DistributedGradReducer(optimizer.parameters, _get_gradients_mean(), _get_device_num()) \
+            if parallel else None
+        all_reduce = ops.AllReduce() if parallel else None
 
         @ms.jit
         def step(x, y):
             (_, loss), grads = grad_fn(x, y)
             grads = self.scaler.unscale(grads)
+            if parallel:
+                grads = reducer(grads)
             finite = all_finite(grads)
+            if parallel:  # a status register is each rank's own (saturation mode): every rank must agree
+                finite = all_reduce(ops.cast(ops.logical_not(finite), mstype.float32)) < 0.5
             scale = self.scaler.scale_value * 1.0
             if dynamic:
                 self.scaler.adjust(finite)

@@ -19,7 +19,9 @@ weights when it is read (every log_every steps). Its `amp_steps` stays 0: callba
 
 Gradient accumulation (`update_freq` k > 1, fairseq's --update-freq): every batch adds its unscaled gradients
 to `amp_accum.*` (Parameters, so a checkpoint taken mid-update resumes exactly); every k-th batch the optimizer
-takes their mean and they are zeroed. An update is skipped when any of its k batches overflowed or had
+takes their mean and they are zeroed. With several ranks each accumulates its own gradients, and the mean is
+all-reduced once an update, not once a batch (a gradient all-reduce is the size of the model; the overflow flag
+each batch all-reduces is one number). An update is skipped when any of its k batches overflowed or had
 non-finite inputs. The loss scale moves once per update, as fairseq's does: every batch of an update uses the
 same scale, it steps down at the end of an update in which a batch overflowed, and the dynamic scale's growth
 window counts updates. Steps and the AMP counters count batches; the learning rate (the optimizer's own step)
@@ -156,12 +158,15 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         status = Tensor([0] * 8, mstype.int32)
         sens = ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss))
         grads = self.grad(self.network, weights)(*inputs, sens)
-        if self.unscale_sum is not None:
+        if self.unscale_sum is not None:  # one process only: no all-reduce between the unscale and the check
             grads, finite = self.unscaled_and_finite(grads, scale)
             overflow = ops.logical_and(ops.logical_not(finite), ops.logical_not(bad_input))
         else:
             grads = self.hyper_map(ops.partial(_grad_scale, scale), grads)
-            grads = self.grad_reducer(grads)
+            if self.update_freq == 1:  # a Python constant; with accumulation, the update's mean is all-reduced once
+                grads = self.grad_reducer(grads)
+            # with accumulation each rank checks its own gradients: the flag itself is all-reduced (any_rank, or
+            # MindSpore's check on a device), so every rank skips the same updates
             overflow = ops.logical_and(self.overflow_of(grads, status), ops.logical_not(bad_input))
         if self.update_freq > 1:  # a Python constant
             # 2: an fp16 overflow (skip, and the scale steps down at the update), 1: bad input (skip only)
@@ -191,7 +196,9 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         loss = self.network(*inputs)
         sens = ops.fill(ops.dtype(loss), ops.shape(loss), self.sens)
         status = Tensor([0] * 8, mstype.int32)  # as in construct: read (then cleared) after the backward only
-        grads = self.grad_reducer(self.grad(self.network, self.weights)(*inputs, sens))
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        if self.update_freq == 1:  # a Python constant; with accumulation, the update's mean is all-reduced once
+            grads = self.grad_reducer(grads)
         if self.saturation_mode:
             bad = ops.cast(self.get_overflow_status(status, grads), mstype.int32)
             loss = ops.depend(loss, ops.assign_add(self.amp_nonfinite_updates, bad))
@@ -212,7 +219,7 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
                 loss = ops.depend(loss, self.process_loss_scale(self.amp_accum_skip == 2))
             if self.amp_accum_skip == 0:
                 mean = self.hyper_map(ops.partial(_scaled, 1.0 / self.update_freq), self.amp_accum)
-                loss = ops.depend(loss, self.optimizer(mean))
+                loss = ops.depend(loss, self.optimizer(self.grad_reducer(mean)))  # across ranks: once an update
             else:
                 loss = ops.depend(loss, ops.assign_add(self.amp_skipped_steps, Tensor(self.update_freq, mstype.int32)))
             loss = ops.depend(loss, self.hyper_map(_zero, self.amp_accum))

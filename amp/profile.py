@@ -169,7 +169,9 @@ class ProfileSteps(Callback):
             kind = profiler.ProfilerActivity  # read at call time, so a test can stand in for the profiler
             device = {"Ascend": [kind.NPU], "GPU": [kind.GPU]}.get(self.device, [])
             trace = profiler.tensorboard_trace_handler(str(self.out))
-            self.profiler = profiler.profile(activities=[kind.CPU, *device], on_trace_ready=trace)
+            # start_profile=False: mindspore.profiler.profile starts itself when built unless told not to, and a
+            # second start() of a running profiler is an error MindSpore logs and swallows
+            self.profiler = profiler.profile(activities=[kind.CPU, *device], on_trace_ready=trace, start_profile=False)
             self.profiler.start()
             self.window = [first, first]
 

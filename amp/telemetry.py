@@ -84,5 +84,8 @@ class AmpTelemetry(Callback):
             "steps_since_overflow": t["amp_steps_since_overflow"],
             "nonfinite_losses": t["amp_nonfinite_losses"],
             "nonfinite_input_batches": t["amp_nonfinite_inputs"],
+            # an Ascend in saturation mode (the 910A): inf/NaN saturate, so a batch with inf/NaN and a non-finite
+            # loss count as overflowed steps there, and the two counters above stay 0 whatever the data holds
+            "saturation_mode": bool(getattr(self.step_cell, "saturation_mode", False)),
             "scale_changes": self.scale_changes,
         }

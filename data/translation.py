@@ -12,7 +12,7 @@ Either way decoding returns detokenized text, so BLEU is always scored against t
 Batches are padded to their length bucket's boundary, so there are only a few fixed shapes: graph mode
 compiles once per bucket and data sinking works.
 """
-import fcntl
+import errno
 import gettext
 import gzip
 import hashlib
@@ -28,6 +28,7 @@ import sentencepiece as spm
 from sacremoses import MosesDetokenizer, MosesTokenizer
 
 from data.sampling import sampling
+from zoo import locks
 from zoo.errors import ConfigError
 from zoo.registry import DATASETS
 
@@ -166,19 +167,26 @@ def tokenizer_file(cfg) -> Path:
     if not model.is_file():
         try:
             build_cached(model, text, p)
+        except locks.LockFailed as e:  # the file system, not the space on it
+            raise ConfigError(f"could not lock the tokenizer cache {cache} ({e.strerror}); set "
+                              f"dataset.params.cache_dir to a folder on a file system that takes locks (a local "
+                              f"disk, say)") from None
         except OSError as e:
-            raise ConfigError(f"could not write the tokenizer cache {e.filename or cache}: {e.strerror or e}; free "
-                              f"space there, or set dataset.params.cache_dir to a writable folder") from None
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise ConfigError(f"could not write the tokenizer cache {e.filename or cache}: {e.strerror or e}; "
+                              + ("free space there, or " if full else "") + "set dataset.params.cache_dir to a "
+                              "writable folder") from None
     return model
 
 
 def build_cached(model: Path, text: str, p) -> None:
     """Train the sentencepiece model into `model`, once for every process that asks (msrun's ranks all do):
-    the first takes an exclusive lock on a file beside it and builds into names of its own, then renames the
-    model into place; the others wait for the lock and find the model there."""
+    the first takes an exclusive lock beside it (zoo.locks: an flock, or a lock file where the file system has
+    none) and builds into names of its own, then renames the model into place; the others wait for the lock and
+    find the model there."""
     model.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{model}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+    lock = locks.acquire(Path(f"{model}.lock"), wait=True)  # an flock dies with its process; a lock file is
+    try:  # removed on release, at exit, or (a killed process's, on this host) by the next one
         if model.is_file():  # another process built it while this one waited
             return
         tmp_prefix = model.with_name(f"{model.stem}.tmp{os.getpid()}")
@@ -194,7 +202,8 @@ def build_cached(model: Path, text: str, p) -> None:
         finally:
             for leftover in (corpus, Path(f"{tmp_prefix}.vocab"), Path(f"{tmp_prefix}.model")):
                 leftover.unlink(missing_ok=True)
-    return model
+    finally:
+        lock.release()
 
 
 def tokenizer(cfg) -> Tokenizer:

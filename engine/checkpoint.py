@@ -1,4 +1,5 @@
 """Checkpoints: atomic writes, resume points, loading with errors that say which file is wrong and how."""
+import errno
 import logging
 import os
 import re
@@ -160,6 +161,26 @@ def as_dtype(value, like):
 
 AMP_STATE = ("scale_sense", "current_iterator_step", "last_overflow_iterator_step")
 RUN_TIMES = ("train_time_s", "wall_time_s")  # a train.py checkpoint's run times so far (AtomicCheckpoint's clock)
+# what a train.py checkpoint's global step means: the workers that trained it, and what an update took over all
+# of them (samples, or padded tokens with token batching, times trainer.update_freq)
+RUN_SHAPE = ("world_size", "global_batch")
+
+
+def check_same_shape(params: dict, path, world_size: int, global_batch: int) -> None:
+    """A resume on another number of workers would silently reinterpret the checkpoint's position: its global
+    step counts updates of the old global batch, while steps per epoch come from this run's shards and the
+    learning rate from this run's world size. Refused in one line saying what would change. A checkpoint from
+    before the shape was recorded passes (nothing to compare)."""
+    if not all(k in params for k in RUN_SHAPE):
+        return
+    was_world, was_batch = (int(params[k].asnumpy().reshape(-1)[0]) for k in RUN_SHAPE)
+    if (was_world, was_batch) == (world_size, global_batch):
+        return
+    raise ConfigError(f"resume: {path} was trained by {was_world} worker(s) with a global batch of {was_batch}, this "
+                      f"run has {world_size} with {global_batch}: its step {step_of(params):,} would stand for "
+                      f"another number of samples, shifting epochs, evaluations and the learning rate; resume it "
+                      f"with {was_world} worker(s) (msrun --worker_num={was_world}), or start a new run from its "
+                      f"weights with checkpoint={path}")
 
 
 def is_amp_state(name: str) -> bool:
@@ -227,9 +248,14 @@ def last_checkpoints(path, n: int):
 
 
 def _fsync_dir(path) -> None:
+    """Make a rename in `path` durable. Some file systems refuse fsync on a directory (EINVAL, EBADF, ENOTSUP:
+    FUSE mounts, some network ones) though the rename itself is done and visible: not a failed save."""
     fd = os.open(str(path), os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EROFS):
+            raise
     finally:
         os.close(fd)
 
@@ -242,12 +268,14 @@ class AtomicCheckpoint(Callback):
     checkpoint so that a resumed run's times count every process.
 
     `every_steps` (> 0) also saves a resume point inside an epoch every that many steps, so that a killed
-    process (a session's end, a preempted node) loses at most that many steps of a long epoch. Only the newest
+    process (a session's end, a preempted node) loses at most that many steps of a long epoch (the driver turns
+    data sinking off with it: a sink would reach the host, and this callback, only at the epoch's end). Only the newest
     resume point is kept; `keep_last` counts the epoch-end checkpoints (what evaluation and averaging read)."""
 
     def __init__(self, directory, prefix: str, every_epochs: int, keep_last: int, steps_per_epoch: int,
-                 on_save=None, clock=None, every_steps: int = 0):
+                 on_save=None, clock=None, every_steps: int = 0, shape: Optional[dict] = None):
         self.dir, self.prefix, self.on_save, self.clock = Path(directory), prefix, on_save, clock
+        self.shape = shape or {}  # RUN_SHAPE: the workers and global batch its steps count (check_same_shape)
         self.every, self.keep_last, self.steps_per_epoch = every_epochs, keep_last, steps_per_epoch
         self.every_steps, self.seen = every_steps, None
         self.latest: Optional[Path] = None
@@ -258,13 +286,13 @@ class AtomicCheckpoint(Callback):
         """Write the checkpoint of `step`; a failed write (disk full, no permission) removes its partial file and
         raises a WriteError: the checkpoints already written stay complete."""
         epochs_done = step // self.steps_per_epoch
-        final = self.dir / f"{self.prefix}-e{epochs_done:04d}-s{step:08d}.ckpt"
+        final = self.dir / checkpoint_name(self.prefix, step, self.steps_per_epoch)
         tmp = self.dir / ".partial" / final.name  # same filesystem: the rename below is atomic
         try:
             tmp.parent.mkdir(exist_ok=True)
             times = self.clock() if self.clock else {}  # RUN_TIMES
             ms.save_checkpoint(train_network, str(tmp), append_dict={"epoch_num": epochs_done, "step_num": step,
-                                                                     **times},
+                                                                     **times, **self.shape},
                                crc_check=True)  # a byte flipped later is refused on load (read_checkpoint)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
@@ -317,6 +345,10 @@ class AtomicCheckpoint(Callback):
 CHECKPOINT_NAME = re.compile(r".+-e(\d+)-s(\d+)\.ckpt")  # <model>-e<epochs done>-s<global step>.ckpt
 
 
+def checkpoint_name(prefix: str, step: int, steps_per_epoch: int) -> str:
+    return f"{prefix}-e{step // steps_per_epoch:04d}-s{step:08d}.ckpt"
+
+
 def checkpoints(directory) -> List[Path]:
     """Complete checkpoints written by train.py (partial ones live in .partial/), oldest first by global step;
     other files ignored. The one listing of checkpoints every tool uses."""
@@ -335,7 +367,8 @@ def epoch_checkpoints(directory, steps_per_epoch: int) -> dict:
 
 
 def resume_point(directory) -> Tuple[Optional[Path], Optional[dict]]:
-    """The newest checkpoint in `directory` that reads and fits; corrupt ones are skipped and named.
+    """The newest checkpoint in `directory` that reads and fits; corrupt ones, and ones that hold an overflowed
+    update (holds_overflowed_update), are skipped and named.
     (None, None): the directory holds no checkpoint yet."""
     found = checkpoints(directory)
     if not found:
@@ -348,25 +381,99 @@ def resume_point(directory) -> Tuple[Optional[Path], Optional[dict]]:
             continue
         if "step_num" not in params:
             raise ConfigError(f"resume: {path} has no step_num: it was not written by train.py")
+        if holds_overflowed_update(params):  # a 910A's saturated overflow: finite weights, but not good ones
+            log.warning("resume: skipping %s: it holds an update that overflowed (amp_nonfinite_updates > 0)",
+                        path.name)
+            continue
         return path, params
-    raise ConfigError(f"resume: every checkpoint in {directory} is corrupt: {', '.join(p.name for p in found)}")
+    raise ConfigError(f"resume: no checkpoint in {directory} can be resumed (each is corrupt or holds an overflowed "
+                      f"update): {', '.join(p.name for p in found)}; start a new run in another hydra.run.dir")
+
+
+def holds_overflowed_update(params: dict) -> bool:
+    """Whether a checkpoint holds an update that overflowed (no overflow skipping), by its in-graph counter
+    amp_nonfinite_updates. On a GPU or CPU such an update leaves the weights non-finite, which read_checkpoint
+    refuses; on an Ascend in saturation mode (the 910A) the overflow saturates instead, and the weights stay
+    finite while holding it: only the counter tells. A rung's counters start at 0 and the divergence watch stops
+    at the first one, so any count above 0 marks a checkpoint written after the update."""
+    value = params.get("amp_nonfinite_updates")
+    return value is not None and int(value.asnumpy().reshape(-1)[0]) > 0
+
+
+def step_of(params: Optional[dict]) -> int:
+    """A train.py checkpoint's global step (0 without one)."""
+    return int(params["step_num"].asnumpy().reshape(-1)[0]) if params and "step_num" in params else 0
 
 
 def last_good_checkpoint(ckpt_dir: Path, remove: bool = True) -> Tuple[Optional[Path], Optional[dict]]:
-    """The newest checkpoint whose weights are all finite, and its parameters (read once); non-finite ones (the
-    divergence's own) are removed, never resumed, when `remove` (rank 0 alone: ranks may share the folder). One
-    that does not read (damaged, a failed CRC) is passed over and kept, with a warning: it is not the divergence's
-    to delete. (None, None): start from the initial weights."""
+    """The newest checkpoint whose weights are all finite and hold no overflowed update
+    (holds_overflowed_update), and its parameters (read once); non-finite or overflowed ones (the divergence's
+    own) are removed, never resumed, when `remove` (rank 0 alone: ranks may share the folder). One that does not
+    read (damaged, a failed CRC) is passed over and kept, with a warning: it is not the divergence's to delete.
+    (None, None): start from the initial weights."""
     for path in reversed(checkpoints(ckpt_dir)):
         try:
-            return path, read_checkpoint(path)
+            params = read_checkpoint(path)
         except NonFinite:
-            if remove:
-                log.info("removing %s: its weights are not finite", path.name)
-                path.unlink(missing_ok=True)
+            params, why = None, "its weights are not finite"
         except ConfigError as e:
             log.warning("passing over %s (kept): %s", path.name, e)
+            continue
+        else:
+            why = "it holds an update that overflowed" if holds_overflowed_update(params) else None
+        if why is None:
+            return path, params
+        if remove:
+            log.info("removing %s: %s", path.name, why)
+            path.unlink(missing_ok=True)
     return None, None
+
+
+def restart_checkpoint(ckpt_dir: Path, prefix: str, steps_per_epoch: int, is_main: bool = True,
+                       agree=None) -> Tuple[Optional[Path], Optional[dict]]:
+    """Where the fallback ladder's next rung starts, the same checkpoint on every rank. Rank 0 picks it
+    (last_good_checkpoint, removing the bad ones) and `agree(step)` (zoo.runtime.rank0_value: rank 0's step on
+    every rank, -1 for the initial weights) gives it to the others, which read that file by its name. The
+    others wait in that all-reduce until rank 0 has picked, so rank 0's checkpoint at the stop step (written as
+    its Model.train ended) is on disk before any rank looks; and no rank depends on its own, possibly stale,
+    listing of a shared folder. `agree` None: a single process."""
+    if agree is None or is_main:
+        path, params = last_good_checkpoint(ckpt_dir, remove=is_main)
+        if agree is not None:
+            agree(step_of(params) if path else -1)
+        return path, params
+    step = agree(-1)
+    if step < 0:
+        return None, None
+    path = Path(ckpt_dir) / checkpoint_name(prefix, step, steps_per_epoch)
+    try:
+        return path, read_checkpoint(path)
+    except ConfigError as e:
+        raise ConfigError(f"rank 0 restarts the fallback ladder from {path}, which this rank cannot read ({e}); "
+                          f"every rank must see the run directory (a file system shared by every server)") from None
+
+
+def agree_on_resume(path: Optional[Path], params: Optional[dict], ckpt_dir: Path, prefix: str, is_main: bool,
+                    agree) -> Tuple[Optional[Path], Optional[dict]]:
+    """A resume under msrun: each rank picked its checkpoint (resume_point) from its own listing of the shared
+    folder, and a network file system's cache can show one server an older listing than another. Rank 0's pick
+    is the run's: `agree(value)` (zoo.runtime.rank0_value, an all-reduce every rank calls) gives every rank rank
+    0's step and epoch, and a rank whose own pick differs reads rank 0's by its name, with a warning."""
+    mine = (step_of(params), int(params["epoch_num"].asnumpy().reshape(-1)[0])) if path is not None else (-1, -1)
+    theirs = (agree(mine[0]), agree(mine[1]))
+    if is_main or theirs == mine:
+        return path, params
+    if theirs[0] < 0:
+        raise ConfigError(f"resume: rank 0 found no checkpoint in {ckpt_dir}, this rank found {path}: every rank "
+                          f"must see the same run directory (a file system shared by every server)")
+    chosen = Path(ckpt_dir) / f"{prefix}-e{theirs[1]:04d}-s{theirs[0]:08d}.ckpt"
+    log.warning("resume: rank 0 resumes from %s, this rank's listing of %s showed %s: taking rank 0's (a shared "
+                "file system's cache may lag)", chosen.name, ckpt_dir, path.name if path else "none")
+    try:
+        return chosen, read_checkpoint(chosen)
+    except ConfigError as e:
+        raise ConfigError(f"resume: rank 0 resumes from {chosen}, which this rank cannot read ({e}); every rank "
+                          f"must see the run directory (a file system shared by every server)") from None
 
 
 def inference_network(cfg, script: str, cpu_kernels: Optional[str] = None):

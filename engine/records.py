@@ -43,7 +43,7 @@ def summary(run: Run, rung: Rung, final: dict, steps_done: int, transitions: lis
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
         "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
-        "onednn": onednn_note(), "smoke": run.smoke_note,
+        "onednn": onednn_note(run.device), "smoke": run.smoke_note,
         "commit": source_commit(), "machine": machine(),  # the one it finished on: times compare only on one kind
     }
 

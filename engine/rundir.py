@@ -1,8 +1,10 @@
 """A run directory belongs to one run.
 
-- One process at a time: `claim` takes an exclusive lock on the directory itself (flock on its file
-  descriptor, nothing written into it). The kernel drops the lock when the process ends, however it ends, so a
-  killed run never leaves a stale lock. A second process gets one line naming the process that holds it.
+- One process at a time: `claim` takes an exclusive lock on `.run.lock` in the directory (zoo.locks: flock on
+  the file opened for writing, as NFSv4 needs; an O_EXCL lock file where the file system has no flock). The
+  kernel drops an flock when the process ends, however it ends, so a killed run never leaves a stale lock; a
+  fallback lock file left on this host by a dead process is taken over. A second process gets one line naming
+  the process that holds it.
 - A fresh start never overwrites a run: `refuse_fresh_start` stops a run without `resume` in a directory that
   holds a run's checkpoints or its metrics.json.
 - The run's own config rules a resume (`resume_config`) and an evaluation of its checkpoints (`run_config_for`):
@@ -12,7 +14,6 @@
   checkpoints other ids, and a plausible wrong BLEU.
 """
 import dataclasses
-import fcntl
 import filecmp
 import os
 import shutil
@@ -23,10 +24,11 @@ from omegaconf import OmegaConf, open_dict
 
 from data.translation import tokenizer_file
 from engine.checkpoint import CHECKPOINT_NAME, checkpoints
+from zoo import locks
 from zoo.config import Config
 from zoo.errors import ConfigError
 
-HELD: Dict[Path, int] = {}  # directory -> the descriptor whose lock this process holds until it ends
+HELD: Dict[Path, locks.Lock] = {}  # directory -> the lock this process holds until it ends
 
 # What a resume may change: how long the run goes on, how it logs and where its data now is. Everything else
 # (model, data, precision, loss scale, optimizer, schedule, batch) is the run's.
@@ -79,41 +81,29 @@ def still_known(saved: dict, schema) -> dict:
     return {k: still_known(v, schema[k]) if isinstance(v, dict) else v for k, v in saved.items() if k in known}
 
 
-def lock_holder(directory: Path) -> Optional[int]:
-    """The process holding an flock on `directory`, from /proc/locks (Linux); None where it cannot be told."""
-    try:
-        inode = os.stat(directory).st_ino
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split()
-        if "FLOCK" in parts and "->" not in parts and len(parts) > 5:
-            try:
-                if int(parts[5].split(":")[-1]) == inode and int(parts[4]) != os.getpid():
-                    return int(parts[4])
-            except ValueError:
-                continue
-    return None
+LOCK_FILE = ".run.lock"  # in the run directory: the file `claim` locks (zoo.locks)
 
 
 def claim(directory, what: str = "run directory") -> Path:
     """Create `directory` if need be and hold it for this process; a directory another process holds is a
-    ConfigError naming that process. Claiming one directory twice in a process is a no-op."""
+    ConfigError naming that process. Claiming one directory twice in a process is a no-op. The lock is
+    zoo.locks's: flock on a file opened for writing (NFSv4 refuses it on a read-only descriptor), or an O_EXCL
+    lock file where the file system has no flock (Lustre without -o flock, NFS without a lock manager)."""
     path = Path(directory).expanduser().resolve()
     if path in HELD:
         return path
     path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        holder = lock_holder(path)
-        by = f"process {holder}" if holder else "another process"
-        raise ConfigError(f"{what} {directory} is in use by {by}: a directory holds one run at a time; wait for it "
-                          f"to end, or give another directory") from None
-    HELD[path] = fd
+        HELD[path] = locks.acquire(path / LOCK_FILE)
+    except locks.LockHeld as e:
+        stale = (f"; if that run has ended (a killed process leaves this file), remove {e.path}" if e.fallback
+                 and " on host " in e.holder else "")
+        raise ConfigError(f"{what} {directory} is in use by {e.holder}: a directory holds one run at a time; wait "
+                          f"for it to end, or give another directory{stale}") from None
+    except locks.LockFailed as e:  # not a full disk: the file system takes no lock of either kind here
+        raise ConfigError(f"{what} {directory} cannot be locked ({e.strerror}); give a hydra.run.dir on a file "
+                          f"system that takes locks (NFS with its lock manager, Lustre mounted with -o flock, a local "
+                          f"disk)") from None
     return path
 
 
@@ -133,9 +123,9 @@ def claim_by_rank0(directory, rank: int, agree) -> None:
 
 
 def release(directory) -> None:
-    fd = HELD.pop(Path(directory).expanduser().resolve(), None)
-    if fd is not None:
-        os.close(fd)  # closing the descriptor drops the lock
+    held = HELD.pop(Path(directory).expanduser().resolve(), None)
+    if held is not None:
+        held.release()
 
 
 def describe(directory: Path) -> Optional[str]:
@@ -240,12 +230,14 @@ def kept_tokenizer(run_dir) -> Optional[Path]:
     return kept.resolve() if kept.is_file() else None
 
 
-def keep_tokenizer(cfg, run_dir, rank: int, resuming: bool) -> None:
+def keep_tokenizer(cfg, run_dir, rank: int, resuming: bool, wait=None) -> None:
     """Point `cfg.dataset.params.spm_model` at the run's own copy of its tokenizer (run_dir/tokenizer.model).
     A new run (no checkpoint to continue): rank 0 copies in the model `tokenizer_file(cfg.dataset)` gives (the one
-    given, or the cached one trained on the data), over any copy a start that saved nothing left; the other ranks
-    of msrun use that same model. A resume uses the copy (a run from before runs kept one: rank 0
-    copies it in); a different spm_model given with it is refused (`check_tokenizer`)."""
+    given, or the cached one trained on the data), over any copy a start that saved nothing left. A resume uses
+    the copy (a run from before runs kept one: rank 0 copies it in); a different spm_model given with it is
+    refused (`check_tokenizer`). Under msrun, `wait(False)` (an all-reduce every rank calls) holds every rank until
+    rank 0's copy is in place, and every rank then reads that copy: on several servers each has its own cache
+    (~/.cache/amp_zoo), and a tokenizer trained again on each would give the ranks the same ids only by luck."""
     kept = Path(run_dir) / TOKENIZER
     if resuming and kept.is_file():
         check_tokenizer(cfg.dataset, kept)
@@ -254,8 +246,13 @@ def keep_tokenizer(cfg, run_dir, rank: int, resuming: bool) -> None:
         tmp = kept.with_name(f".{TOKENIZER}.tmp{os.getpid()}")
         shutil.copyfile(source, tmp)
         os.replace(tmp, kept)  # atomic: a half-copied tokenizer is never the run's
-    else:
-        return
+    if wait is not None:
+        wait(False)
+    if not kept.is_file():
+        if wait is None:  # a rank of a launcher other than msrun's: the model it builds itself
+            return
+        raise ConfigError(f"rank {rank} cannot see {kept}, the tokenizer rank 0 keeps for the run: every rank must "
+                          f"see the run directory (a file system shared by every server)")
     with open_dict(cfg):
         cfg.dataset.params.spm_model = str(kept.resolve())
 
@@ -286,6 +283,8 @@ def run_config_for(cfg, given: List[str]) -> tuple:
         raise ConfigError(f"recipe={cfg.recipe_name}, but checkpoint={cfg.checkpoint} belongs to a {run.recipe_name} "
                           f"run ({run_dir / 'config.yaml'}); drop recipe= to use it as it was trained")
     out = OmegaConf.merge(run, _with_given(run, cfg, [k for k in given if k != "recipe"] + ["checkpoint", "output"]))
+    if "runtime.distributed" not in given and "runtime" not in given:  # eval.py and export.py are one process,
+        OmegaConf.update(out, "runtime.distributed", False)  # whatever the run trained on (runtime.device_id holds)
     kept = kept_tokenizer(run_dir)
     if kept is not None:  # the run's own, though a `dataset=` group is given; another one given is refused
         check_tokenizer(out.dataset, kept)

@@ -1,5 +1,5 @@
-import re
 """python -m amp.report and python -m amp.audit: every recipe, level diffs, and what the audit flags."""
+import re
 from pathlib import Path
 
 import numpy as np

@@ -394,7 +394,7 @@ def test_a_held_run_directory_ends_every_rank_under_msrun(tmp_path):
     from engine.rundir import claim_by_rank0
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    other = os.open(run_dir, os.O_RDONLY)  # another run's hold
+    other = os.open(run_dir / ".run.lock", os.O_RDWR | os.O_CREAT)  # another run's hold
     fcntl.flock(other, fcntl.LOCK_EX)
     flags = []
     try:

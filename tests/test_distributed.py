@@ -1,13 +1,17 @@
 """Data-parallel training with MindSpore's msrun, 2 workers over loopback: every rank ends with identical
 parameters, and they match one process that trains on the same global batch."""
+import errno
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import mindspore as ms
 
@@ -93,3 +97,176 @@ def test_a_bad_batch_on_one_rank_is_skipped_by_every_rank(tmp_path):
         assert "after an overflow" not in text, "a bad batch is not an fp16 overflow on any rank"
     sums = dict(re.findall(r"rank (\d) of 2: parameter checksum (\w+)", "".join(worker_logs)))
     assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums
+
+
+def children(pid: int):
+    """The processes whose parent is `pid` (msrun's workers and scheduler), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def msrun(tmp_path, *args, env=None, workers=2, timeout=600, script=None):
+    """train.py (or `script` with `args`) under msrun with `workers` CPU workers over loopback: (result, the
+    workers' logs joined). A job
+    that does not end in `timeout` seconds (ranks waiting on each other in a collective) fails the test, its
+    workers killed (msrun starts each in a session of its own: killing msrun alone would leave them)."""
+    logs = tmp_path / f"logs-{len(list(tmp_path.glob('logs-*')))}"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}", **(env or {}))
+    command = [str(Path(sys.executable).parent / "msrun"), f"--worker_num={workers}", f"--local_worker_num={workers}",
+               "--master_addr=127.0.0.1", f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}",
+               *([script] if script else ["train.py", "logger.progress_bar=false", "runtime.distributed=true"]), *args]
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for pid in children(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+        text = "".join(p.read_text() for p in sorted(logs.glob("worker_*.log")))
+        pytest.fail(f"msrun did not end in {timeout} s (ranks waiting on each other?):\n{text[-4000:]}")
+    result = subprocess.CompletedProcess(command, proc.returncode, out, err)
+    return result, "".join(p.read_text() for p in sorted(logs.glob("worker_*.log")))
+
+
+@pytest.mark.parametrize("code", [errno.EBADF, errno.ENOLCK, errno.ENOSYS], ids=errno.errorcode.get)
+def test_msrun_on_storage_without_flock_claims_the_run_directory(tmp_path, code):
+    """NFSv4 (EBADF on a read-only descriptor), NFS without a lock manager (ENOLCK), Lustre without -o flock
+    (ENOSYS): rank 0 holds the run directory through a lock file and both ranks train, where every rank used to
+    stop at start telling the user to free disk space."""
+    (tmp_path / "noflock.py").write_text(
+        "import errno, fcntl, os\n"
+        f"def refuse(fd, op): raise OSError({code}, os.strerror({code}))\n"
+        "fcntl.flock = refuse\n"
+        "from data.mnist import mnist\n"  # a plugin registers something (here MNIST again, under a name of its own)
+        "from zoo.registry import DATASETS\n"
+        "DATASETS.add('mnist_noflock', mnist, task='classification')\n")
+    run_dir = tmp_path / "run"
+    result, logs = msrun(tmp_path, "recipe=lenet_o0", "trainer.epochs=1", "trainer.max_steps=4",
+                         f"hydra.run.dir={run_dir}", env={"AMP_ZOO_PLUGINS": "noflock"})
+    assert result.returncode == 0, (result.stdout + logs)[-4000:]
+    assert "free space" not in logs and "Traceback" not in logs
+    assert len(re.findall(r"rank \d of 2: parameter checksum", logs)) == 2
+    assert list((run_dir / "checkpoints").glob("*.ckpt"))
+    assert not (run_dir / ".run.lock.held").exists(), "rank 0 removed its lock file at exit"
+
+
+LADDER_PLUGIN = '''
+import numpy as np
+from data.mnist import mnist
+from zoo.registry import DATASETS
+
+
+def build(cfg, split, shard=None, start_epoch=0, seed=0, skip_batches=0):
+    """MNIST whose 7th training batch of every rank is scaled by 1e6: finite data that overflows fp16."""
+    ds = mnist(cfg, split, shard, start_epoch, seed, skip_batches)
+    if split != "train":
+        return ds
+    seen = {"n": skip_batches}  # the global batch count: a restart rebuilds the pipeline past the batches done
+
+    def inject(images):
+        seen["n"] += 1
+        return images * np.float32(1e6) if seen["n"] == 7 else images
+    return ds.map(operations=inject, input_columns="image", num_parallel_workers=1)
+
+
+DATASETS.add("mnist_overflow", build, task="classification")
+'''
+
+
+def test_the_fallback_ladder_restarts_every_rank_from_the_same_checkpoint(tmp_path):
+    """A rung that ends with finite weights (here a dynamic scale overflowing at its floor, the update skipped):
+    rank 0 saves a checkpoint at the stop step as its Model.train ends. Every rank must restart the next rung
+    from that one, not from what its own listing of the folder showed before rank 0 had written it."""
+    (tmp_path / "overflow.py").write_text(LADDER_PLUGIN)
+    run_dir = tmp_path / "run"
+    result, logs = msrun(tmp_path, "recipe=lenet_o2", "dataset.name=mnist_overflow", "trainer.epochs=1",
+                         "trainer.max_steps=20", "trainer.log_every=5", "amp.fallback.enabled=true",
+                         "amp.loss_scale.type=dynamic", "amp.loss_scale.init_scale=1", "amp.loss_scale.min_scale=1",
+                         f"hydra.run.dir={run_dir}", env={"AMP_ZOO_PLUGINS": "overflow"}, timeout=420)
+    errors = [line for line in logs.splitlines() if line.startswith("error:")]
+    # 20 steps do not learn, and after a fallback that is an error of its own (exit 1): the only one allowed here
+    assert all("the run does not learn" in e for e in errors), (result.stdout + logs)[-4000:]
+    assert result.returncode == 0 or errors, (result.stdout + logs)[-4000:]
+    restarts = re.findall(r"fallback: by step (\d+): a step overflowed at the minimum loss scale.*?; continuing at "
+                          r"O2 with fixed scale 128 from (\S+)", logs)
+    assert restarts == [("10", "lenet5-e0000-s00000010.ckpt")] * 2, (restarts, logs[-4000:])
+    sums = dict(re.findall(r"rank (\d) of 2: parameter checksum (\w+)", logs))
+    assert set(sums) == {"0", "1"} and sums["0"] == sums["1"], sums
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 20 and metrics["fallback"]["transitions"][0]["restart_from"] == restarts[0][1]
+
+
+def test_a_resume_with_another_number_of_workers_is_refused_on_every_rank(tmp_path):
+    """An msrun run's checkpoint records its world size and global batch; resumed on another number of workers,
+    its global step would count other samples (epochs, evaluations and the learning rate shift): every rank
+    refuses in one line, exit 2, and the run directory keeps what it had."""
+    run_dir = tmp_path / "run"
+    args = ["recipe=lenet_o0", "trainer.epochs=1", f"hydra.run.dir={run_dir}"]
+    first, logs = msrun(tmp_path, *args, "trainer.max_steps=4")
+    assert first.returncode == 0, (first.stdout + logs)[-4000:]
+    [checkpoint] = (run_dir / "checkpoints").glob("*.ckpt")
+    saved = checkpoint.read_bytes()
+    again, logs = msrun(tmp_path, *args, "trainer.max_steps=8", "resume=auto", workers=1)
+    assert again.returncode != 0
+    line = (f"error: resume: {checkpoint} was trained by 2 worker(s) with a global batch of 64, this run has 1 with "
+            f"32: its step 4 would stand for another number of samples, shifting epochs, evaluations and the learning "
+            f"rate; resume it with 2 worker(s) (msrun --worker_num=2), or start a new run from its weights with "
+            f"checkpoint={checkpoint}")
+    assert line in logs.splitlines(), logs[-3000:]
+    assert "Traceback" not in logs
+    assert list((run_dir / "checkpoints").glob("*.ckpt")) == [checkpoint] and checkpoint.read_bytes() == saved
+    assert not list(run_dir.glob("config.resume-*.yaml")), "refused before the run wrote anything of its own"
+    # on its own 2 workers it resumes (every rank from rank 0's checkpoint: engine.checkpoint.agree_on_resume)
+    again, logs = msrun(tmp_path, *args, "trainer.max_steps=8", "resume=auto")
+    assert again.returncode == 0, (again.stdout + logs)[-4000:]
+    assert "resumed from" in (run_dir / "train.log").read_text() and "taking rank 0's" not in logs
+    assert json.loads((run_dir / "metrics.json").read_text())["steps"] == 8
+
+
+FUNCTIONAL_LOOP = '''
+import zoo.entry  # noqa: F401
+import numpy as np
+import mindspore as ms
+from mindspore.communication import get_rank, init
+from omegaconf import OmegaConf
+
+from amp.functional import FunctionalAmpStep
+from zoo.runtime import parameter_checksum
+
+ms.set_device("CPU")
+init()
+ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+rank = get_rank()
+ms.set_seed(0)
+net = ms.nn.Dense(4, 3)
+ls = OmegaConf.create({"type": "dynamic", "init_scale": 1024.0, "factor": 2, "window": 1000, "scale": 1.0})
+step = FunctionalAmpStep(net, ms.nn.CrossEntropyLoss(), ms.nn.SGD(net.trainable_params(), 0.1), ls)
+rng = np.random.default_rng(rank)  # each rank its own batches
+for i in range(4):
+    x, y = rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    if rank == 1 and i == 2:
+        x[0, 0] = np.inf  # this rank's gradients overflow; the other's do not
+    step(ms.Tensor(x), ms.Tensor(y))
+t = step.telemetry()
+print(f"rank {rank}: skipped {t['amp_skipped_steps']}, scale {t['loss_scale']:g}, checksum {parameter_checksum(net)}",
+      flush=True)
+'''
+
+
+def test_the_functional_step_averages_gradients_and_skips_together_across_ranks(tmp_path):
+    """A hand-written loop under msrun: the gradients are all-reduced and an overflow on one rank is skipped by
+    every rank, so the ranks keep the same weights and the same loss scale."""
+    (tmp_path / "loop.py").write_text(FUNCTIONAL_LOOP)
+    result, logs = msrun(tmp_path, script=str(tmp_path / "loop.py"), timeout=300)
+    assert result.returncode == 0, (result.stdout + logs)[-4000:]
+    lines = dict(re.findall(r"rank (\d): (skipped .*)", logs))
+    assert set(lines) == {"0", "1"} and lines["0"] == lines["1"], lines
+    assert lines["0"].startswith("skipped 1, scale 512,"), lines

@@ -3,6 +3,7 @@ import logging
 import os
 import platform
 import random
+from typing import Optional
 
 log = logging.getLogger("amp_zoo")
 
@@ -10,7 +11,7 @@ log = logging.getLogger("amp_zoo")
 AUTO_CAP = "AMP_ZOO_ONEDNN_AUTO"  # the process id that set ONEDNN_MAX_CPU_ISA itself (runtime.onednn_isa=auto)
 
 
-def cap_onednn_isa(choice: str, needs_cap: bool) -> str:
+def cap_onednn_isa(choice: str, needs_cap: bool, device: str = "CPU") -> Optional[str]:
     """Set oneDNN's ISA cap for a network just built, before its first step, and return the note a run records.
     On x86, MindSpore's own CPU convolutions hand oneDNN plain NCHW tensors, for which oneDNN picks a reference
     kernel on AVX-512/AMX CPUs that is far slower than its AVX2 gemm kernel (docs/benchmarks.md); capping the
@@ -20,7 +21,10 @@ def cap_onednn_isa(choice: str, needs_cap: bool) -> str:
     models.layers.runs_mindspore_conv). `choice` is runtime.onednn_isa: auto caps at AVX2 while any network
     built in this process needs it and sets ALL otherwise (the CPU kernels and matmuls run oneDNN's AVX-512
     kernels as fast as PyTorch's); an ISA name sets that; "none" sets nothing. A value the user set is left
-    alone."""
+    alone. Off the CPU (`device` Ascend or GPU) oneDNN runs none of the network: nothing is set, and there is no
+    note (None)."""
+    if device != "CPU":
+        return None
     ours = os.environ.get(AUTO_CAP)
     if ours and ours != str(os.getpid()):  # inherited from an amp-zoo parent process: decide afresh
         os.environ.pop(AUTO_CAP)
@@ -42,8 +46,10 @@ def cap_onednn_isa(choice: str, needs_cap: bool) -> str:
         "no MindSpore convolution in the network, so oneDNN runs at the CPU's full ISA)")
 
 
-def onednn_note() -> str:
-    """The oneDNN cap in force, for a run's records."""
+def onednn_note(device: str = "CPU") -> Optional[str]:
+    """The oneDNN cap in force, for a run's records; None off the CPU (oneDNN runs none of the network)."""
+    if device != "CPU":
+        return None
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA")
     if isa is None:
         return "ONEDNN_MAX_CPU_ISA not set"
@@ -140,7 +146,8 @@ def seed_everything(seed: int) -> None:
     msds.config.set_seed(seed)
 
 
-def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps: int = 0, profile: bool = False):
+def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps: int = 0, profile: bool = False,
+              save_every_steps: int = 0, mode: str = "graph"):
     """Whether to sink, and the one log line that says why. A sink is always a whole epoch (trainer.sink_size
     -1; engine.load refuses other sizes), so an epoch stays a pass over the data. Sinking stays off where it
     cannot be right:
@@ -148,12 +155,20 @@ def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps
     - for data whose batches change shape (translation buckets): a sink graph's GetNext is compiled for the
       first batch's shapes (MindSpore's own Transformer trains without sinking);
     - with trainer.max_steps, which stops mid-epoch: a sink returns to the host only at the epoch's end;
-    - with runtime.profile, which profiles a few steps: a sink would make the profiled window a whole epoch."""
+    - with runtime.profile, which profiles a few steps: a sink would make the profiled window a whole epoch;
+    - with trainer.save_every_steps, a resume point every N steps inside an epoch: a sink would save it only at
+      the epoch's end, so a killed process would lose up to an epoch, not N steps;
+    - in PyNative mode, where MindSpore 2.10's Model.train, asked to sink, still runs every step from the host
+      (its PyNative dataset iterator: a step and its callbacks at a time, no sink of an epoch), through a device
+      queue and dynamic-shape inputs that graph mode does not use."""
     if not requested:
         return False, "data sinking off (trainer.sink=false)"
     if device == "CPU":
         return False, ("data sinking off: MindSpore's CPU backend does not sink datasets "
                        "(it would fall back to non-sink silently); steps are fed one by one")
+    if mode == "pynative":
+        return False, (f"data sinking off on {device}: in PyNative mode MindSpore runs every step from the host "
+                       f"anyway (no sink of an epoch); steps are fed one by one")
     if shapes_vary:
         return False, (f"data sinking off on {device}: this data's batches change shape (length buckets), and a "
                        f"sink graph is compiled for one shape; steps are fed one by one")
@@ -163,9 +178,12 @@ def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps
     if profile:
         return False, (f"data sinking off on {device}: runtime.profile=true profiles a few steps, and a sink is a "
                        f"whole epoch; steps are fed one by one")
+    if save_every_steps:
+        return False, (f"data sinking off on {device}: trainer.save_every_steps={save_every_steps} saves a resume "
+                       f"point inside an epoch, and a sink returns to the host only at an epoch's end; steps are fed "
+                       f"one by one (trainer.save_every_steps=0 sinks, with resume points at epoch ends)")
     return True, (f"data sinking on ({device}): one sink per epoch, so step callbacks (logging every log_every "
-                  f"steps, TensorBoard, AMP telemetry, the divergence watch, a stop signal, save_every_steps "
-                  f"checkpoints) act at epoch ends")
+                  f"steps, TensorBoard, AMP telemetry, the divergence watch, a stop signal) act at epoch ends")
 
 
 # What msrun exports to every process it starts (mindspore/parallel/cluster/process_entity/_api.py, 2.10): its
@@ -198,6 +216,22 @@ def any_rank(flag: bool) -> bool:
     out = all_reduce(value, op="max")
     out = out[0] if isinstance(out, tuple) else value  # (result, handle), or in place
     return bool(out.asnumpy()[0] > 0)
+
+
+def rank0_value(value: int, is_main: bool) -> int:
+    """Rank 0's `value` (a non-negative integer below 2**36, or -1), on every rank: an all-reduce (max) in which
+    the other ranks give -1; every rank must call it, and none returns before rank 0 has called it. Sent as two
+    float32 halves of 18 bits (float32 holds integers exactly up to 2**24 only; every backend reduces float32)."""
+    import mindspore as ms
+    from mindspore.ops.communication import all_reduce
+
+    mine = value if is_main else -1
+    parts = [float(mine >> 18), float(mine & (2**18 - 1))] if mine >= 0 else [-1.0, -1.0]
+    tensor = ms.Tensor(parts, ms.float32)
+    out = all_reduce(tensor, op="max")
+    out = out[0] if isinstance(out, tuple) else tensor  # (result, handle), or in place
+    high, low = (int(x) for x in out.asnumpy())
+    return -1 if high < 0 else (high << 18) + low
 
 
 def parameter_checksum(net) -> str:
