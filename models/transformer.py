@@ -96,14 +96,16 @@ class NormFunction(nn.Cell):
 
     def bprop(self, x, gamma, beta, out, dout):
         # The kernel's third output is the variance on CPU but documented as rstd since MindSpore 2.3 (Ascend's
-        # kernels return rstd): recompute the statistics from x, so the gradient is right on every backend.
-        mean = x.mean(-1, keep_dims=True)
-        centred = x - mean
-        g, inv_std = dout[0], ops.rsqrt((centred * centred).mean(-1, keep_dims=True) + self.epsilon)
+        # kernels return rstd): recompute the statistics from x, so the gradient is right on every backend. In
+        # float32 whatever x's dtype: at O3 the squared deviations of activations of a few hundred overflow fp16
+        # and the gradient came out 0 (the forward kernel computes its statistics in fp32 too).
+        xf, g = ops.cast(x, ms.float32), ops.cast(dout[0], ms.float32)
+        centred = xf - xf.mean(-1, keep_dims=True)
+        inv_std = ops.rsqrt((centred * centred).mean(-1, keep_dims=True) + self.epsilon)
         x_hat = centred * inv_std
-        dx_hat = g * gamma
+        dx_hat = g * ops.cast(gamma, ms.float32)
         dx = inv_std * (dx_hat - dx_hat.mean(-1, keep_dims=True) - x_hat * (dx_hat * x_hat).mean(-1, keep_dims=True))
-        return dx, row_sum(g * x_hat), row_sum(g)
+        return ops.cast(dx, x.dtype), ops.cast(row_sum(g * x_hat), gamma.dtype), ops.cast(row_sum(g), beta.dtype)
 
 
 class LayerNorm(nn.LayerNorm):

@@ -178,3 +178,25 @@ def test_decode_batches_are_one_shape_sorted_and_cover_every_sentence():
             np.testing.assert_array_equal(row[:len(data[j][0])], data[j][0])
         seen.extend(take.tolist())
     assert sorted(seen) == list(range(23)) and len(shapes) == 1  # every sentence once; one compiled shape
+
+
+def test_o3_layernorm_gradient_holds_at_large_activations(graph_mode):
+    """O3 runs LayerNorm in fp16: its backward recomputes the statistics in fp32, so activations of a few
+    hundred (whose squared deviations overflow fp16) still get the fp32 gradient, within fp16's precision."""
+    rng = np.random.RandomState(5)
+    x = (rng.randn(64, 256) * 300).astype(np.float16)
+    weight = ms.Tensor(np.sin(np.arange(64 * 256)).reshape(64, 256).astype(np.float32))
+
+    class Loss(nn.Cell):
+        def __init__(self, norm):
+            super().__init__()
+            self.norm = norm
+
+        def construct(self, t):
+            return (self.norm(t).astype(ms.float32) * weight).sum()
+
+    low = LayerNorm(256).to_float(ms.float16)
+    dx16 = ms.grad(Loss(low))(ms.Tensor(x)).asnumpy().astype(np.float32)
+    dx32 = ms.grad(Loss(LayerNorm(256)))(ms.Tensor(x.astype(np.float32))).asnumpy()
+    assert np.all(np.isfinite(dx16))
+    assert np.linalg.norm(dx16 - dx32) / np.linalg.norm(dx32) < 1e-2

@@ -277,7 +277,8 @@ def test_a_first_convolution_is_adapted_to_the_datas_channels(tmp_path, saved, w
     target = create_model("lenet5", num_classes=10, in_channels=wanted)
     assert initial_weights(target, tmp_path / "w.ckpt", "lenet5", 10) == []
     grey = np.random.RandomState(0).rand(2, 1, 32, 32).astype(np.float32)
-    given = lambda n: ms.Tensor(np.repeat(grey, n, axis=1))  # noqa: E731
+    def given(n):
+        return ms.Tensor(np.repeat(grey, n, axis=1))
     np.testing.assert_allclose(target(given(wanted)).asnumpy(), source(given(saved)).asnumpy(), rtol=1e-4, atol=1e-5)
 
 
