@@ -12,7 +12,7 @@ import data  # (and registers the datasets)
 from amp.names import check_policy_names
 from amp.policy import check_device_dtype, keep_fp32_names
 from models import check_model, import_plugins, model_args  # (and registers the models)
-from zoo.compose import check_slips, compose, expand_home, hydra_flags, one_line, sweep
+from zoo.compose import check_shadowed, check_slips, compose, expand_home, hydra_flags, one_line, sweep
 from zoo.config import Config, RANGES, SPECIAL
 from zoo.errors import ConfigError, fail
 from zoo.paths import check_writable
@@ -35,6 +35,10 @@ def load_config(argv: List[str], composed=None, smoke: bool = True,
         cfg = composed if composed is not None else compose(argv)
     except Exception as e:  # noqa: BLE001  (Hydra/OmegaConf composition errors)
         raise ConfigError(one_line(e, argv)) from None
+    if composed is not None:  # compose() checks its own; @hydra.main's choices are in its HydraConfig
+        from hydra.core.hydra_config import HydraConfig
+        hydra = HydraConfig.get()  # its task overrides leave out hydra.searchpath, which says where yours are
+        check_shadowed(dict(hydra.runtime.choices), [*argv, *hydra.overrides.hydra])
     cfg, note, kept = apply_smoke(cfg, user_keys(argv)) if smoke else (cfg, None, [])
     try:
         validate(cfg, needs_data)
