@@ -141,13 +141,8 @@ def test_msrun_on_storage_without_flock_claims_the_run_directory(tmp_path, code)
     """NFSv4 (EBADF on a read-only descriptor), NFS without a lock manager (ENOLCK), Lustre without -o flock
     (ENOSYS): rank 0 holds the run directory through a lock file and both ranks train, where every rank used to
     stop at start telling the user to free disk space."""
-    (tmp_path / "noflock.py").write_text(
-        "import errno, fcntl, os\n"
-        f"def refuse(fd, op): raise OSError({code}, os.strerror({code}))\n"
-        "fcntl.flock = refuse\n"
-        "from data.mnist import mnist\n"  # a plugin registers something (here MNIST again, under a name of its own)
-        "from zoo.registry import DATASETS\n"
-        "DATASETS.add('mnist_noflock', mnist, task='classification')\n")
+    from tests.test_locks import write_noflock_plugin
+    write_noflock_plugin(tmp_path, code)
     run_dir = tmp_path / "run"
     result, logs = msrun(tmp_path, "recipe=lenet_o0", "trainer.epochs=1", "trainer.max_steps=4",
                          f"hydra.run.dir={run_dir}", env={"AMP_ZOO_PLUGINS": "noflock"})

@@ -19,6 +19,17 @@ from zoo.errors import ConfigError
 NO_FLOCK = [errno.EBADF, errno.ENOLCK, errno.ENOSYS]
 
 
+
+def write_noflock_plugin(folder, code: int) -> None:
+    """folder/noflock.py: a plugin (AMP_ZOO_PLUGINS=noflock) under which every fcntl.flock fails with `code`."""
+    (folder / "noflock.py").write_text(
+        "import errno, fcntl, os\n"
+        f"def refuse(fd, op): raise OSError({code}, os.strerror({code}))\n"
+        "fcntl.flock = refuse\n"
+        "from data.mnist import mnist\n"  # a plugin registers something (here MNIST again, under a name of its own)
+        "from zoo.registry import DATASETS\n"
+        "DATASETS.add('mnist_noflock', mnist, task='classification')\n")
+
 def flock_fails(monkeypatch, code):
     def refuse(fd, operation):
         raise OSError(code, os.strerror(code))
@@ -137,13 +148,7 @@ def test_a_file_system_without_any_lock_is_one_line_not_disk_space(tmp_path, mon
 def test_a_single_process_run_on_storage_without_flock(tmp_path, code):
     """train.py itself, flock failing from the start (a plugin stands in for the file system): the run trains
     and leaves no lock file behind, where it used to end in a traceback."""
-    (tmp_path / "noflock.py").write_text(
-        "import errno, fcntl, os\n"
-        f"def refuse(fd, op): raise OSError({code}, os.strerror({code}))\n"
-        "fcntl.flock = refuse\n"
-        "from data.mnist import mnist\n"  # a plugin registers something (here MNIST again, under a name of its own)
-        "from zoo.registry import DATASETS\n"
-        "DATASETS.add('mnist_noflock', mnist, task='classification')\n")
+    write_noflock_plugin(tmp_path, code)
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}", AMP_ZOO_PLUGINS="noflock")
     run_dir = tmp_path / "run"
     result = subprocess.run([sys.executable, "train.py", "recipe=lenet_o0", "trainer.epochs=1", "trainer.max_steps=3",
