@@ -450,3 +450,15 @@ def test_a_run_that_ends_at_chance_says_so(tmp_path):
     top1 = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["top1"]
     said = "the run ends no better than chance" in result.stdout + result.stderr
     assert said == (top1 <= 0.15), (top1, result.stderr[-1500:])
+
+
+def test_a_ctrl_c_that_a_c_extensions_import_turned_into_importerror_is_still_one_line():
+    """Ctrl-C inside `import mindspore` surfaces as ImportError("initialization failed") caused by the
+    KeyboardInterrupt: the command's excepthook still ends it with one line and exit 130."""
+    code = ("import zoo.entry\n"
+            "try:\n    raise KeyboardInterrupt\n"
+            "except KeyboardInterrupt as e:\n    raise ImportError('initialization failed') from e\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=str(__import__("pathlib").Path(__file__).parents[1]),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 130 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -84,7 +84,10 @@ def exit_line(error: Interrupted, note: Optional[str] = None) -> None:
 def hook(kind, value, tb, previous=sys.excepthook):
     """sys.excepthook of a command: an uncaught Interrupted (or a Ctrl-C before `handled()`) is its one line and
     exit code; anything else is Python's own report."""
-    if isinstance(value, KeyboardInterrupt):
+    cause = value
+    while cause is not None and not isinstance(cause, KeyboardInterrupt):  # a C extension's import turns a
+        cause = cause.__cause__ or cause.__context__                        # Ctrl-C into ImportError
+    if cause is not None:
         value = Interrupted(signal.SIGINT)
     if not isinstance(value, Interrupted):
         if received() is None:
