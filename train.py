@@ -206,8 +206,8 @@ def build_step(run: Run, amp_cfg, start: Start):
     if run.is_main:
         write_report(report, run.run_dir, run.writer)
     log.info("precision: %s", report["summary"])
-    if cpu_cost_note(run.device, amp_cfg):  # what fp16 costs on the CPU, said before a step runs
-        log.info(cpu_cost_note(run.device, amp_cfg))
+    if note := cpu_cost_note(run.device, amp_cfg):  # what fp16 costs on the CPU, said before a step runs
+        log.info(note)
     if str(amp_cfg.level) == "O3" and step.policy.keep_fp32:  # O3 has no default keep-list, but a given one holds
         log.info("O3 with amp.keep_fp32=[%s]: those Cells stay fp32 (amp.keep_fp32=[] runs everything in low "
                  "precision)", ",".join(step.policy.keep_fp32))

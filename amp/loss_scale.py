@@ -135,9 +135,10 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         """The gradients unscaled, and whether every element of them is finite (float32 gradients through
         unscale_sum; others, if any, as _grad_scale and finite_sum have them)."""
         unscaled, sums = (), ()
+        scale32 = ops.cast(scale, mstype.float32).reshape((1,))  # once, not once a gradient
         for g in grads:
             if ops.dtype(g) == mstype.float32:
-                out, total = self.unscale_sum(g, ops.cast(scale, mstype.float32).reshape((1,)))
+                out, total = self.unscale_sum(g, scale32)
             else:
                 out = _grad_scale(scale, g)
                 total = ops.cast(out, mstype.float32).sum().reshape((1,))

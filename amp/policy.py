@@ -88,8 +88,8 @@ def cpu_cost_note(device: str, amp_cfg) -> str:
     low_precision_used = LEVELS[str(amp_cfg.level)].low != "none" or bool(amp_cfg.force_fp16)
     if device != "CPU" or not low_precision_used:
         return ""
-    from cpu_kernels import has_ops, low_precision
-    kernels = (low_precision().split(";")[0] if has_ops()
+    from cpu_kernels import fp16_path, has_ops
+    kernels = (fp16_path() if has_ops()
                else "the CPU kernels are not built, so MindSpore's fp16 CPU kernels run everywhere")
     return (f"amp.level={amp_cfg.level} on the CPU is for checking fp16 numerics, not for speed: {kernels}; "
             f"MindSpore's own fp16 CPU kernels (MatMul, element-wise ops) run slower than fp32, so a step costs "

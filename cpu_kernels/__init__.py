@@ -141,9 +141,15 @@ def low_precision(flags: Optional[set] = None) -> str:
     fp16 arithmetic (AVX512-FP16) and bf16 are not used (MindSpore's CPU build has no bf16 Conv2D or MatMul for
     the layers around them). make doctor measures what this costs against fp32."""
     flags = cpu_flags() if flags is None else flags
-    convert = ("AVX-512" if {"avx512f", "f16c"} <= flags else "F16C" if {"avx2", "f16c"} <= flags
-               else "portable code")
     native = ("present, not used: the kernels compute fp32" if "avx512_fp16" in flags
               else "absent (no AVX512-FP16)")
-    return (f"fp16 stored in fp16 between the kernels and computed in fp32 inside them ({convert} conversions); "
-            f"native fp16 arithmetic {native}; bf16 not run (amp.dtype=bfloat16 is refused on the CPU)")
+    return (f"{fp16_path(flags)}; native fp16 arithmetic {native}; bf16 not run (amp.dtype=bfloat16 is refused on "
+            f"the CPU)")
+
+
+def fp16_path(flags: Optional[set] = None) -> str:
+    """How the kernels hold and compute fp16 on this CPU, in a clause (low_precision's first)."""
+    flags = cpu_flags() if flags is None else flags
+    convert = ("AVX-512" if {"avx512f", "f16c"} <= flags else "F16C" if {"avx2", "f16c"} <= flags
+               else "portable code")
+    return f"fp16 stored in fp16 between the kernels and computed in fp32 inside them ({convert} conversions)"
