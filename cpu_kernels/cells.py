@@ -222,6 +222,114 @@ class CpuAddReLU(nn.Cell):
         return self.op(a, b)
 
 
+@lru_cache(maxsize=None)
+def affine_op(bias: bool = True, float32_out: bool = False):
+    """matmul.cc's AffineFwd (x [M,K], w [N,K], b [N] -> x w^T + b) with its backward (dx, dw, db), or without a
+    bias LinearFwd (x, w -> x w^T). x fp32 or fp16, the output x's dtype; w and b as the Cell stores them (fp32
+    master weights at O2, so no Cast runs around it), their gradients in w's dtype. With fp16 x every value in
+    and out is an fp16 value, whatever its storage. float32_out (no bias): the output in fp32 whatever x's dtype
+    (logits that the loss reads in fp32; the gradient may come back in fp32)."""
+    lib = library()
+    name = "Affine" if bias else "Linear"
+    if bias:
+        backward = ops.Custom(f"{lib}:AffineBwd", out_shape=lambda x, w, dy: (x, w, [w[0]]),
+                              out_dtype=lambda x, w, dy: (x, w, w), func_type="aot")
+
+        def bprop(x, w, b, out, dout):
+            dx, dw, db = backward(x, w, dout)
+            return dx, dw, db
+
+        def shape(x, w, b):
+            return [x[0], w[0]]
+    else:
+        backward = ops.Custom(f"{lib}:LinearBwd", out_shape=lambda x, w, dy: (x, w),
+                              out_dtype=lambda x, w, dy: (x, w), func_type="aot")
+
+        def bprop(x, w, out, dout):
+            dx, dw = backward(x, w, dout)
+            return dx, dw
+
+        def shape(x, w):
+            return [x[0], w[0]]
+    out_dtype = _float32 if float32_out else _first
+    fwd = f"{lib}:{name}Fwd" if not float32_out else f"{lib}:LinearFwd32"
+    return ops.Custom(fwd, out_shape=shape, out_dtype=out_dtype, func_type="aot", bprop=bprop)
+
+
+def _float32(*args):
+    return ms.float32
+
+
+@lru_cache(maxsize=1)
+def add_op():
+    """eltwise.cc's AddFwd (a, b -> a + b, one shape, fp32 or fp16); the gradient of each is dy as it is."""
+    def bprop(a, b, out, dout):
+        return dout, dout
+    return ops.Custom(f"{library()}:AddFwd", out_shape=_first, out_dtype=_first, func_type="aot", bprop=bprop)
+
+
+class CpuAdd(nn.Cell):
+    """a + b in one pass of eltwise.cc (fp32 or fp16, a and b of one shape): MindSpore's CPU Add runs several times
+    slower in fp16 than in fp32."""
+
+    def __init__(self):
+        super().__init__()
+        self.op = add_op()
+
+    def construct(self, a, b):
+        return self.op(a, b)
+
+
+@lru_cache(maxsize=1)
+def mask_mul_op():
+    """eltwise.cc's MaskMulFwd (x fp32 or fp16, m fp32 of x's shape -> x * m in x's dtype), its gradient dy * m."""
+    lib = library()
+    op = ops.Custom(f"{lib}:MaskMulFwd", out_shape=_first, out_dtype=_first, func_type="aot")
+
+    def bprop(x, m, out, dout):
+        return op(dout, m), ops.zeros_like(m)
+    return ops.Custom(f"{lib}:MaskMulFwd", out_shape=_first, out_dtype=_first, func_type="aot", bprop=bprop)
+
+
+class CpuDropout(nn.Dropout):
+    """nn.Dropout (same p, same random stream: MindSpore's Dropout draws the mask) whose mask is drawn in fp32 and
+    applied by eltwise.cc's MaskMul in x's dtype: MindSpore's CPU Dropout and DropoutGrad run many times slower in
+    fp16 than in fp32."""
+
+    def __init__(self, p: float):
+        super().__init__(p=p)
+        self.mask_mul = mask_mul_op()
+
+    def construct(self, x):
+        if not self.training or self.p == 0:
+            return x
+        scaled_mask, _ = self.dropout(ops.ones(x.shape, ms.float32))  # 0 or 1 / (1 - p)
+        return self.mask_mul(x, scaled_mask)
+
+
+@lru_cache(maxsize=1)
+def layer_norm_op():
+    """layer_norm.cc's LayerNormFwd (x [..., D], gamma [D], beta [D], eps fp32 (1,) -> y in x's dtype, mean and
+    rstd a row, fp32) with its backward (dx, dgamma, dbeta), computing in fp32 whatever comes in."""
+    lib = library()
+    backward = ops.Custom(f"{lib}:LayerNormBwd", out_shape=lambda x, g, m, r, dy: (x, g, g),
+                          out_dtype=lambda x, g, m, r, dy: (x, g, g), func_type="aot")
+
+    def bprop(x, gamma, beta, eps, out, dout):
+        dx, dgamma, dbeta = backward(x, gamma, out[1], out[2], dout[0])
+        return dx, dgamma, dbeta, ops.zeros_like(eps)
+
+    def shape(x, gamma, beta, eps):
+        rows = 1
+        for n in x[:-1]:
+            rows *= n
+        return x, [rows], [rows]
+
+    def dtype(x, gamma, beta, eps):
+        return x, ms.float32, ms.float32
+    return ops.Custom(f"{lib}:LayerNormFwd", out_shape=shape, out_dtype=dtype, func_type="aot", bprop=bprop)
+
+
 @lru_cache(maxsize=1)
 def unscale_sum_op():
     """eltwise.cc's UnscaleSum: a float32 gradient and the loss scale -> the gradient unscaled, and its sum as a

@@ -532,6 +532,7 @@ int Reorder(int nparam, void **params, int *ndims, int64_t **shapes, const char 
 // The pool, for the loops of norm.cc: fn(t, n) for t < n, on n threads at most
 void AmpZooParallel(int n, const std::function<void(int, int)> &fn) { RT().pool.parallel_for(n, fn); }
 int AmpZooThreads() { return RT().pool.get_num_threads(); }
+dnnl::threadpool_interop::threadpool_iface *AmpZooPool() { return &RT().pool; }  // matmul.cc's sgemm
 
 // MindSpore's graph mode gave two ops of one AOT function name one gradient between them (every 3x3 convolution
 // took the first layer's weight-only backward), so each forward the Python side builds differently has a name of

@@ -1,5 +1,5 @@
 // The element-wise ops between ResNet's convolutions, as AOT custom ops (cpu_kernels/cells.py: CpuReLU,
-// CpuAddReLU), in float32 or float16. MindSpore's CPU kernels for ReLU, ReluGrad and Add run several times slower
+// CpuAddReLU, CpuAdd, CpuDropout), in float32 or float16. MindSpore's CPU kernels for ReLU, ReluGrad and Add run several times slower
 // in float16 than in float32 (docs/benchmarks.md), which made O2's ResNet step slower than O0's. These are one
 // pass over memory each, in either dtype: float16 is converted a chunk at a time, computed in float32 and
 // rounded back, so they read and write half the bytes of float32.
@@ -8,6 +8,9 @@
 // ReluBwd (y, dy -> dx): dy where y > 0, else 0.
 // AddReluFwd (a, b -> y): max(a + b, 0), the sum rounded once; AddReluBwd (y, dy -> dx): as ReluBwd, the gradient
 // of both a and b.
+// AddFwd (a, b -> y): a + b, rounded once (a Transformer's residual sum; its gradient is dy to both, no kernel).
+// MaskMulFwd (x, m -> y): x * m with m float32 whatever x's dtype (dropout: m is 0 or 1/keep, drawn in float32
+// by MindSpore's Dropout; MindSpore's float16 Dropout and DropoutGrad run many times slower than in float32).
 // UnscaleSum (g, scale -> g * (1 / scale), the sum of that): the loss-scale step's unscale and its overflow check
 // in one pass over a float32 gradient, where MindSpore runs a Mul and a ReduceSum (the sum is inf or NaN when any
 // element is: the step tests it with isfinite, as amp.loss_scale.finite_sum does).
@@ -104,6 +107,51 @@ int AddRelu(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   return 0;
 }
 
+int Add(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  const int kind = Kind(nparam, dtypes);
+  if (nparam != 3 || !kind || ndims[0] != ndims[1]) return 1;
+  for (int i = 0; i < ndims[0]; ++i)
+    if (shapes[0][i] != shapes[1][i]) return 1;
+  Map<2>(params, Count(ndims, shapes), kind == 2, [](const float **in, float *out, int64_t m) {
+    const float *a = in[0], *b = in[1];
+    for (int64_t i = 0; i < m; ++i) out[i] = a[i] + b[i];
+  });
+  return 0;
+}
+
+int MaskMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != 3 || ndims[0] != ndims[1] || std::strcmp(dtypes[1], "float32") || std::strcmp(dtypes[2], dtypes[0]))
+    return 1;
+  for (int i = 0; i < ndims[0]; ++i)
+    if (shapes[0][i] != shapes[1][i]) return 1;
+  const bool half = !std::strcmp(dtypes[0], "float16");
+  if (!half && std::strcmp(dtypes[0], "float32")) return 1;
+  const int64_t n = Count(ndims, shapes);
+  const float *m = static_cast<const float *>(params[1]);
+  auto run = [&](int64_t a, int64_t b) {
+    if (!half) {
+      const float *x = static_cast<const float *>(params[0]);
+      float *y = static_cast<float *>(params[2]);
+      for (int64_t i = a; i < b; ++i) y[i] = x[i] * m[i];
+      return;
+    }
+    float buffer[kChunk];
+    for (int64_t c = a; c < b; c += kChunk) {
+      const int64_t len = c + kChunk < b ? kChunk : b - c;
+      AmpZooHalfToFloatHere(static_cast<const uint16_t *>(params[0]) + c, buffer, len);
+      for (int64_t i = 0; i < len; ++i) buffer[i] *= m[c + i];
+      AmpZooFloatToHalfHere(buffer, static_cast<uint16_t *>(params[2]) + c, len);
+    }
+  };
+  const int threads = n >= (1 << 15) ? AmpZooThreads() : 1;
+  if (threads == 1) {
+    run(0, n);
+  } else {
+    AmpZooParallel(threads, [&](int t, int k) { run(n * t / k, n * (t + 1) / k); });
+  }
+  return 0;
+}
+
 int UnscaleSum(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   if (nparam != 4) return 1;
   for (int i = 0; i < nparam; ++i)
@@ -156,6 +204,13 @@ extern "C" int AddReluFwd(int n, void **params, int *ndims, int64_t **shapes, co
 }
 extern "C" int AddReluBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   return ReluGrad(n, params, ndims, shapes, dtypes);
+}
+extern "C" int AddFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  return Add(n, params, ndims, shapes, dtypes);
+}
+extern "C" int MaskMulFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                          void *) {
+  return MaskMul(n, params, ndims, shapes, dtypes);
 }
 extern "C" int UnscaleSumOp(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                             void *) {

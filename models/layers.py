@@ -120,6 +120,30 @@ def relu() -> nn.ReLU:
     return nn.ReLU()
 
 
+def dropout(p: float) -> nn.Dropout:
+    """nn.Dropout(p), or where the CPU kernels run, CpuDropout (the same random mask, drawn in fp32 and applied in
+    the activations' dtype: MindSpore's CPU Dropout runs several times slower in fp16)."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import CpuDropout
+        return CpuDropout(p)
+    return nn.Dropout(p=p)
+
+
+class Add(nn.Cell):
+    """a + b: a residual sum."""
+
+    def construct(self, a, b):
+        return a + b
+
+
+def add() -> nn.Cell:
+    """Add, or where the CPU kernels run, CpuAdd (one pass, fp32 or fp16; a and b of one shape)."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import CpuAdd
+        return CpuAdd()
+    return Add()
+
+
 class AddReLU(nn.Cell):
     """relu(a + b): the end of a residual block."""
 
@@ -133,6 +157,26 @@ def add_relu() -> nn.Cell:
         from cpu_kernels.cells import CpuAddReLU
         return CpuAddReLU()
     return AddReLU()
+
+
+def affine_kernel(bias: bool = True, float32_out: bool = False):
+    """Where the CPU kernels run, cpu_kernels' affine op for a 2-D x [M,K] and a weight [N,K]: x w^T + b (or x w^T
+    without a bias) with its backward, taking the weight in the dtype it is stored in (no Cast around it at O2)
+    and the activations in fp32 or fp16; elsewhere None (the caller runs MindSpore's MatMul). float32_out: the
+    result in fp32 whatever the activations' dtype (holding fp16 values when they are fp16)."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import affine_op
+        return affine_op(bias, float32_out)
+    return None
+
+
+def layer_norm_kernel():
+    """Where the CPU kernels run, cpu_kernels' LayerNorm op over the last axis (x, gamma, beta, eps -> y, mean,
+    rstd) with its backward, computing in fp32 whatever the dtypes of x and gamma; elsewhere None."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import layer_norm_op
+        return layer_norm_op()
+    return None
 
 
 class ToNCHW(nn.Cell):

@@ -28,6 +28,7 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.common.initializer import Normal, XavierUniform
 
+from models.layers import add, affine_kernel, dropout, layer_norm_kernel, relu
 from zoo.errors import ConfigError
 from zoo.registry import CELLS, MODELS
 
@@ -70,14 +71,22 @@ class AffineFunction(nn.Cell):
 
 
 class Dense(nn.Dense):
-    """nn.Dense (a subclass: keep-lists naming Dense reach it; same parameters) as one 2-D affine map."""
+    """nn.Dense (a subclass: keep-lists naming Dense reach it; same parameters) as one 2-D affine map: the CPU
+    kernels' where they run (the fp32 weight goes in as it is, so O2 casts nothing around it), else
+    AffineFunction on the weight cast to the activations' dtype."""
 
     def __init__(self, d_in, d_out):
         super().__init__(d_in, d_out, weight_init=XavierUniform())
+        self.kernel = affine_kernel(bias=True)
+        self.fused = self.kernel is not None  # a Python constant: the graph holds one branch
         self.affine = AffineFunction()
 
     def construct(self, x):
-        y = self.affine(x.reshape(-1, self.in_channels), ops.cast(self.weight, x.dtype), ops.cast(self.bias, x.dtype))
+        x2 = x.reshape(-1, self.in_channels)
+        if self.fused:
+            y = self.kernel(x2, self.weight, self.bias)
+        else:
+            y = self.affine(x2, ops.cast(self.weight, x.dtype), ops.cast(self.bias, x.dtype))
         return y.reshape(x.shape[:-1] + (self.out_channels,))
 
 
@@ -109,14 +118,20 @@ class NormFunction(nn.Cell):
 
 
 class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm over the last axis through NormFunction: still a LayerNorm for keep-lists (a subclass),
-    with the same parameters (gamma, beta)."""
+    """nn.LayerNorm over the last axis: still a LayerNorm for keep-lists (a subclass), with the same parameters
+    (gamma, beta). Where the CPU kernels run, their LayerNorm, which takes fp16 or fp32 and computes in fp32, so
+    a keep-list needs no Cast around it (`fp32_inside`, as amp.policy reads it); else NormFunction."""
 
     def __init__(self, d_model: int, epsilon: float = 1e-5):
         super().__init__((d_model,), epsilon=epsilon)
         self.function = NormFunction(epsilon)
+        self.kernel = layer_norm_kernel()
+        self.fused = self.fp32_inside = self.kernel is not None
+        self.eps = Tensor([epsilon], ms.float32)
 
     def construct(self, x):
+        if self.fused:
+            return self.kernel(x, self.gamma, self.beta, self.eps)[0]
         return self.function(x, ops.cast(self.gamma, x.dtype), ops.cast(self.beta, x.dtype))[0]
 
 
@@ -126,7 +141,7 @@ class Dropout(nn.Cell):
     def __init__(self, p: float):
         super().__init__()
         self.p = p
-        self.drop = nn.Dropout(p=p) if p > 0 else None
+        self.drop = dropout(p) if p > 0 else None
 
     def construct(self, x):
         if self.p > 0:  # a Python constant: the graph holds one branch
@@ -180,7 +195,7 @@ class FeedForward(nn.Cell):
     def __init__(self, d_model, ffn, activation_dropout):
         super().__init__()
         self.fc1, self.fc2 = Dense(d_model, ffn), Dense(ffn, d_model)
-        self.relu, self.dropout = nn.ReLU(), Dropout(activation_dropout)
+        self.relu, self.dropout = relu(), Dropout(activation_dropout)
 
     def construct(self, x):
         return self.fc2(self.dropout(self.relu(self.fc1(x))))
@@ -194,9 +209,10 @@ class Sublayer(nn.Cell):
         self.norm = LayerNorm(d_model)
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
+        self.add = add()
 
     def construct(self, x, fx):
-        return x + self.dropout(fx) if self.norm_first else self.norm(x + self.dropout(fx))
+        return self.add(x, self.dropout(fx)) if self.norm_first else self.norm(self.add(x, self.dropout(fx)))
 
     def pre(self, x):
         return self.norm(x) if self.norm_first else x
@@ -267,7 +283,10 @@ class Transformer(nn.Cell):
         self.norm_first = norm_first
         self.enc_norm = LayerNorm(d_model)  # used with pre-norm only
         self.dec_norm = LayerNorm(d_model)
-        self.project = ops.MatMul(transpose_b=True)
+        # the CPU kernels' x w^T, taking the fp32 table as it is and returning fp32 logits (fp16 values at O2)
+        kernel = affine_kernel(bias=False, float32_out=True)
+        self.project_casts = kernel is None
+        self.project = ops.MatMul(transpose_b=True) if kernel is None else kernel
 
     def embed_tokens(self, tokens, positions):
         return self.dropout(self.embed(tokens) * math.sqrt(self.d_model) + positions)
@@ -287,7 +306,10 @@ class Transformer(nn.Cell):
         a 4,096-token training graph's memory went to such copies)."""
         if self.norm_first:
             x = self.dec_norm(x)
-        return self.project(x.reshape(-1, self.d_model), ops.cast(self.embed.embedding_table, x.dtype))
+        table = self.embed.embedding_table
+        if self.project_casts:
+            table = ops.cast(table, x.dtype)
+        return self.project(x.reshape(-1, self.d_model), table)
 
     def decode(self, tgt, memory, src_bias):
         t = tgt.shape[1]

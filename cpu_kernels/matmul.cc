@@ -1,0 +1,149 @@
+// A Transformer's affine maps (models/transformer.py: Dense, the tied output projection) as AOT custom ops
+// (cpu_kernels/cells.py: affine_op, linear_op), for float32 or float16 activations and float32 or float16
+// weights. MindSpore's CPU MatMul in float16 casts its inputs to float32, multiplies and casts back, with a
+// slower Cast kernel each way (docs/benchmarks.md, "Mixed precision on the CPU"), and an O2 Dense casts its
+// float32 weight to float16 every step and the weight's gradient back. These ops take the weight as it is
+// stored (float32 master weights at O2) and the activations as they come, convert float16 to float32 themselves
+// (AVX-512 or F16C, conv.cc), run oneDNN's sgemm on the pool's threads, and round each float16 output once.
+//
+// The numbers are O2's: the weight is rounded to float16 before it multiplies a float16 activation, and a
+// float32 weight's gradient is rounded through float16 (an fp16 gradient past 65504 is inf, as the cast graph
+// makes it, so the loss scale's overflow check still sees it).
+//
+// AffineFwd (x [M,K], w [N,K], b [N] -> y [M,N]): y = x w^T + b
+// AffineBwd (x, w, dy -> dx [M,K], dw [N,K], db [N]): dx = dy w, dw = dy^T x, db = the column sums of dy
+// LinearFwd (x, w -> y), LinearBwd (x, w, dy -> dx, dw): the same without a bias; LinearFwd32 returns float32
+// (the logits, which the loss reads in float32: no Cast of a tokens x vocabulary tensor each way)
+#include <oneapi/dnnl/dnnl_threadpool.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+dnnl::threadpool_interop::threadpool_iface *AmpZooPool();  // conv.cc
+void AmpZooHalfToFloat(const uint16_t *s, float *d, int64_t n);
+void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n);
+
+namespace {
+
+bool IsHalf(const char *dtype) { return !std::strcmp(dtype, "float16"); }
+bool Supported(const char *dtype) { return IsHalf(dtype) || !std::strcmp(dtype, "float32"); }
+
+// A tensor as float32: itself, or its float16 values converted into `buf`. round_half: a float32 tensor rounded to
+// float16 first (a float32 weight meeting float16 activations, as O2's Cast would give the MatMul)
+const float *AsFloat(const void *p, const char *dtype, int64_t n, bool round_half, std::vector<float> *buf) {
+  if (!IsHalf(dtype) && !round_half) return static_cast<const float *>(p);
+  buf->resize(n);
+  if (IsHalf(dtype)) {
+    AmpZooHalfToFloat(static_cast<const uint16_t *>(p), buf->data(), n);
+  } else {
+    std::vector<uint16_t> half(n);
+    AmpZooFloatToHalf(static_cast<const float *>(p), half.data(), n);
+    AmpZooHalfToFloat(half.data(), buf->data(), n);
+  }
+  return buf->data();
+}
+
+// A float32 result into its output tensor: float16 rounded once; float32 as it is, or rounded through float16
+// (via_half: a float32 tensor of a float16 computation, such as a float32 weight's gradient)
+void Store(float *result, void *out, const char *dtype, int64_t n, bool via_half) {
+  if (IsHalf(dtype)) {
+    AmpZooFloatToHalf(result, static_cast<uint16_t *>(out), n);
+    return;
+  }
+  if (result != out) std::memcpy(out, result, n * sizeof(float));
+  if (via_half) {
+    std::vector<uint16_t> half(n);
+    AmpZooFloatToHalf(static_cast<float *>(out), half.data(), n);
+    AmpZooHalfToFloat(half.data(), static_cast<float *>(out), n);
+  }
+}
+
+// Where a float32 result is written: the output itself when it is float32, else a scratch buffer
+float *Target(void *out, const char *dtype, int64_t n, std::vector<float> *buf) {
+  if (!IsHalf(dtype)) return static_cast<float *>(out);
+  buf->resize(n);
+  return buf->data();
+}
+
+// Row-major C [M,N] = alpha op(A) op(B) + beta C on the pool's threads
+bool Gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
+          int64_t ldb, float beta, float *C, int64_t ldc) {
+  return dnnl::threadpool_interop::sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc, AmpZooPool()) ==
+         dnnl::status::success;
+}
+
+// params: x, w, [b], y. 0 on success. The output may be float32 with float16 activations (the logits, which
+// the loss takes in float32): it then holds float16 values, as a Cast after a float16 MatMul would
+int Forward(bool bias, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  const int out = bias ? 3 : 2;
+  if (nparam != out + 1 || ndims[0] != 2 || ndims[1] != 2 || shapes[0][1] != shapes[1][1]) return 1;
+  if (bias && (ndims[2] != 1 || shapes[2][0] != shapes[1][0] || std::strcmp(dtypes[2], dtypes[1]))) return 1;
+  for (int i = 0; i < nparam; ++i)
+    if (!Supported(dtypes[i])) return 1;
+  if (!IsHalf(dtypes[0]) && IsHalf(dtypes[out])) return 1;
+  const int64_t M = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
+  const bool half = IsHalf(dtypes[0]);  // float16 activations: every value in and out is a float16 value
+  thread_local std::vector<float> xb, wb, bb, yb;
+  const float *x = AsFloat(params[0], dtypes[0], M * K, false, &xb);
+  const float *w = AsFloat(params[1], dtypes[1], N * K, half, &wb);
+  float *y = Target(params[out], dtypes[out], M * N, &yb);
+  if (bias) {
+    const float *b = AsFloat(params[2], dtypes[2], N, half, &bb);
+    for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * N, b, N * sizeof(float));
+  }
+  if (!Gemm('N', 'T', M, N, K, x, K, w, K, bias ? 1.0f : 0.0f, y, N)) return 2;
+  Store(y, params[out], dtypes[out], M * N, half);
+  return 0;
+}
+
+// params: x, w, dy, dx, dw, [db]. 0 on success. dx in x's dtype, dw and db in w's; dy in either (a float32 dy
+// meeting float16 activations is rounded to float16 first, as the Cast's backward would)
+int Backward(bool bias, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != (bias ? 6 : 5) || ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2) return 1;
+  const int64_t M = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
+  if (shapes[1][1] != K || shapes[2][0] != M || shapes[2][1] != N) return 1;
+  for (int i = 0; i < nparam; ++i)
+    if (!Supported(dtypes[i])) return 1;
+  if (std::strcmp(dtypes[3], dtypes[0]) || std::strcmp(dtypes[4], dtypes[1]) ||
+      (bias && std::strcmp(dtypes[5], dtypes[1])))
+    return 1;
+  const bool half = IsHalf(dtypes[0]);
+  thread_local std::vector<float> xb, wb, gb, dxb, dwb, dbb, ones;
+  const float *x = AsFloat(params[0], dtypes[0], M * K, false, &xb);
+  const float *w = AsFloat(params[1], dtypes[1], N * K, half, &wb);
+  const float *dy = AsFloat(params[2], dtypes[2], M * N, half, &gb);
+  float *dx = Target(params[3], dtypes[3], M * K, &dxb);
+  float *dw = Target(params[4], dtypes[4], N * K, &dwb);
+  if (!Gemm('N', 'N', M, K, N, dy, N, w, K, 0.0f, dx, K)) return 2;
+  if (!Gemm('T', 'N', N, K, M, dy, N, x, K, 0.0f, dw, K)) return 2;
+  Store(dx, params[3], dtypes[3], M * K, half);
+  Store(dw, params[4], dtypes[4], N * K, half);
+  if (bias) {  // the column sums as a (1 x M) (M x N) product: sgemm's blocking beats a strided loop
+    float *db = Target(params[5], dtypes[5], N, &dbb);
+    ones.assign(M, 1.0f);
+    if (!Gemm('N', 'N', 1, N, M, ones.data(), M, dy, N, 0.0f, db, N)) return 2;
+    Store(db, params[5], dtypes[5], N, half);
+  }
+  return 0;
+}
+
+}  // namespace
+
+// Return codes (MindSpore reports them): 1 a count, shape or dtype these ops do not take, 2 oneDNN failed
+extern "C" int AffineFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  return Forward(true, n, params, ndims, shapes, dtypes);
+}
+extern "C" int AffineBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  return Backward(true, n, params, ndims, shapes, dtypes);
+}
+extern "C" int LinearFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  return Forward(false, n, params, ndims, shapes, dtypes);
+}
+extern "C" int LinearBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
+  return Backward(false, n, params, ndims, shapes, dtypes);
+}
+extern "C" int LinearFwd32(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                           void *) {
+  return Forward(false, n, params, ndims, shapes, dtypes);
+}
