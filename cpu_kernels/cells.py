@@ -307,6 +307,30 @@ class CpuDropout(nn.Dropout):
         return self.mask_mul(x, scaled_mask)
 
 
+def _bmm_shape(ta: bool, tb: bool):
+    def shape(a, b):
+        return list(a[:-2]) + [a[-1] if ta else a[-2], b[-2] if tb else b[-1]]
+    return shape
+
+
+@lru_cache(maxsize=None)
+def bmm_op(transpose_b: bool = False):
+    """matmul.cc's batched product over equal leading axes: a @ b (BmmFwdNN) or a @ b^T (BmmFwdNT), fp32 or fp16
+    (one dtype for all), computed in fp32, with its backward."""
+    lib = library()
+    nn_, nt, tn = (ops.Custom(f"{lib}:Bmm{v}", out_shape=_bmm_shape(v[0] == "T", v[1] == "T"), out_dtype=_first,
+                              func_type="aot") for v in ("NN", "NT", "TN"))
+    if transpose_b:  # y = a b^T: da = dy b, db = dy^T a
+        def bprop(a, b, out, dout):
+            return nn_(dout, b), tn(dout, a)
+    else:  # y = a b: da = dy b^T, db = a^T dy
+        def bprop(a, b, out, dout):
+            return nt(dout, b), tn(a, dout)
+    name = "BmmFwdNT" if transpose_b else "BmmFwdNN"
+    return ops.Custom(f"{lib}:{name}", out_shape=_bmm_shape(False, transpose_b), out_dtype=_first, func_type="aot",
+                      bprop=bprop)
+
+
 @lru_cache(maxsize=1)
 def layer_norm_op():
     """layer_norm.cc's LayerNormFwd (x [..., D], gamma [D], beta [D], eps fp32 (1,) -> y in x's dtype, mean and

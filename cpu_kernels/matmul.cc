@@ -18,11 +18,16 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 dnnl::threadpool_interop::threadpool_iface *AmpZooPool();  // conv.cc
 void AmpZooHalfToFloat(const uint16_t *s, float *d, int64_t n);
 void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n);
+void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
+void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
+void AmpZooParallel(int n, const std::function<void(int, int)> &fn);
+int AmpZooThreads();
 
 namespace {
 
@@ -147,3 +152,71 @@ extern "C" int LinearFwd32(int n, void **params, int *ndims, int64_t **shapes, c
                            void *) {
   return Forward(false, n, params, ndims, shapes, dtypes);
 }
+
+// Batched products over equal leading axes (the attention's scores and context, models/transformer.py's
+// BatchMatMul): a [..., M, K] or [..., K, M] (ta), b [..., K, N] or [..., N, K] (tb) -> y [..., M, N], all in
+// one dtype, float32 or float16; each product a sequential sgemm, the products split over the pool's threads.
+// BmmFwdNN and BmmFwdNT are the forward ops (cells.py gives them their gradients); BmmNN, BmmNT, BmmTN the same
+// products for the backward (graph mode gives two custom ops of one name one gradient, conv.cc).
+namespace {
+
+int Batched(char ta, char tb, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != 3 || ndims[0] < 2 || ndims[0] != ndims[1] || ndims[2] != ndims[0]) return 1;
+  const int r = ndims[0];
+  int64_t batch = 1;
+  for (int i = 0; i + 2 < r; ++i) {
+    if (shapes[0][i] != shapes[1][i] || shapes[2][i] != shapes[0][i]) return 1;
+    batch *= shapes[0][i];
+  }
+  for (int i = 0; i < 3; ++i)
+    if (!Supported(dtypes[i]) || std::strcmp(dtypes[i], dtypes[0])) return 1;
+  const int64_t M = ta == 'N' ? shapes[0][r - 2] : shapes[0][r - 1], K = ta == 'N' ? shapes[0][r - 1] : shapes[0][r - 2];
+  const int64_t N = tb == 'N' ? shapes[1][r - 1] : shapes[1][r - 2];
+  if ((tb == 'N' ? shapes[1][r - 2] : shapes[1][r - 1]) != K || shapes[2][r - 2] != M || shapes[2][r - 1] != N) return 1;
+  const bool half = IsHalf(dtypes[0]);
+  const int64_t sa = M * K, sb = K * N, sy = M * N;
+  const int threads = batch * sy * K >= (1 << 16) ? AmpZooThreads() : 1;
+  bool ok = true;
+  auto run = [&](int64_t first, int64_t last) {
+    std::vector<float> a, b, y;
+    if (half) {
+      a.resize(sa);
+      b.resize(sb);
+      y.resize(sy);
+    }
+    for (int64_t i = first; i < last; ++i) {
+      const float *pa, *pb;
+      float *py;
+      if (half) {
+        AmpZooHalfToFloatHere(static_cast<const uint16_t *>(params[0]) + i * sa, a.data(), sa);
+        AmpZooHalfToFloatHere(static_cast<const uint16_t *>(params[1]) + i * sb, b.data(), sb);
+        pa = a.data(), pb = b.data(), py = y.data();
+      } else {
+        pa = static_cast<const float *>(params[0]) + i * sa;
+        pb = static_cast<const float *>(params[1]) + i * sb;
+        py = static_cast<float *>(params[2]) + i * sy;
+      }
+      const int64_t lda = ta == 'N' ? K : M, ldb = tb == 'N' ? N : K;
+      if (dnnl_sgemm(ta, tb, M, N, K, 1.0f, pa, lda, pb, ldb, 0.0f, py, N) != dnnl_success) ok = false;
+      if (half) AmpZooFloatToHalfHere(py, static_cast<uint16_t *>(params[2]) + i * sy, sy);
+    }
+  };
+  if (threads == 1) {
+    run(0, batch);
+  } else {
+    AmpZooParallel(threads, [&](int t, int k) { run(batch * t / k, batch * (t + 1) / k); });
+  }
+  return ok ? 0 : 2;
+}
+
+}  // namespace
+
+#define AMP_ZOO_BMM(NAME, TA, TB)                                                                                 \
+  extern "C" int NAME(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) { \
+    return Batched(TA, TB, n, params, ndims, shapes, dtypes);                                                     \
+  }
+AMP_ZOO_BMM(BmmFwdNN, 'N', 'N')
+AMP_ZOO_BMM(BmmFwdNT, 'N', 'T')
+AMP_ZOO_BMM(BmmNN, 'N', 'N')
+AMP_ZOO_BMM(BmmNT, 'N', 'T')
+AMP_ZOO_BMM(BmmTN, 'T', 'N')

@@ -170,6 +170,15 @@ def affine_kernel(bias: bool = True, float32_out: bool = False):
     return None
 
 
+def bmm_kernel(transpose_b: bool = False):
+    """Where the CPU kernels run, cpu_kernels' batched a @ b (or a @ b^T) over equal leading axes, fp32 or fp16
+    computed in fp32, with its backward; elsewhere None."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import bmm_op
+        return bmm_op(transpose_b)
+    return None
+
+
 def layer_norm_kernel():
     """Where the CPU kernels run, cpu_kernels' LayerNorm op over the last axis (x, gamma, beta, eps -> y, mean,
     rstd) with its backward, computing in fp32 whatever the dtypes of x and gamma; elsewhere None."""

@@ -28,7 +28,7 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.common.initializer import Normal, XavierUniform
 
-from models.layers import add, affine_kernel, dropout, layer_norm_kernel, relu
+from models.layers import add, affine_kernel, bmm_kernel, dropout, layer_norm_kernel, relu
 from zoo.errors import ConfigError
 from zoo.registry import CELLS, MODELS
 
@@ -38,11 +38,12 @@ NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in f
 
 @CELLS.register()
 class BatchMatMul(nn.Cell):
-    """ops.BatchMatMul as a Cell, so precision lists can name the attention matmuls."""
+    """ops.BatchMatMul as a Cell, so precision lists can name the attention matmuls; the CPU kernels' where they
+    run (MindSpore's fp16 BatchMatMul casts to fp32 and back around its fp32 kernel, in graph ops)."""
 
     def __init__(self, transpose_b: bool = False):
         super().__init__()
-        self.op = ops.BatchMatMul(transpose_b=transpose_b)
+        self.op = bmm_kernel(transpose_b) or ops.BatchMatMul(transpose_b=transpose_b)
 
     def construct(self, a, b):
         return self.op(a, b)
