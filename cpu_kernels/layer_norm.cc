@@ -5,7 +5,7 @@
 // Transformer-Tiny step), and at O2 Casts ran on both sides of every LayerNorm.
 //
 // LayerNormFwd (x [..., D], gamma [D], beta [D] -> y, mean [rows], rstd [rows]): y = (x - mean) * rstd * gamma +
-//   beta, rstd = 1 / sqrt(var + eps), var the biased variance of the row; eps is the last input, a float32 (1,)
+//   beta, rstd = 1 / sqrt(var + eps), var the biased variance of the row; eps is the last input, a (1,) tensor
 // LayerNormBwd (x, gamma, mean, rstd, dy -> dx, dgamma, dbeta)
 #include <cmath>
 #include <cstdint>
@@ -68,11 +68,11 @@ int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   const int64_t d = shapes[0][ndims[0] - 1], rows = Rows(ndims[0], shapes[0]);
   if (shapes[1][0] != d || shapes[2][0] != d || std::strcmp(dtypes[1], dtypes[2]) || std::strcmp(dtypes[4], dtypes[0]))
     return 1;
-  if (!Supported(dtypes[0]) || !Supported(dtypes[1]) || std::strcmp(dtypes[3], "float32") ||
-      std::strcmp(dtypes[5], "float32") || std::strcmp(dtypes[6], "float32"))
+  if (!Supported(dtypes[0]) || !Supported(dtypes[1]) || !Supported(dtypes[3]) || std::strcmp(dtypes[5], "float32") ||
+      std::strcmp(dtypes[6], "float32"))
     return 1;
   const bool half = IsHalf(dtypes[0]);
-  const float eps = static_cast<const float *>(params[3])[0];
+  const float eps = Vector(params[3], IsHalf(dtypes[3]), 1)[0];  // PyNative's O2 may hand it over in float16
   const std::vector<float> gamma = Vector(params[1], IsHalf(dtypes[1]), d), beta = Vector(params[2], IsHalf(dtypes[2]), d);
   float *mean = static_cast<float *>(params[5]), *rstd = static_cast<float *>(params[6]);
   int used = 0;
@@ -102,11 +102,12 @@ int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char
   if (shapes[1][0] != d || Rows(ndims[4], shapes[4]) != rows || shapes[4][ndims[4] - 1] != d) return 1;
   if (!Supported(dtypes[0]) || !Supported(dtypes[1]) || std::strcmp(dtypes[4], dtypes[0]) ||
       std::strcmp(dtypes[5], dtypes[0]) || std::strcmp(dtypes[6], dtypes[1]) || std::strcmp(dtypes[7], dtypes[1]) ||
-      std::strcmp(dtypes[2], "float32") || std::strcmp(dtypes[3], "float32"))
+      !Supported(dtypes[2]) || !Supported(dtypes[3]))
     return 1;
   const bool half = IsHalf(dtypes[0]);
   const std::vector<float> gamma = Vector(params[1], IsHalf(dtypes[1]), d);
-  const float *mean = static_cast<const float *>(params[2]), *rstd = static_cast<const float *>(params[3]);
+  const std::vector<float> mean_v = Vector(params[2], IsHalf(dtypes[2]), rows), rstd_v = Vector(params[3], IsHalf(dtypes[3]), rows);
+  const float *mean = mean_v.data(), *rstd = rstd_v.data();
   const int most = AmpZooThreads();
   std::vector<float> dgamma_parts(static_cast<size_t>(most) * d, 0.0f), dbeta_parts(static_cast<size_t>(most) * d, 0.0f);
   int used = 0;

@@ -11,6 +11,7 @@ import mindspore.ops as ops
 from amp.policy import apply_policy
 from data.translation import make_batches
 from models import create_model
+from models.layers import set_cpu_kernels
 from models.transformer import Dense, LayerNorm
 from tests.test_transformer import TINY, tiny_batch
 from zoo.compose import compose
@@ -76,9 +77,14 @@ class LayerNormReturningRstd(nn.Cell):
 
 
 def test_layernorm_gradient_holds_whichever_statistic_the_kernel_returns(graph_mode):
+    """NormFunction, the LayerNorm of every device but the CPU with its kernels."""
     rng = np.random.RandomState(4)
     x = ms.Tensor((rng.randn(3, 7, 32) * 2 - 1).astype(np.float32))
-    as_on_cpu, as_on_ascend = LayerNorm(32), LayerNorm(32)
+    set_cpu_kernels("off")
+    try:
+        as_on_cpu, as_on_ascend = LayerNorm(32), LayerNorm(32)
+    finally:
+        set_cpu_kernels("auto")
     as_on_ascend.function.norm = LayerNormReturningRstd(1e-5)
     assert_same(grads(as_on_ascend, x), grads(as_on_cpu, x))
     assert_same(grads(as_on_cpu, x), grads(nn.LayerNorm((32,), epsilon=1e-5), x))
@@ -145,7 +151,9 @@ def test_tiny_recipes_compose_as_published(recipe):
 
 def test_o2_keep_list_holds_on_a_real_forward_pass(pynative_mode):
     """Forward hooks see what each Cell really returned: LayerNorm and Softmax outputs fp32 (then cast back
-    to fp16 at their edge), Dense and the attention matmuls fp16."""
+    to fp16 at their edge), Dense and the attention matmuls fp16. The CPU kernels' LayerNorm computes in fp32 and
+    returns fp16 itself (fp32_inside: no Cast at its edge), and the report says fp32."""
+    from amp.policy import compute_dtype
     from models.transformer import BatchMatMul
     cfg = compose(["recipe=transformer_tiny_multi30k_o2"])
     assert list(cfg.amp.keep_fp32) == ["LayerNorm", "Softmax"] and cfg.amp.loss_scale.type.value == "dynamic"
@@ -159,7 +167,10 @@ def test_o2_keep_list_holds_on_a_real_forward_pass(pynative_mode):
             cell.register_forward_hook(hook)
     src, tgt_in, _ = tiny_batch()
     out = net(src, tgt_in)
-    assert seen["LayerNorm"] == {"Float32"} and seen["Softmax"] == {"Float32"}
+    norms = [c for _, c in net.cells_and_names() if isinstance(c, nn.LayerNorm)]
+    inside = all(getattr(c, "fp32_inside", False) for c in norms)
+    assert seen["LayerNorm"] == {"Float16" if inside else "Float32"} and seen["Softmax"] == {"Float32"}
+    assert all(compute_dtype(c) == "float32" for c in norms)
     assert seen["Dense"] == {"Float16"} and seen["BatchMatMul"] == {"Float16"}
     assert out.dtype == ms.float32  # the loss is computed in fp32
 

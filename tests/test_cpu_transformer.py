@@ -1,0 +1,204 @@
+"""The Transformer's CPU kernels (matmul.cc, layer_norm.cc, eltwise.cc's Add and MaskMul): each computes in fp32
+whatever comes in and rounds its output once, so in fp32 it matches the MindSpore ops it replaces and in fp16 it
+gives what O2's casts gave (within an ulp); the weights go in as stored, and an fp32 weight's gradient in an fp16
+step is still an fp16 value (past 65504 it is inf, which the loss scale's check must see). A Transformer with
+the kernels computes the loss and gradients of the one without them."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+import mindspore.nn as nn
+import mindspore.ops as ops
+
+from cpu_kernels import has_ops, why_not
+from cpu_kernels.cells import CpuDropout, affine_op, bmm_op, layer_norm_op
+from models.layers import set_cpu_kernels
+
+pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
+
+
+@pytest.fixture
+def graph_mode():
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    yield
+    set_cpu_kernels("auto")
+
+
+class Call(nn.Cell):
+    """One op and its gradients for every input, with dy given."""
+
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def construct(self, *args):
+        return self.op(*args)
+
+
+def run(op, inputs, dy):
+    net = Call(op)
+    tensors = [ms.Tensor(a) for a in inputs]
+    out = net(*tensors)
+    sens = tuple(ms.Tensor(d) for d in dy) if isinstance(dy, tuple) else ms.Tensor(dy)
+    grads = ops.GradOperation(get_all=True, sens_param=True)(net)(*tensors, sens)
+    return out, [g.asnumpy() for g in grads]
+
+
+def as_half(a):
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+
+def close_in_fp16(got, want):
+    """Rounded once from fp32: equal to fp32's result rounded to fp16 within an ulp."""
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32).astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=1e-3)
+
+
+def test_affine_in_fp32_is_the_matmul_plus_bias(graph_mode):
+    rng = np.random.RandomState(0)
+    x, w, b, dy = (rng.randn(*s).astype(np.float32) for s in ((33, 20), (17, 20), (17,), (33, 17)))
+    y, (dx, dw, db) = run(affine_op(True), [x, w, b], dy)
+    np.testing.assert_allclose(y.asnumpy(), x @ w.T + b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, dy @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw, dy.T @ x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db, dy.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_affine_takes_fp32_weights_with_fp16_activations_as_o2s_casts_would(graph_mode):
+    """No Cast around it: the fp32 weight is rounded to fp16 inside, the output rounded once, dx fp16, and the
+    weight's gradient comes back fp32 holding fp16 values."""
+    rng = np.random.RandomState(1)
+    x, dy = rng.randn(40, 24).astype(np.float16), rng.randn(40, 12).astype(np.float16)
+    w, b = rng.randn(12, 24).astype(np.float32) * 0.3, rng.randn(12).astype(np.float32)
+    y, (dx, dw, db) = run(affine_op(True), [x, w, b], dy)
+    xf, dyf = x.astype(np.float32), dy.astype(np.float32)
+    assert y.dtype == ms.float16 and dx.dtype == np.float16 and dw.dtype == np.float32 and db.dtype == np.float32
+    close_in_fp16(y.asnumpy(), xf @ as_half(w).T + as_half(b))
+    close_in_fp16(dx, dyf @ as_half(w))
+    close_in_fp16(dw, dyf.T @ xf)
+    np.testing.assert_array_equal(dw, as_half(dw))  # fp16 values, stored fp32
+
+
+def test_an_fp16_weight_gradient_past_65504_is_inf_for_the_loss_scale(graph_mode):
+    x = np.full((64, 4), 60.0, np.float16)
+    dy = np.full((64, 2), 30.0, np.float16)  # each dw = 64 * 60 * 30 = 115,200: past fp16's range
+    w = np.zeros((2, 4), np.float32)
+    _, (dx, dw) = run(affine_op(False), [x, w], dy)
+    assert np.isinf(dw).all(), dw
+
+
+def test_the_fp32_logits_hold_fp16_values_and_take_an_fp32_gradient(graph_mode):
+    rng = np.random.RandomState(2)
+    x, w = rng.randn(16, 8).astype(np.float16), rng.randn(30, 8).astype(np.float32)
+    dy = rng.randn(16, 30).astype(np.float32)
+    y, (dx, dw) = run(affine_op(False, float32_out=True), [x, w], dy)
+    assert y.dtype == ms.float32 and dx.dtype == np.float16 and dw.dtype == np.float32
+    close_in_fp16(y.asnumpy(), x.astype(np.float32) @ as_half(w).T)
+    np.testing.assert_array_equal(y.asnumpy(), as_half(y.asnumpy()))
+    close_in_fp16(dx, as_half(dy) @ as_half(w))  # dy rounded to fp16 first, as the Cast's backward does
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_layer_norm_and_its_gradients_against_numpy(graph_mode, dtype):
+    rng = np.random.RandomState(3)
+    x = (rng.randn(3, 5, 32) * 40 + 7).astype(dtype)  # activations of a few hundred: fp16 squares overflow
+    gamma, beta = rng.rand(32).astype(np.float32) + 0.5, rng.randn(32).astype(np.float32)
+    dy = rng.randn(3, 5, 32).astype(dtype)
+    eps = np.array([1e-5], np.float32)
+    (y, mean, rstd), (dx, dgamma, dbeta, _) = run(layer_norm_op(), [x, gamma, beta, eps],
+                                                  (dy, np.zeros(15, np.float32), np.zeros(15, np.float32)))
+    xf, g = x.astype(np.float64), dy.astype(np.float64)
+    mu = xf.mean(-1, keepdims=True)
+    inv = 1 / np.sqrt(((xf - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+    xhat = (xf - mu) * inv
+    dxhat = g * gamma
+    want_dx = inv * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    assert y.dtype == (ms.float16 if dtype == np.float16 else ms.float32) and dgamma.dtype == np.float32
+    check = close_in_fp16 if dtype == np.float16 else (lambda a, b: np.testing.assert_allclose(a, b, 1e-4, 1e-4))
+    check(y.asnumpy(), xhat * gamma + beta)
+    check(dx, want_dx)
+    np.testing.assert_allclose(dgamma, (g * xhat).sum((0, 1)), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dbeta, g.sum((0, 1)), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(rstd.asnumpy(), inv.reshape(-1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_batched_matmul_and_its_gradients_against_numpy(graph_mode, transpose_b, dtype):
+    rng = np.random.RandomState(4)
+    a = rng.randn(2, 3, 5, 8).astype(dtype)
+    b = rng.randn(2, 3, *((7, 8) if transpose_b else (8, 7))).astype(dtype)
+    dy = rng.randn(2, 3, 5, 7).astype(dtype)
+    y, (da, db) = run(bmm_op(transpose_b), [a, b], dy)
+    af, bf, gf = (t.astype(np.float32) for t in (a, b, dy))
+    bm = bf.swapaxes(-1, -2) if transpose_b else bf
+    want_db = (gf.swapaxes(-1, -2) @ af) if transpose_b else (af.swapaxes(-1, -2) @ gf)
+    check = close_in_fp16 if dtype == np.float16 else (lambda g, w: np.testing.assert_allclose(g, w, 1e-5, 1e-5))
+    check(y.asnumpy(), af @ bm)
+    check(da, gf @ bm.swapaxes(-1, -2))
+    check(db, want_db)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_cpu_dropout_draws_nn_dropouts_mask_and_keeps_the_dtype(graph_mode, dtype):
+    x = np.random.RandomState(5).randn(64, 50).astype(dtype)
+    ms.set_seed(7)
+    want = nn.Dropout(p=0.3)(ms.Tensor(x)).asnumpy()
+    ms.set_seed(7)
+    drop = CpuDropout(0.3)
+    got = drop(ms.Tensor(x))
+    assert got.dtype == ms.Tensor(x).dtype
+    np.testing.assert_array_equal(got.asnumpy() == 0, want == 0)  # the same mask
+    close_in_fp16(got.asnumpy(), want) if dtype == np.float16 else np.testing.assert_allclose(got.asnumpy(), want)
+    drop.set_train(False)
+    np.testing.assert_array_equal(drop(ms.Tensor(x)).asnumpy(), x)
+
+
+def tiny_transformer(kernels: str):
+    from models.transformer import Transformer
+    set_cpu_kernels(kernels)
+    ms.set_seed(0)
+    return Transformer(50, d_model=32, heads=4, ffn=64, encoder_layers=2, decoder_layers=2, dropout=0.0, max_len=16)
+
+
+class SquareLoss(nn.Cell):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def construct(self, src, tgt):
+        return self.net(src, tgt).astype(ms.float32).square().mean()
+
+
+def test_a_transformer_with_the_kernels_computes_the_loss_and_gradients_without_them(graph_mode):
+    rng = np.random.RandomState(6)
+    src = ms.Tensor(rng.randint(1, 50, (4, 9)).astype(np.int32))
+    tgt = ms.Tensor(rng.randint(1, 50, (4, 7)).astype(np.int32))
+    results = []
+    for kernels in ("on", "off"):
+        net = tiny_transformer(kernels)
+        loss = SquareLoss(net)
+        value, grads = ms.value_and_grad(loss, None, net.trainable_params())(src, tgt)
+        results.append((float(value.asnumpy()), [g.asnumpy() for g in grads]))
+    (on, grads_on), (off, grads_off) = results
+    assert abs(on - off) <= 1e-5 * abs(off)
+    for a, b in zip(grads_on, grads_off):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6)
+
+
+def test_o2_keeps_the_kernels_layernorm_fp32_without_casts(graph_mode):
+    """amp.keep_fp32 [LayerNorm]: the kernels' LayerNorm gets no flag and no CastOutput (it takes fp16 and
+    computes in fp32), and the precision report says fp32; the Dense layers run fp16."""
+    from omegaconf import OmegaConf
+
+    from amp.policy import CastOutput, apply_policy, compute_dtype
+    from models.transformer import Dense, LayerNorm
+    amp_cfg = OmegaConf.create({"level": "O2", "dtype": "float16", "keep_fp32": ["LayerNorm", "Softmax"],
+                                "force_fp16": []})
+    wrapped, _ = apply_policy(tiny_transformer("on"), amp_cfg)
+    norms = [c for _, c in wrapped.cells_and_names() if isinstance(c, LayerNorm)]
+    assert norms and all(c.fp32_inside and compute_dtype(c) == "float32" for c in norms)
+    assert not any(isinstance(c, CastOutput) and isinstance(c.cell, LayerNorm) for _, c in wrapped.cells_and_names())
+    assert all(compute_dtype(c) == "float16" for _, c in wrapped.cells_and_names() if isinstance(c, Dense))
+    assert all(p.dtype == ms.float32 for p in wrapped.get_parameters())
