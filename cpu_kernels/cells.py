@@ -354,6 +354,18 @@ def layer_norm_op():
     return ops.Custom(f"{lib}:LayerNormFwd", out_shape=shape, out_dtype=dtype, func_type="aot", bprop=bprop)
 
 
+@lru_cache(maxsize=None)
+def log_softmax_top_k_op(k: int):
+    """decode.cc's LogSoftmaxTopK: logits (rows, V) fp32 or fp16 and specials (V,) fp32 -> the k largest of
+    log_softmax(logits) + specials (rows, k) fp32, largest first, and their ids (rows, k) int32."""
+    def shape(logits, specials):
+        return [logits[0], k], [logits[0], k]
+
+    def dtype(logits, specials):
+        return ms.float32, ms.int32
+    return ops.Custom(f"{library()}:LogSoftmaxTopK", out_shape=shape, out_dtype=dtype, func_type="aot")
+
+
 @lru_cache(maxsize=1)
 def unscale_sum_op():
     """eltwise.cc's UnscaleSum: a float32 gradient and the loss scale -> the gradient unscaled, and its sum as a

@@ -42,7 +42,8 @@ const float *AsFloat(const void *p, const char *dtype, int64_t n, bool round_hal
   if (IsHalf(dtype)) {
     AmpZooHalfToFloat(static_cast<const uint16_t *>(p), buf->data(), n);
   } else {
-    std::vector<uint16_t> half(n);
+    thread_local std::vector<uint16_t> half;
+    half.resize(n);
     AmpZooFloatToHalf(static_cast<const float *>(p), half.data(), n);
     AmpZooHalfToFloat(half.data(), buf->data(), n);
   }
@@ -58,7 +59,8 @@ void Store(float *result, void *out, const char *dtype, int64_t n, bool via_half
   }
   if (result != out) std::memcpy(out, result, n * sizeof(float));
   if (via_half) {
-    std::vector<uint16_t> half(n);
+    thread_local std::vector<uint16_t> half;  // kept: a decoding step's logits are 25 MB, page faults each time
+    half.resize(n);
     AmpZooFloatToHalf(static_cast<float *>(out), half.data(), n);
     AmpZooHalfToFloat(half.data(), static_cast<float *>(out), n);
   }

@@ -22,6 +22,7 @@ import numpy as np
 import sacrebleu
 
 from data.translation import BOS, EOS, PAD, encode_pairs, params
+from models.layers import log_softmax_top_k_kernel
 
 # step(last_tokens (rows,), t, reorder (rows,)) -> (log-probabilities (rows, k), token ids (rows, k)) of the
 # best k next tokens at position t + 1, after reordering the hypotheses' state by `reorder`.
@@ -182,12 +183,17 @@ class IncrementalDecoder:
                 super().__init__(auto_prefix=False)
                 self.model, self.k, self.reorders = model, 2 * beam, beam > 1
                 self.specials = ms.Tensor(specials)
+                self.fused = log_softmax_top_k_kernel(2 * beam)  # the CPU kernels' one pass, or None
 
             def construct(self, token, t, reorder, cache, cross, src_bias):
                 if self.reorders:  # a Python constant: the greedy graph holds no gather
                     cache = tuple(ops.gather(c, reorder, 0) for c in cache)
-                logp, cache = self.model.decode_step(token, t, cache, cross, src_bias)
-                values, ids = top_k(logp + self.specials, self.k)
+                if self.fused is not None:
+                    logits, cache = self.model.decode_step_logits(token, t, cache, cross, src_bias)
+                    values, ids = self.fused(logits, self.specials)
+                else:
+                    logp, cache = self.model.decode_step(token, t, cache, cross, src_bias)
+                    values, ids = top_k(logp + self.specials, self.k)
                 return values, ids, cache
 
         self.ms, self.start_cell, self.next_cell = ms, Start(), Next()

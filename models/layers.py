@@ -179,6 +179,15 @@ def bmm_kernel(transpose_b: bool = False):
     return None
 
 
+def log_softmax_top_k_kernel(k: int):
+    """Where the CPU kernels run, cpu_kernels' (logits, specials) -> the top k of log_softmax(logits) + specials
+    and their ids, in one pass over each row (a beam-search step's end); elsewhere None."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import log_softmax_top_k_op
+        return log_softmax_top_k_op(k)
+    return None
+
+
 def layer_norm_kernel():
     """Where the CPU kernels run, cpu_kernels' LayerNorm op over the last axis (x, gamma, beta, eps -> y, mean,
     rstd) with its backward, computing in fp32 whatever the dtypes of x and gamma; elsewhere None."""

@@ -343,6 +343,11 @@ class Transformer(nn.Cell):
 
     def decode_step(self, token, t, cache, cross, src_bias):
         """token (B,) at position t (a 0-d int32 tensor) -> log-probabilities (B, vocab) and the new cache."""
+        logits, new_cache = self.decode_step_logits(token, t, cache, cross, src_bias)
+        return ops.log_softmax(logits, -1), new_cache
+
+    def decode_step_logits(self, token, t, cache, cross, src_bias):
+        """decode_step's logits (B, vocab), fp32, before the log-softmax (the CPU kernels fuse it with the top-k)."""
         b = token.shape[0]
         rows = ops.broadcast_to(ops.arange(b, dtype=ms.int32).reshape(b, 1, 1), (b, self.heads, 1))
         heads = ops.broadcast_to(ops.arange(self.heads, dtype=ms.int32).reshape(1, -1, 1), (b, self.heads, 1))
@@ -354,7 +359,7 @@ class Transformer(nn.Cell):
             x, keys, values = layer.step(x, cache[2 * i], cache[2 * i + 1], cross[2 * i], cross[2 * i + 1],
                                          self_bias, src_bias, at_t)
             new_cache = new_cache + (keys, values)
-        return ops.log_softmax(ops.cast(self.logits(x), ms.float32), -1), new_cache
+        return ops.cast(self.logits(x), ms.float32), new_cache
 
 
 def check_transformer(args: dict, data=None) -> None:

@@ -202,3 +202,24 @@ def test_o2_keeps_the_kernels_layernorm_fp32_without_casts(graph_mode):
     assert not any(isinstance(c, CastOutput) and isinstance(c.cell, LayerNorm) for _, c in wrapped.cells_and_names())
     assert all(compute_dtype(c) == "float16" for _, c in wrapped.cells_and_names() if isinstance(c, Dense))
     assert all(p.dtype == ms.float32 for p in wrapped.get_parameters())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_the_fused_beam_step_is_log_softmax_plus_specials_then_top_k(graph_mode, dtype):
+    """decode.cc's LogSoftmaxTopK against numpy: the same ids (a stable sort's, ties to the lower id), values
+    within fp32's rounding, the specials' -inf never picked; rows wider than a block and narrower than one."""
+    from cpu_kernels.cells import log_softmax_top_k_op
+    rng = np.random.RandomState(7)
+    for width in (1000, 37):
+        logits = (rng.randn(9, width) * 5).astype(dtype)
+        logits[3, 10:20] = logits[3, 5]  # ties
+        specials = np.zeros(width, np.float32)
+        specials[[0, 2]] = -np.inf
+        values, ids = Call(log_softmax_top_k_op(6))(ms.Tensor(logits), ms.Tensor(specials))
+        x = logits.astype(np.float64)
+        logp = x - x.max(1, keepdims=True)
+        logp = logp - np.log(np.exp(logp).sum(1, keepdims=True)) + specials
+        want = np.argsort(-logp, 1, kind="stable")[:, :6]
+        np.testing.assert_array_equal(ids.asnumpy(), want)
+        np.testing.assert_allclose(values.asnumpy(), np.take_along_axis(logp, want, 1), rtol=1e-5, atol=1e-5)
+        assert not np.isin(ids.asnumpy(), [0, 2]).any()

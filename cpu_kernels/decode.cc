@@ -1,0 +1,144 @@
+// A beam-search step's last ops in one pass over each row (models/decoding.py, IncrementalDecoder), as an AOT
+// custom op (cpu_kernels/cells.py: log_softmax_top_k_op). Over a vocabulary of 10,000, MindSpore's CPU graph ran
+// LogSoftmax, the Add of the special tokens' -inf, two max reductions, two gathers and two TopKs, a third of the
+// decoding time.
+//
+// LogSoftmaxTopK (logits [rows, V] float32 or float16, specials [V] float32 -> values [rows, k] float32,
+//   ids [rows, k] int32): the k largest of log_softmax(logits) + specials, largest first (the lower id first among
+//   equal values, as a stable sort); k is the outputs' width. log_softmax is taken over the logits alone, as
+//   ops.log_softmax(logits) + specials gives it; the order is that of logits + specials (the same order but
+//   where the subtraction of the log-sum-exp rounds two values together).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <vector>
+
+void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
+int AmpZooThreads();
+void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
+
+namespace {
+
+// The row loops below vectorize only without trapping math (a float compare, a float-to-int conversion); they
+// raise no floating-point exception anyone reads. target_clones: AVX-512 where the CPU has it, else AVX2 or SSE2.
+#pragma GCC push_options
+#pragma GCC optimize("no-trapping-math")
+#define AMP_ZOO_VECTOR __attribute__((target_clones("avx512f", "avx2", "default")))
+
+// e^x for x <= 0 (a logit less the row's maximum), within 3e-7 relative, 0 far below: a polynomial the compiler
+// vectorizes, where libm's exp runs one value at a time (it was most of this op's time)
+inline float ExpNonPositive(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  const float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+constexpr int64_t kLanes = 16;
+
+// The row's log-sum-exp: its maximum, then the sum of e^(x - max), each in 16 lanes (no single running value)
+AMP_ZOO_VECTOR float LogSumExp(const float *x, int64_t n) {
+  float lanes[kLanes];
+  for (int64_t l = 0; l < kLanes; ++l) lanes[l] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t l = 0; l < kLanes; ++l) top = lanes[l] > top ? lanes[l] : top;
+  for (int64_t j = i; j < n; ++j) top = x[j] > top ? x[j] : top;
+  float sums[kLanes] = {};
+  for (i = 0; i + kLanes <= n; i += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) sums[l] += ExpNonPositive(x[i + l] - top);
+  double sum = 0.0;
+  for (int64_t j = i; j < n; ++j) sum += ExpNonPositive(x[j] - top);
+  for (int64_t l = 0; l < kLanes; ++l) sum += sums[l];
+  return top + static_cast<float>(std::log(sum));
+}
+
+// The largest of x[i] + specials[i] over one block of kLanes
+AMP_ZOO_VECTOR float BlockMax(const float *x, const float *specials) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t l = 0; l < kLanes; ++l) {
+    const float v = x[l] + specials[l];
+    m = v > m ? v : m;
+  }
+  return m;
+}
+
+// The k largest of x + specials into (best, where), largest first, the lower id first among equals: a block
+// whose maximum does not pass the k-th best so far is skipped whole
+void TopKOfRow(const float *x, const float *specials, int64_t n, int64_t k, float *best, int32_t *where) {
+  int64_t filled = 0;
+  auto offer = [&](int64_t i) {
+    const float v = x[i] + specials[i];
+    if (filled == k && !(v > best[k - 1])) return;
+    int64_t j = filled < k ? filled++ : k - 1;
+    while (j > 0 && v > best[j - 1]) {
+      best[j] = best[j - 1];
+      where[j] = where[j - 1];
+      --j;
+    }
+    best[j] = v;
+    where[j] = static_cast<int32_t>(i);
+  };
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    if (filled == k && !(BlockMax(x + i, specials + i) > best[k - 1])) continue;
+    for (int64_t l = 0; l < kLanes; ++l) offer(i + l);
+  }
+  for (; i < n; ++i) offer(i);
+}
+
+#pragma GCC pop_options
+
+int TopK(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != 4 || ndims[0] != 2 || ndims[1] != 1 || ndims[2] != 2 || ndims[3] != 2) return 1;
+  const int64_t rows = shapes[0][0], V = shapes[0][1], k = shapes[2][1];
+  if (shapes[1][0] != V || shapes[2][0] != rows || shapes[3][0] != rows || shapes[3][1] != k || k < 1 || k > V)
+    return 1;
+  const bool half = !std::strcmp(dtypes[0], "float16");
+  if ((!half && std::strcmp(dtypes[0], "float32")) || std::strcmp(dtypes[1], "float32") ||
+      std::strcmp(dtypes[2], "float32") || std::strcmp(dtypes[3], "int32"))
+    return 1;
+  const float *specials = static_cast<const float *>(params[1]);
+  float *values = static_cast<float *>(params[2]);
+  int32_t *ids = static_cast<int32_t *>(params[3]);
+  auto run = [&](int64_t a, int64_t b) {
+    std::vector<float> buf(half ? V : 0);
+    for (int64_t r = a; r < b; ++r) {
+      const float *x;
+      if (half) {
+        AmpZooHalfToFloatHere(static_cast<const uint16_t *>(params[0]) + r * V, buf.data(), V);
+        x = buf.data();
+      } else {
+        x = static_cast<const float *>(params[0]) + r * V;
+      }
+      const float lse = LogSumExp(x, V);
+      float *best = values + r * k;
+      int32_t *where = ids + r * k;
+      TopKOfRow(x, specials, V, k, best, where);
+      for (int64_t j = 0; j < k; ++j) best[j] = (x[where[j]] - lse) + specials[where[j]];
+    }
+  };
+  const int threads = rows * V >= (1 << 15) ? AmpZooThreads() : 1;
+  if (threads == 1) {
+    run(0, rows);
+  } else {
+    AmpZooParallel(threads, [&](int t, int n) { run(rows * t / n, rows * (t + 1) / n); });
+  }
+  return 0;
+}
+
+}  // namespace
+
+// Return codes (MindSpore reports them): 1 a count, shape or dtype this op does not take
+extern "C" int LogSoftmaxTopK(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                              void *) {
+  return TopK(n, params, ndims, shapes, dtypes);
+}
