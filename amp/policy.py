@@ -82,18 +82,20 @@ def check_device_dtype(device: str, amp_cfg) -> None:
 
 def cpu_cost_note(device: str, amp_cfg) -> str:
     """The line a run at a low-precision level logs first on the CPU ("" elsewhere): what its fp16 costs here.
-    No CPU kernel computes in fp16: the project's kernels (cpu_kernels) store fp16 and compute in fp32, so at
-    best the step costs O0's, and MindSpore's own fp16 CPU kernels (MatMul, element-wise ops outside the
-    project's kernels) run slower than their fp32 ones. The measurements: docs/benchmarks.md."""
+    No CPU kernel computes in fp16: the project's kernels (cpu_kernels) store fp16 and compute in fp32, so a step
+    does fp32's arithmetic plus the conversions, and MindSpore's own fp16 CPU kernels (ops outside the project's
+    kernels) run slower than their fp32 ones. The measurements: docs/benchmarks.md."""
     low_precision_used = LEVELS[str(amp_cfg.level)].low != "none" or bool(amp_cfg.force_fp16)
     if device != "CPU" or not low_precision_used:
         return ""
     from cpu_kernels import fp16_path, has_ops
-    kernels = (fp16_path() if has_ops()
-               else "the CPU kernels are not built, so MindSpore's fp16 CPU kernels run everywhere")
-    return (f"amp.level={amp_cfg.level} on the CPU is for checking fp16 numerics, not for speed: {kernels}; "
-            f"MindSpore's own fp16 CPU kernels (MatMul, element-wise ops) run slower than fp32, so a step costs "
-            f"O0's or more (docs/benchmarks.md#mixed-precision-on-the-cpu); on Ascend and GPU fp16 runs natively")
+    if not has_ops():
+        return (f"amp.level={amp_cfg.level} on the CPU runs slower than O0: the CPU kernels are not built, so "
+                f"MindSpore's fp16 CPU kernels run everywhere, 2.5-8x slower than fp32 "
+                f"(docs/benchmarks.md#mixed-precision-on-the-cpu); on Ascend and GPU fp16 runs natively")
+    return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.7-0.9x its step measured on an AVX-512 CPU, "
+            f"docs/benchmarks.md#mixed-precision-on-the-cpu): {fp16_path()}, so each does fp32's arithmetic plus "
+            f"the conversions; it checks fp16 numerics; on Ascend and GPU fp16 runs natively")
 
 
 def _walk(cell: nn.Cell, prefix: str, match, on_match) -> None:

@@ -1,6 +1,8 @@
 """The Cells of the CPU kernels: CpuConv2d, CpuBatchNorm2d, CpuMaxPool2x2, CpuMaxPool3x3 and CpuReLU, each a subclass
 of the MindSpore Cell it replaces (the same parameters, so the same checkpoint), and CpuAddReLU (a residual block's
 relu(a + b)), whose forward and backward are AOT custom ops from the extension's library (cpu_kernels.library()).
+The Transformer's ops come as functions returning the op (affine_op, bmm_op, layer_norm_op, add_op in CpuAdd,
+mask_mul_op in CpuDropout, log_softmax_top_k_op for decoding), which its Cells call with their own parameters.
 models.layers builds them where runtime.cpu_kernels lets it; nothing else should.
 
 MindSpore 2.10 hands oneDNN plain NCHW tensors for Conv2D and its two gradients, which leaves oneDNN only its

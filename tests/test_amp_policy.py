@@ -105,3 +105,17 @@ def test_a_keep_path_that_is_not_a_sub_module_names_the_close_ones(pynative_mode
         observe("O3", ["haed"])
     with pytest.raises(ConfigError, match=r"did you mean LayerNorm"):
         observe("O3", ["layernorm"])
+
+
+def test_a_low_precision_run_on_the_cpu_says_first_what_it_costs():
+    """One line, on the CPU only and only where something runs in low precision: slower than O0 and why."""
+    from omegaconf import OmegaConf
+
+    from amp.policy import cpu_cost_note
+    from cpu_kernels import has_ops
+    o2 = OmegaConf.create({"level": "O2", "force_fp16": []})
+    note = cpu_cost_note("CPU", o2)
+    assert note.startswith("amp.level=O2 on the CPU") and "slower than O0" in note and "\n" not in note
+    assert ("computed in fp32" in note) == has_ops()
+    assert cpu_cost_note("Ascend", o2) == "" and cpu_cost_note("CPU", OmegaConf.create({"level": "O0",
+                                                                                       "force_fp16": []})) == ""
