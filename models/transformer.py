@@ -28,8 +28,8 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.common.initializer import Normal, XavierUniform
 
-from zoo.errors import ConfigError
-from zoo.registry import CELLS, MODELS
+from ampzoo.errors import ConfigError
+from ampzoo.registry import CELLS, MODELS
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16

@@ -1,5 +1,5 @@
-"""Shared fixtures. The suite starts as a command does (zoo.entry first: MindSpore's C++ log lines off)."""
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+"""Shared fixtures. The suite starts as a command does (ampzoo.entry first: MindSpore's C++ log lines off)."""
+import ampzoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ from pathlib import Path
 import mindspore as ms
 import pytest
 
-from zoo.runtime import cap_onednn_isa
+from ampzoo.runtime import cap_onednn_isa
 
 # The suite builds networks in any order, MindSpore's convolutions among them: one fixed AVX2 cap, before the
 # first kernel runs, which the commands the tests start inherit as the user's (the auto cap is tested in
