@@ -501,3 +501,13 @@ def test_a_recipe_cards_header_is_written_once():
     for card in cards:
         users = [p.stem for p in (ROOT / "recipes").glob("*.yaml") if f"- /card/{card}\n" in p.read_text()]
         assert len(users) >= 2, f"conf/card/{card}.yaml is the card of {users}: a card is for a family"
+
+
+def test_the_moved_modules_find_the_checkout():
+    """A module that finds the checkout from its own file (the recipes, train.py, the shipped weights) names the
+    repository root, at whatever depth it sits in its package."""
+    import ampzoo.config
+    import models
+    from ampzoo.engine import train_run, weights
+    assert ampzoo.config.ROOT == train_run.ROOT == models.ROOT == ROOT
+    assert weights.WEIGHTS == ROOT / "weights" and (ROOT / "train.py").is_file()

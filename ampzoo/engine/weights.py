@@ -19,7 +19,7 @@ from ampzoo.engine.rundir import load_run_config, run_config_for, run_of_checkpo
 from ampzoo.errors import ConfigError, choices_hint
 from ampzoo.paths import check_writable
 
-WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+WEIGHTS = Path(__file__).resolve().parents[2] / "weights"
 MANIFEST = "MANIFEST.json"
 FIELDS = ("file", "sha256", "bytes", "parameters", "dtype", "recipe", "overrides", "commit", "mindspore", "machine",
           "metric", "published", "command")

@@ -22,7 +22,7 @@ from ampzoo.cli import pop_option
 from ampzoo.errors import fail
 from bench.common import machine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r'''
 import os, sys, time, json
