@@ -181,6 +181,10 @@ def compose(overrides: List[str], config_name: str = "config"):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
     check_shadowed(dict(cfg.hydra.runtime.choices), overrides)
+    # Hydra's compose API leaves the HydraConfig singleton unset (Hydra issue 828: it will not set it; issue 2017
+    # asks for a compose context that would). Without it, conf/config.yaml's recipe_name
+    # (${hydra:runtime.choices.recipe}) and HydraConfig.get().runtime.choices (bench.verify, reproduce, ship) fail
+    # with "HydraConfig was not set". set_config is the call @hydra.main's own run makes (hydra.core.utils.run_job).
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
