@@ -27,7 +27,7 @@ $(VENV)/.cpu_kernels: $(VENV)/.installed $(CPU_KERNELS)
 # from any folder (python -m amp.report, a plugin beside your recipes); the root scripts run from the checkout.
 # An older checkout's amp-zoo.pth, which put the whole checkout on the path, goes.
 $(VENV)/.editable: $(VENV)/.installed pyproject.toml
-	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .  # offline: the venv's setuptools
 	@rm -f "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/amp-zoo.pth"
 	@touch $@
 
