@@ -171,6 +171,9 @@ def test_only_the_five_packages_are_importable(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:] + "\n(make install puts the five packages into the venv)"
     assert out.stdout.split("\n")[-2] == "[]"
+    usage = subprocess.run([sys.executable, "-m", "amp.report", "--help"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert usage.returncode == 0 and "python -m amp.report recipe=" in usage.stdout, usage.stderr[-2000:]
 
 
 def layer_of(module: str) -> int:
