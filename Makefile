@@ -23,9 +23,15 @@ $(VENV)/.cpu_kernels: $(VENV)/.installed $(CPU_KERNELS)
 	$(PY) -m cpu_kernels.build
 	@touch $@
 
-# the venv's Python finds this checkout from any folder (python -m amp.report, a plugin beside your recipes)
-install: $(VENV)/.installed $(VENV)/.cpu_kernels
-	@echo "$(CURDIR)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/amp-zoo.pth"
+# the five packages (ampzoo, amp, models, bench, cpu_kernels) installed editable, so the venv's Python finds them
+# from any folder (python -m amp.report, a plugin beside your recipes); the root scripts run from the checkout.
+# An older checkout's amp-zoo.pth, which put the whole checkout on the path, goes.
+$(VENV)/.editable: $(VENV)/.installed pyproject.toml
+	PYTHONWARNINGS=ignore $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .  # offline: the venv's setuptools
+	@rm -f "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/amp-zoo.pth"
+	@touch $@
+
+install: $(VENV)/.editable $(VENV)/.cpu_kernels
 
 demo: install
 	rm -rf runs/demo-$(RECIPE)  # the demo starts anew each time (train.py refuses to overwrite a run)

@@ -15,7 +15,7 @@ One line per check, `ok`, `fails: ...; <what to do>` or `skipped: ...`, and exit
                returns the sum of the ranks
 On a CPU the device checks say "skipped: no device". Send the whole output when a line fails.
 """
-import zoo.entry  # first: a command's start-up, before MindSpore loads
+import ampzoo.entry  # first: a command's start-up, before MindSpore loads
 
 import hashlib
 import json
@@ -36,9 +36,9 @@ from omegaconf import OmegaConf
 
 from amp.loss_scale import AmpTrainStep, plan_loss_scale, saturation_mode
 from amp.policy import CastOutput
-from engine.metrics import NetWithLoss
-from zoo.errors import fail
-from zoo.runtime import msrun_env, pick_device, plugin_errors, source_commit
+from ampzoo.engine.metrics import NetWithLoss
+from ampzoo.errors import fail
+from ampzoo.runtime import msrun_env, pick_device, plugin_errors, source_commit
 
 ROOT = Path(__file__).resolve().parent
 OK, FAILS, SKIPPED = "ok", "fails", "skipped"
@@ -362,4 +362,4 @@ def checks() -> int:
 
 
 if __name__ == "__main__":
-    zoo.entry.run(main)  # (doctor's own `run` runs one check)
+    ampzoo.entry.run(main)  # (doctor's own `run` runs one check)

@@ -9,38 +9,16 @@ first. With weights=NAME, any key of the weight's own recipe applies (dataset.pa
 decode.beam=4); the JSON records the command line's keys, and one that changes what is evaluated names its own
 file (runs/weights/NAME.amp.level-O0.eval.json), never the plain result's.
 """
-from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import json
-import sys
 from pathlib import Path
 
-from mindspore.train import Model
-
-from data import create_dataset, task
-from engine.checkpoint import inference_network
-from engine.load import user_keys
-from engine.metrics import NetWithEval, create_loss, metrics
-from engine.weights import checkpoint_config, override_tag, overrides
-from models.decoding import translate
-from zoo.paths import check_writable
-
-
-def evaluate(cfg) -> dict:
-    net, cfg, notes, fused = inference_network(cfg, "eval.py")
-    for note in notes:
-        print(note, file=sys.stderr)
-    loss_fn = create_loss(cfg.trainer)
-    model = Model(net, eval_network=NetWithEval(net, loss_fn), metrics=metrics(), eval_indexes=[0, 1, 2])
-    result = {k: float(v) for k, v in model.eval(create_dataset(cfg.dataset, "test"),
-                                                  dataset_sink_mode=False).items()}
-    if fused is not None:
-        result["fused_conv_bn_pairs"] = fused["fused_pairs"]
-    if task(cfg) == "translation":
-        hyp_file = hypotheses_file(cfg)
-        result.update(translate(net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty, hyp_file))
-        result["hypotheses"] = str(hyp_file)
-    return result
+from ampzoo.data import task
+from ampzoo.engine.evaluate import evaluate, hypotheses_file
+from ampzoo.engine.load import user_keys
+from ampzoo.engine.weights import checkpoint_config, override_tag, overrides
+from ampzoo.paths import check_writable
 
 
 # How the summary line names each metric; the recipe's target.metric comes first.
@@ -71,10 +49,6 @@ def result_path(cfg, argv) -> Path:
     tag = override_tag(argv)
     parts = [p for p in (tag, "" if split == "test" else split) if p]
     return default.with_name(".".join([default.name.removesuffix(".eval.json"), *parts, "eval.json"]))
-
-
-def hypotheses_file(cfg) -> Path:
-    return Path(cfg.output or f"{cfg.checkpoint}.eval.json").expanduser().with_suffix(".hyp.txt")
 
 
 def main(argv) -> None:

@@ -9,7 +9,7 @@ writes it with `mindspore.export`; the input shapes are those of one real test b
 teacher-forced forward (source and target ids in, logits out) at the first test batch's lengths: the graph does
 not decode, and README.md shows the loop that does.
 """
-from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import sys
 from pathlib import Path
@@ -18,12 +18,12 @@ from typing import List, Tuple
 import mindspore as ms
 import numpy as np
 
-from data import create_dataset, task
-from engine.checkpoint import inference_network
-from engine.weights import checkpoint_config, override_tag
+from ampzoo.data import create_dataset, task
+from ampzoo.engine.checkpoint import inference_network
+from ampzoo.engine.weights import checkpoint_config, override_tag
+from ampzoo.errors import ConfigError
+from ampzoo.paths import check_writable
 from models import model_args
-from zoo.errors import ConfigError
-from zoo.paths import check_writable
 
 
 def export(cfg) -> Tuple[Path, list]:

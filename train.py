@@ -1,14 +1,14 @@
 """Train a recipe:  python train.py recipe=lenet_o2 [key=value ...]   (multirun: -m recipe=lenet_o0,lenet_o2)
 
 Reads top to bottom, like the recipe it runs:
-  main       the config Hydra composed, checked; the run directory held while the run trains (engine.process)
+  main       the config Hydra composed, checked; the run directory held while the run trains (ampzoo.engine.process)
   setup      context, seeds, data, TensorBoard, learning rate: what every rung shares
   train      the fallback ladder as a loop over rungs: each `train_rung` ends finished, diverged or stopped
   train_rung model and precision policy, loss scale, optimizer, callbacks, Model.train
   finish     final evaluation and metrics.json
 Everything lands in the run directory.
 """
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+import ampzoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
 import logging
 import os
@@ -29,29 +29,30 @@ from amp.policy import cpu_cost_note
 from amp.precision import precision_report, write_report
 from amp.profile import ProfileSteps
 from amp.telemetry import AmpTelemetry
-from data import create_dataset, task
-from engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, ProgressBar, SafeWriter,
-                              StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
-from engine.checkpoint import AtomicCheckpoint, check_disk_space, initial_weights, restart_checkpoint, restore_weights
-from engine.load import load_config, user_keys, validate
-from engine.metrics import NetWithEval, metrics
-from engine.plan import data_plan, learning_rate
-from engine.process.command import job, run_hydra
-from engine.process.directory import continue_with, forget_command
-from engine.process.failures import step_error
-from engine.process.logs import rank_logging
-from engine.ranks import rank0_flag, rank0_says, resume_on_ranks, run_shape
-from engine.records import summary, write_metrics, write_run_config
-from engine.rundir import keep_tokenizer, refuse_fresh_start, resume_config
-from engine.start import Start, finished, finished_note, resume_start, start_from, step_of
-from engine.state import Rung, Run
-from engine.step import build_train_step
+from ampzoo.config import register_schema
+from ampzoo.data import create_dataset, task
+from ampzoo.engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, ProgressBar, SafeWriter,
+                                     StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
+from ampzoo.engine.checkpoint import (AtomicCheckpoint, check_disk_space, initial_weights, restart_checkpoint,
+                                      restore_weights)
+from ampzoo.engine.load import load_config, user_keys, validate
+from ampzoo.engine.metrics import NetWithEval, metrics
+from ampzoo.engine.plan import data_plan, learning_rate
+from ampzoo.engine.process.command import job, run_hydra
+from ampzoo.engine.process.directory import continue_with, forget_command
+from ampzoo.engine.process.failures import step_error
+from ampzoo.engine.process.logs import rank_logging
+from ampzoo.engine.ranks import rank0_flag, rank0_says, resume_on_ranks, run_shape
+from ampzoo.engine.records import summary, write_metrics, write_run_config
+from ampzoo.engine.rundir import keep_tokenizer, refuse_fresh_start, resume_config
+from ampzoo.engine.start import Start, finished, finished_note, resume_start, start_from, step_of
+from ampzoo.engine.state import Rung, Run
+from ampzoo.engine.step import build_train_step
+from ampzoo.errors import ConfigError, TracedError, fail
+from ampzoo.interrupt import Interrupted
+from ampzoo.runtime import (any_rank, device_notes, init_distributed, msrun_env, parameter_checksum,
+                            seed_everything, set_context, sink_mode)
 from models.decoding import translate
-from zoo.config import register_schema
-from zoo.errors import ConfigError, TracedError, fail
-from zoo.interrupt import Interrupted
-from zoo.runtime import (any_rank, device_notes, init_distributed, msrun_env, parameter_checksum,
-                         seed_everything, set_context, sink_mode)
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -62,7 +63,7 @@ USERS_OM_PATH = os.environ.get("MS_OM_PATH")  # where the user asked MindSpore t
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg) -> Optional[float]:
     """One run (or one job of a sweep) on the config Hydra composed: checked, trained in its run directory, which
-    engine.process.command.job holds and closes however the run ends (an error: one line)."""
+    ampzoo.engine.process.command.job holds and closes however the run ends (an error: one line)."""
     with job() as run_dir:
         cfg, smoke_note = checked(cfg, run_dir.path)
         return train(cfg, run_dir.path, smoke_note)
@@ -91,7 +92,7 @@ def checked(cfg, run_dir: Path) -> Tuple[Any, Optional[str]]:
 
 
 def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[float]:
-    """cfg: from engine.load.load_config. Runs the ladder's rungs until one finishes; metrics.json at the end."""
+    """cfg: from ampzoo.engine.load.load_config. Runs the ladder's rungs until one finishes; metrics.json at the end."""
     if not cfg.resume:
         refuse_fresh_start(run_dir)
     start = resume_start(cfg, run_dir / "checkpoints")

@@ -6,7 +6,7 @@ e.g. after a ReLU; on an Ascend in saturation mode, the 910A, the overflow satur
 while holding it), or a dynamic scale overflows at its minimum. With it, those events, or an overflow rate
 above `amp.fallback.overflow_rate` over the last `amp.fallback.window` steps, make train.py restore the last
 good checkpoint (finite, and holding no overflowed update: on the 910A the one saved at the stop is finite but
-holds it; engine.checkpoint.last_good_checkpoint) and continue one rung down: O2 with scale 128 -> O1 with
+holds it; ampzoo.engine.checkpoint.last_good_checkpoint) and continue one rung down: O2 with scale 128 -> O1 with
 scale 128 -> O1 without loss scaling -> O0 (the order Ascend's AMP guide recommends).
 """
 import collections
@@ -17,7 +17,7 @@ from mindspore.train import Callback
 from omegaconf import OmegaConf
 
 from amp.telemetry import crossed
-from zoo.config import LEVELS
+from ampzoo.config import LEVELS
 
 
 LADDER = [

@@ -1,7 +1,7 @@
 """Cell names a recipe may put in `amp.keep_fp32` / `amp.force_fp16`, resolved through an explicit registry.
 
 The names are every Cell class of `mindspore.nn`, the project's own Cells (`@CELLS.register()` from
-zoo/registry.py), and a few group names (`BatchNorm` means BatchNorm1d/2d/3d). MindSpore's precision lists
+ampzoo/registry.py), and a few group names (`BatchNorm` means BatchNorm1d/2d/3d). MindSpore's precision lists
 take Cells, not Primitives: a Primitive name is rejected with the Cell to use instead.
 `amp.keep_fp32` also takes sub-module paths of the network (`fc3`, `decoder.layers.3.ffn`): a name that does
 not start with a capital letter is a path, checked against the built network by amp.policy.apply_policy.
@@ -13,8 +13,8 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.ops.primitive import Primitive
 
-from zoo.errors import ConfigError
-from zoo.registry import CELLS
+from ampzoo.errors import ConfigError
+from ampzoo.registry import CELLS
 
 NN_CELLS: Dict[str, Type[nn.Cell]] = {
     name: cls for name, cls in vars(nn).items() if isinstance(cls, type) and issubclass(cls, nn.Cell)

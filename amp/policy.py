@@ -19,9 +19,9 @@ import mindspore.ops as ops
 from mindspore import dtype as mstype
 
 from amp.names import NN_CELLS, resolve, split_keep
-from zoo.cells import replace_child
-from zoo.config import LEVELS
-from zoo.errors import ConfigError
+from ampzoo.cells import replace_child
+from ampzoo.config import LEVELS
+from ampzoo.errors import ConfigError
 
 DTYPES = {"float16": mstype.float16, "bfloat16": mstype.bfloat16}
 O1_WHITE_LIST = ["Conv", "Dense", "LSTMCell", "RNNCell", "GRUCell"]

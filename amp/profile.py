@@ -12,7 +12,7 @@ the op's full name in the third column, its time in us fourth from the end). The
 MindSpore 2.10's sources; we have not run them on a device.
 
 The window is counted in real steps and starts after the first host step, which compiles the graph. A run
-that profiles does not sink (zoo.runtime.sink_mode): a sink is a whole epoch, which would make the window one.
+that profiles does not sink (ampzoo.runtime.sink_mode): a sink is a whole epoch, which would make the window one.
 """
 import csv
 import json

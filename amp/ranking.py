@@ -1,5 +1,5 @@
 """The ranking behind `python -m amp.search`: which compute units to keep in fp32 first, the keep-list that names
-exactly a set of units, and the bisection over how many to keep. No training here: tools/amp_search.py runs the
+exactly a set of units, and the bisection over how many to keep. No training here: amp/search/command.py runs the
 candidates and judges them."""
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -7,7 +7,7 @@ from typing import Callable, Dict, List, Optional
 from amp.names import portable, resolve, split_keep
 from amp.policy import check_paths
 from amp.precision import units as unit_cells
-from zoo.errors import ConfigError
+from ampzoo.errors import ConfigError
 
 # Cells that only select or move values, exact in any dtype (by the class a keep-list names: CpuMaxPool2x2 is MaxPool2d)
 EXACT = ("ReLU", "ReLU6", "MaxPool1d", "MaxPool2d", "MaxPool3d", "Flatten", "Dropout", "Identity")

@@ -12,13 +12,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 import mindspore as ms
 from omegaconf import OmegaConf
 
-from zoo.machine import machine, machine_kind
-from engine.checkpoint import inference_network
-from engine.load import load_config
-from engine.optim import lr_schedule, scaled_lr
-from engine.step import build_train_step
-from zoo.cli import pop_option  # noqa: F401  (the benchmarks' options)
-from zoo.errors import ConfigError, fail
+from ampzoo.cli import pop_option  # noqa: F401  (the benchmarks' options)
+from ampzoo.engine.checkpoint import inference_network
+from ampzoo.engine.load import load_config
+from ampzoo.engine.optim import lr_schedule, scaled_lr
+from ampzoo.engine.step import build_train_step
+from ampzoo.errors import ConfigError, fail
+from ampzoo.machine import machine, machine_kind
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -33,7 +33,7 @@ def bench_config(argv: List[str], smoke: bool = True):
 
 
 def train_step(cfg, steps_per_epoch: int, steps: int):
-    """The step train.py trains with (engine.step.build_train_step: the recipe's network under its policy, loss
+    """The step train.py trains with (ampzoo.engine.step.build_train_step: the recipe's network under its policy, loss
     scale and optimizer) on the device MindSpore was set to, with a learning rate for each of `steps` steps;
     set to train."""
     epochs = max(cfg.trainer.epochs, -(-steps // steps_per_epoch))
@@ -44,7 +44,7 @@ def train_step(cfg, steps_per_epoch: int, steps: int):
 
 
 def trained_network(cfg, checkpoint):
-    """The run's network under its policy, in eval mode, with one checkpoint's weights (engine.checkpoint's
+    """The run's network under its policy, in eval mode, with one checkpoint's weights (ampzoo.engine.checkpoint's
     inference_network, without averaging)."""
     one = OmegaConf.merge(cfg, {"checkpoint": str(checkpoint), "decode": {"average_last": 1}})
     return inference_network(one, "bench")[0]

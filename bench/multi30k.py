@@ -12,20 +12,20 @@ RUN_DIR is a `train.py recipe=transformer_tiny_multi30k_*` run directory (its co
 --curve-every K scores every K-th epoch and the last (each score is a greedy pass over val).
 Decoding is incremental (models/decoding.py); sentences/s and tokens/s are in each record.
 """
-from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import json
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ampzoo.cli import pop_flag, pop_option
+from ampzoo.data import create_dataset
+from ampzoo.engine.checkpoint import average_checkpoints, epoch_checkpoints, load_weights
+from ampzoo.engine.rundir import load_run_config
+from ampzoo.errors import fail
 from bench.common import trained_network
-from data import create_dataset
-from engine.checkpoint import average_checkpoints, epoch_checkpoints, load_weights
-from engine.rundir import load_run_config
 from models.decoding import translate
-from zoo.cli import pop_flag, pop_option
-from zoo.errors import fail
 
 
 def split_cfg(cfg, prefix: str):

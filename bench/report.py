@@ -2,7 +2,7 @@
 
     python -m bench.report FOLDER        (FOLDER/results.json in, FOLDER/BENCHMARKS.md and the plots out)
 """
-from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import json
 import statistics
@@ -10,8 +10,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import List
 
+from ampzoo.errors import fail
 from bench.common import describe
-from zoo.errors import fail
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -177,7 +177,7 @@ def write_report(results, out: Path) -> None:
         "O3 (every Cell fp16, LayerNorm and Softmax too) with no loss scale against a dynamic one, trained: the "
         "rows `lenet_o3 | O3 | none` / `| O3 | dynamic` and `transformer_base_o2 | O3 | none` / `| O3 | dynamic` "
         "above, and the Parity table. docs/benchmarks.md measures the mechanism loss scaling guards against "
-        "(fp16 gradient values below 2^-24 flushing to zero) on one real batch (lab/underflow.py).", "",
+        "(fp16 gradient values below 2^-24 flushing to zero) on one real batch (bench/lab/underflow.py).", "",
         "Command: `python -m bench.run" + (" --quick" if results["matrix"] == "quick" else "") + "`",
     ]
     (out / "BENCHMARKS.md").write_text("\n".join(lines) + "\n")

@@ -26,7 +26,7 @@ nothing; --table prints the table from the runs so far and runs nothing, writing
 seeds of each (one seed of everything first, say; the table keeps every recorded run).
 A stop signal (Ctrl-C, SIGTERM) reaches the train.py it runs, which saves; then it exits 130 / 143 with one line.
 """
-from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import json
 import re
@@ -40,13 +40,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from zoo.machine import machine, machine_kind
-from engine import train_run
-from engine.checkpoint import CHECKPOINT_NAME, checkpoints
-from zoo.cli import pop_all, pop_flag, pop_option
-from zoo.compose import compose
-from zoo.errors import choices_hint, fail
-from zoo.interrupt import Interrupted
+from ampzoo.cli import pop_all, pop_flag, pop_option
+from ampzoo.compose import compose
+from ampzoo.engine import train_run
+from ampzoo.engine.checkpoint import CHECKPOINT_NAME, checkpoints
+from ampzoo.errors import choices_hint, fail
+from ampzoo.interrupt import Interrupted
+from ampzoo.machine import machine, machine_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 README_BEGIN, README_END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"

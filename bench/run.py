@@ -9,7 +9,7 @@ A killed bench picks up where it stopped: finished runs in results.json are not 
 starts anew (its times hold only for one session). A stop signal (Ctrl-C, SIGTERM) reaches the train.py it runs;
 then it exits 130 / 143 with one line.
 """
-from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import json
 import shutil
@@ -23,12 +23,12 @@ from pathlib import Path
 import psutil
 from tqdm import tqdm
 
+from ampzoo.cli import pop_option
+from ampzoo.engine import train_run
+from ampzoo.errors import fail
+from ampzoo.interrupt import Interrupted
 from bench.common import machine
 from bench.report import write_report
-from engine import train_run
-from zoo.cli import pop_option
-from zoo.errors import fail
-from zoo.interrupt import Interrupted
 
 ROOT = Path(__file__).resolve().parent.parent
 

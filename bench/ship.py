@@ -8,7 +8,7 @@ scores that file on the full test split, and writes its entry in weights/MANIFES
 parameter count, recipe and overrides, the commit that trained it, MindSpore version and machine, the metric
 with its scorer, the published anchor, and the command that re-evaluates it (bench.verify runs them all).
 """
-from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import json
 import shutil
@@ -19,20 +19,20 @@ import mindspore as ms
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from zoo.machine import machine, machine_kind
+from ampzoo.cli import pop_flag
+from ampzoo.compose import compose
+from ampzoo.data import task
+from ampzoo.data.translation import tokenizer_file
+from ampzoo.engine.checkpoint import average_checkpoints, checkpoints, epoch_checkpoints, read_checkpoint
+from ampzoo.engine.load import flatten, load_config
+from ampzoo.engine.rundir import load_run_config, resume_configs
+from ampzoo.engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256
+from ampzoo.errors import ConfigError, fail
+from ampzoo.machine import machine, machine_kind
+from ampzoo.runtime import set_context
 from bench.reproduce import data_groups, training_wall_time
 from bench.verify import score
-from data import task
-from data.translation import tokenizer_file
-from engine.checkpoint import average_checkpoints, checkpoints, epoch_checkpoints, read_checkpoint
-from engine.load import flatten, load_config
-from engine.rundir import load_run_config, resume_configs
-from engine.weights import MANIFEST, WEIGHTS, read_manifest, sha256
 from models import build_model
-from zoo.cli import pop_flag
-from zoo.compose import compose
-from zoo.errors import ConfigError, fail
-from zoo.runtime import set_context
 
 SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
         "logger", "runtime.device_id", "dataset.path",  # groups, or keys: where a run ran and how it was watched

@@ -15,7 +15,7 @@ type (the library's kernels by Cell and direction), and "(outside ops)": the ste
 
 A ResNet on the CPU runs CpuConv2d and CpuBatchNorm2d (cpu_kernels: oneDNN's direct kernels, our BatchNorm
 loops); the same O0 step built with MindSpore's own Conv2D and BatchNorm takes turns too ("MindSpore's kernels"), in a
-process of its own: its convolutions need the AVX2 oneDNN cap (zoo.runtime.cap_onednn_isa), which ours, with
+process of its own: its convolutions need the AVX2 oneDNN cap (ampzoo.runtime.cap_onednn_isa), which ours, with
 no MindSpore convolution, lifts. So the gain is measured in the same run, each side at the ISA a user gets.
 
 Three PyTorch peers take turns with ours; "PyTorch bf16 autocast" is PyTorch's own CPU mixed precision,
@@ -26,7 +26,7 @@ gets on this machine.
 
 PyTorch (and torchvision) are bench-only dependencies: pip install torch==2.14.1 torchvision==0.29.1.
 """
-from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import os
 import re
@@ -44,11 +44,11 @@ import numpy as np
 from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
 from amp.profile import op_times
+from ampzoo.machine import machine
+from ampzoo.runtime import AUTO_CAP, onednn_note
 from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,
                           train_step)
-from zoo.machine import machine
 from cpu_kernels import has_ops, library, why_not
-from zoo.runtime import AUTO_CAP, onednn_note
 
 
 def shape_of(cfg, batch: int, size: int):

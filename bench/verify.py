@@ -7,7 +7,7 @@ on one machine; across CPUs (oneDNN picks other kernels) a few borderline test i
 classification result agrees when within TOLERANCE (2 images in 10,000). Prints a table; exit 1 on a mismatch,
 and when it verified nothing (no weight's data here) or not every weight it was asked for by name.
 """
-from zoo.entry import run  # first: a command's start-up, before MindSpore loads
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
 import sys
 from pathlib import Path
@@ -15,11 +15,11 @@ from typing import Dict, List, Optional
 
 from hydra.core.hydra_config import HydraConfig
 
+from ampzoo.cli import pop_all
+from ampzoo.engine.load import load_config
+from ampzoo.engine.weights import WEIGHTS, checkpoint_config, read_manifest
+from ampzoo.errors import choices_hint, fail
 from bench.reproduce import data_groups, data_option, find_data
-from engine.load import load_config
-from engine.weights import WEIGHTS, checkpoint_config, read_manifest
-from zoo.cli import pop_all
-from zoo.errors import choices_hint, fail
 
 TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu_moses_lc": 0.01, "bleu": 0.01}
 
@@ -27,7 +27,7 @@ TOLERANCE = {"top1": 2e-4, "top5": 2e-4, "bleu_lowercase": 0.01, "bleu_moses_lc"
 def score(name: str, folder: Path = WEIGHTS, data: Optional[str] = None) -> Dict:
     """The weight's metrics as eval.py computes them (sha256 checked first), with the scorer named; `data`: the
     dataset.path to score on (None: the recipe's own, or its embedded data)."""
-    from eval import evaluate
+    from ampzoo.engine.evaluate import evaluate
 
     path = [f"dataset.path={data}"] if data else []
     cfg, _ = checkpoint_config([f"weights={folder / read_manifest(folder)[name]['file']}", *path])

@@ -23,8 +23,8 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
+from ampzoo.runtime import onednn_runs_avx512
 from cpu_kernels import library
-from zoo.runtime import onednn_runs_avx512
 
 STRIDES, PADDINGS = (1, 2), (0, 1, 2, 3)  # the variants conv.cc exports
 

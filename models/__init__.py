@@ -1,6 +1,6 @@
 """Models: `build_model(cfg)` (or `create_model("lenet5", num_classes=10)`) is the only way the driver meets one.
 
-A new model is one file here with `@MODELS.register()` on its constructor (zoo/registry.py), imported in this file,
+A new model is one file here with `@MODELS.register()` on its constructor (ampzoo/registry.py), imported in this file,
 and one recipe; or a module of your own named in AMP_ZOO_PLUGINS (recipes/README.md). A constructor checks
 its own hyper-parameters and raises ConfigError naming the bad one, before anything compiles.
 """
@@ -17,10 +17,10 @@ from typing import Callable, List
 
 import mindspore as ms
 
+from ampzoo.errors import ConfigError, choices_hint
+from ampzoo.registry import CELLS, DATASETS, MODELS
+from ampzoo.runtime import cap_onednn_isa
 from models import layers, lenet, resnet, transformer  # noqa: F401  (the models register themselves)
-from zoo.errors import ConfigError, choices_hint
-from zoo.registry import CELLS, DATASETS, MODELS
-from zoo.runtime import cap_onednn_isa
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def create_model(name: str, num_classes: int, **params):
 def build_model(cfg, cpu_kernels=None):
     """The recipe's model: `cfg.model` (name, num_classes, params), built in fp32 from the layers
     `runtime.cpu_kernels` picks (models.layers; `cpu_kernels` overrides it: "off" for export and Conv+BN
-    folding). Then sets oneDNN's ISA cap for it before its first step (zoo.runtime.cap_onednn_isa)."""
+    folding). Then sets oneDNN's ISA cap for it before its first step (ampzoo.runtime.cap_onednn_isa)."""
     layers.set_cpu_kernels(cpu_kernels or cfg.runtime.cpu_kernels)
     layers.use_cpu_kernels()  # runtime.cpu_kernels=on where they cannot run: the error comes before the build
     net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
@@ -75,8 +75,8 @@ def build_model(cfg, cpu_kernels=None):
 
 def register_model(fn: Callable) -> Callable:
     """Deprecated: the API before the registry (`from models import register_model`, then `@register_model`).
-    Use `from zoo.registry import MODELS` and `@MODELS.register()`."""
-    warnings.warn("models.register_model is deprecated; use `from zoo.registry import MODELS` and "
+    Use `from ampzoo.registry import MODELS` and `@MODELS.register()`."""
+    warnings.warn("models.register_model is deprecated; use `from ampzoo.registry import MODELS` and "
                   "`@MODELS.register()`", FutureWarning, stacklevel=2)
     return MODELS.register()(fn)
 
@@ -89,7 +89,7 @@ def import_plugins() -> None:
     """Models kept outside the repository: module names in AMP_ZOO_PLUGINS (comma-separated), which register
     themselves with @MODELS.register(). Set by the user in the environment, never by a recipe; looked for on
     sys.path and then in the current folder. Anything a plugin raises while importing is one ConfigError
-    naming the plugin (engine.load.load_config calls this, inside every command's one-line error handling)."""
+    naming the plugin (ampzoo.engine.load.load_config calls this, inside every command's one-line error handling)."""
     ours = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()} | {p.stem for p in ROOT.glob("*.py")}
     for name in plugin_names():
         if name.split(".")[0] in ours:  # the zoo's own module comes first on the path: yours would never load
@@ -112,7 +112,7 @@ def import_plugins() -> None:
             raise ConfigError(f"plugin {name!r} (AMP_ZOO_PLUGINS): {e}") from None
         except Exception as e:  # noqa: BLE001  (a plugin's own bug: one line naming it, not a traceback)
             frame = traceback.extract_tb(e.__traceback__)[-1]
-            hint = ("; register models with `from zoo.registry import MODELS` and `@MODELS.register()`"
+            hint = ("; register models with `from ampzoo.registry import MODELS` and `@MODELS.register()`"
                     if isinstance(e, ImportError) else "")
             raise ConfigError(f"plugin {name!r} (AMP_ZOO_PLUGINS) failed while importing: {type(e).__name__}: "
                               f"{e} ({frame.filename}:{frame.lineno}){hint}") from None

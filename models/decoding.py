@@ -9,7 +9,7 @@ not (rows x max_len x vocabulary).
 
 The search itself (which candidates survive, when a sentence is done) runs on the host, vectorised in numpy,
 and is shared with `full_recompute_step`, the reference that re-runs the whole decoder on the token buffer at
-every step: tests and lab/decode.py check that both give the same hypotheses.
+every step: tests and bench/lab/decode.py check that both give the same hypotheses.
 """
 import time
 from pathlib import Path
@@ -21,7 +21,7 @@ import mindspore.ops as ops
 import numpy as np
 import sacrebleu
 
-from data.translation import BOS, EOS, PAD, encode_pairs, params
+from ampzoo.data.translation import BOS, EOS, PAD, encode_pairs, params
 from models.layers import log_softmax_top_k_kernel
 
 # step(last_tokens (rows,), t, reorder (rows,)) -> (log-probabilities (rows, k), token ids (rows, k)) of the

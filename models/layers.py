@@ -18,7 +18,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from zoo.errors import ConfigError
+from ampzoo.errors import ConfigError
 
 log = logging.getLogger("amp_zoo")
 CHOICES = ("auto", "on", "off")
@@ -218,7 +218,7 @@ class ToNCHW(nn.Cell):
 
 def runs_mindspore_conv(net: nn.Cell) -> bool:
     """Whether `net` runs one of MindSpore's own convolutions (a Conv Cell other than the CPU kernels', or a Cell
-    holding a Conv primitive), which oneDNN runs far slower above AVX2 (zoo.runtime.cap_onednn_isa). A model that
+    holding a Conv primitive), which oneDNN runs far slower above AVX2 (ampzoo.runtime.cap_onednn_isa). A model that
     calls ops.conv2d inside construct is not seen: give it runtime.onednn_isa=AVX2."""
     from mindspore.nn.layer.conv import _Conv
     for _, cell in net.cells_and_names():

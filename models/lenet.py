@@ -2,9 +2,9 @@
 import mindspore.nn as nn
 from mindspore.common.initializer import Normal
 
+from ampzoo.errors import ConfigError
+from ampzoo.registry import MODELS
 from models.layers import max_pool2d, relu
-from zoo.errors import ConfigError
-from zoo.registry import MODELS
 
 
 class LeNet5(nn.Cell):

@@ -10,9 +10,9 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
+from ampzoo.errors import ConfigError
+from ampzoo.registry import MODELS
 from models.layers import add_relu, batch_norm2d, conv2d, max_pool2d, relu
-from zoo.errors import ConfigError
-from zoo.registry import MODELS
 
 
 def conv(in_ch, out_ch, k, stride=1, input_grad=True):

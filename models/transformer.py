@@ -28,9 +28,9 @@ import numpy as np
 from mindspore import Tensor
 from mindspore.common.initializer import Normal, XavierUniform
 
+from ampzoo.errors import ConfigError
+from ampzoo.registry import CELLS, MODELS
 from models.layers import add, affine_kernel, bmm_kernel, dropout, layer_norm_kernel, relu
-from zoo.errors import ConfigError
-from zoo.registry import CELLS, MODELS
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16

@@ -1,5 +1,5 @@
-"""Shared fixtures. The suite starts as a command does (zoo.entry first: MindSpore's C++ log lines off)."""
-import zoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
+"""Shared fixtures. The suite starts as a command does (ampzoo.entry first: MindSpore's C++ log lines off)."""
+import ampzoo.entry  # noqa: F401  (first: a command's start-up, before MindSpore loads)
 
 import os
 import subprocess
@@ -10,7 +10,7 @@ from pathlib import Path
 import mindspore as ms
 import pytest
 
-from zoo.runtime import cap_onednn_isa
+from ampzoo.runtime import cap_onednn_isa
 
 # The suite builds networks in any order, MindSpore's convolutions among them: one fixed AVX2 cap, before the
 # first kernel runs, which the commands the tests start inherit as the user's (the auto cap is tested in
@@ -93,6 +93,7 @@ E2E_FILES = {"test_amp_tools.py", "test_bad_inputs.py", "test_distributed.py", "
 # ...and the few such tests in files that are otherwise in-process
 E2E_TESTS = {"test_resnet.py::test_resnet34_o2_smoke_run_from_a_fresh_checkout",
              "test_structure.py::test_only_the_entry_helper_sets_up_mindspore",
+             "test_structure.py::test_only_the_five_packages_are_importable",
              "test_cpu_conv.py::test_export_writes_mindspores_own_conv2d",
              "test_cpu_conv.py::test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutions",
              "test_cpu_kernels.py::test_on_without_the_extension_is_one_line_and_exit_2",

@@ -75,7 +75,7 @@ def test_parameter_names_do_not_change_with_the_level(pynative_mode):
 def test_a_checkpoint_loads_into_the_network_under_its_policy(pynative_mode, tmp_path, level):
     """Scoring a run loads each epoch's checkpoint into the network as it was built for the run: under O2's
     wrappers the attribute paths gain `cell.`, the checkpoint's Parameter names do not, and every weight lands."""
-    from engine.checkpoint import load_weights
+    from ampzoo.engine.checkpoint import load_weights
 
     trained = Tiny()
     for p in trained.get_parameters():
@@ -99,7 +99,7 @@ def test_report_says_why(pynative_mode):
 
 
 def test_a_keep_path_that_is_not_a_sub_module_names_the_close_ones(pynative_mode):
-    from zoo.errors import ConfigError
+    from ampzoo.errors import ConfigError
     with pytest.raises(ConfigError,
                        match=r"'haed' is neither a Cell class nor a sub-module of Tiny; did you mean head"):
         observe("O3", ["haed"])

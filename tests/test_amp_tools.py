@@ -10,9 +10,9 @@ import mindspore as ms
 import mindspore.nn as nn
 
 from tests.conftest import run_cli
-from tools.amp_audit import audit
-from tools.amp_report import build_report
-from zoo.registry import CELLS
+from amp.audit.command import audit
+from amp.report.command import build_report
+from ampzoo.registry import CELLS
 
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))
 
@@ -89,9 +89,9 @@ def test_audit_runs_a_recipe_on_its_smoke_data():
 def test_audit_without_a_recipes_own_data_measures_the_embedded_digits(monkeypatch):
     """A Fashion-MNIST recipe on a machine without the package: the audit stands the embedded MNIST digits in
     (same format) and says so; a dataset.path the user gives must exist."""
-    import tools.amp_audit as tool
-    from engine.load import load_config
-    from zoo.errors import ConfigError
+    import amp.audit.command as tool
+    from ampzoo.engine.load import load_config
+    from ampzoo.errors import ConfigError
 
     absent = "/no/fashion-mnist"
     real = load_config
@@ -115,8 +115,8 @@ def test_the_tools_set_up_mindspore_only_as_entry_points():
     from tests.conftest import ROOT
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
     env["PYTHONPATH"] = str(ROOT)
-    probe = subprocess.run([sys.executable, "-c", "import os, tools.amp_report, tools.amp_audit, tools.amp_search; "
-                            "print(os.environ.get('ONEDNN_MAX_CPU_ISA'))"], cwd=ROOT, env=env,
+    probe = subprocess.run([sys.executable, "-c", "import os, amp.report.command, amp.audit.command, "
+                            "amp.search.command; print(os.environ.get('ONEDNN_MAX_CPU_ISA'))"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=300)
     assert probe.stdout.strip() == "None", probe.stderr[-1000:]
     for tool in ("amp.report", "amp.audit"):
@@ -127,12 +127,13 @@ def test_the_tools_set_up_mindspore_only_as_entry_points():
 def test_audit_leaves_value_selecting_cells_out_and_marks_a_repeated_keep_list():
     """At a tolerance no fp16 Cell meets, the Cells that compute are flagged; ReLU, max-pooling and Flatten,
     which only select or move values, are not; the suggestion says when it only repeats the recipe."""
+    from amp.audit.command import to_markdown
+    from ampzoo.data import create_dataset
+    from ampzoo.engine.load import load_config
     from models import build_model
-    from engine.load import load_config
-    from tools.amp_audit import to_markdown
 
     cfg, _ = load_config(["recipe=lenet_o2"])
-    batch = next(__import__("data").create_dataset(cfg.dataset, "train").create_tuple_iterator())
+    batch = next(create_dataset(cfg.dataset, "train").create_tuple_iterator())
     strict = audit(lambda: build_model(cfg), cfg.amp, batch[:-1], tolerance=1e-9)
     rows = {r["class"]: r for r in strict["cells"]}
     assert "error" in rows["Conv2d" if "Conv2d" in rows else "CpuConv2d"]["flags"] and "error" in rows["Dense"]["flags"]

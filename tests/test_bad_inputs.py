@@ -2,7 +2,7 @@
 import pytest
 
 from tests.conftest import run_cli
-from engine.load import check_command_line
+from ampzoo.engine.load import check_command_line
 
 CASES = [
     (["recipe=lenet_o9"], "recipe=lenet_o9 not found; did you mean"),
@@ -184,9 +184,9 @@ READER_CASES = [
 
 @pytest.mark.parametrize("recipe,make,extra,message", READER_CASES, ids=[c[3][:40] for c in READER_CASES])
 def test_every_reader_names_a_bad_file(tmp_path, recipe, make, extra, message):
-    from data import create_dataset
-    from engine.load import load_config
-    from zoo.errors import ConfigError
+    from ampzoo.data import create_dataset
+    from ampzoo.engine.load import load_config
+    from ampzoo.errors import ConfigError
 
     data = tmp_path / "data"
     data.mkdir()
@@ -200,8 +200,8 @@ def test_every_reader_names_a_bad_file(tmp_path, recipe, make, extra, message):
 
 
 def test_a_run_directory_that_cannot_be_read_is_one_line(tmp_path):
-    from engine.rundir import load_run_config
-    from zoo.errors import ConfigError
+    from ampzoo.engine.rundir import load_run_config
+    from ampzoo.errors import ConfigError
 
     with pytest.raises(ConfigError, match="has no config.yaml: not a train.py run directory"):
         load_run_config(tmp_path)
@@ -224,7 +224,7 @@ PIPELINE_ERROR = """Exception thrown from dataset pipeline. Refer to 'Dataset Pi
 def test_a_file_the_pipeline_cannot_read_is_one_line_at_any_step(tmp_path):
     import types
 
-    from engine.process.failures import step_error
+    from ampzoo.engine.process.failures import step_error
     run = types.SimpleNamespace(timer=types.SimpleNamespace(steps=[120]), run_dir=tmp_path, device="CPU", is_main=True,
                                 cfg=types.SimpleNamespace(recipe_name="resnet34_o2"))
     line = step_error(run, RuntimeError(PIPELINE_ERROR), ran_before=True)

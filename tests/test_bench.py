@@ -24,7 +24,7 @@ def test_report_from_committed_results_without_raw_runs(tmp_path):
     assert "| lenet_o0 | O0 | none | 3 | 95.37 ± 0.40% |" in md
     assert "| lenet | O2 / fixed | 3 | 95.37 ± 0.40 | 94.77 ± 0.67 | -0.60 | ±1 | yes |" in md
     assert "| resnet34 | O3 / fixed | 2 |" in md and "**no**" in md, "a parity miss is shown, not hidden"
-    assert "lab/underflow.py" in md, "the report points to the experiments' answers, not to files it lacks"
+    assert "bench/lab/underflow.py" in md, "the report points to the experiments' answers, not to files it lacks"
     assert (tmp_path / "throughput_vs_o0.png").stat().st_size > 0
 
 

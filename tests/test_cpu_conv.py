@@ -280,8 +280,8 @@ import os, sys
 import mindspore as ms, numpy as np
 from omegaconf import OmegaConf
 ms.set_device("CPU")
+from ampzoo.runtime import onednn_note
 from models import build_model
-from zoo.runtime import onednn_note
 model = {"resnet18": {"stem": "cifar", "in_channels": 1}, "lenet5": {"in_channels": 1}}[sys.argv[1]]
 net = build_model(OmegaConf.create({"model": {"name": sys.argv[1], "num_classes": 10, "params": model},
                                     "runtime": {"cpu_kernels": "auto", "onednn_isa": "auto"}}))
@@ -305,7 +305,7 @@ def test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutio
     import sys
 
     from tests.conftest import ROOT
-    from zoo.runtime import AUTO_CAP
+    from ampzoo.runtime import AUTO_CAP
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the oneDNN cap is set on x86 only")
     avx512 = "avx512f" in open("/proc/cpuinfo").read()

@@ -15,7 +15,7 @@ import cpu_kernels
 from cpu_kernels import LIBRARY, RECORD, check, mismatch, runtime_version, sources_digest, version_text
 from models import create_model, layers
 from tests.conftest import ROOT, built_with
-from zoo.errors import ConfigError
+from ampzoo.errors import ConfigError
 
 
 def fake_build(directory: Path, headers: str) -> Path:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from data import create_dataset
-from data.mnist import load_embedded_mnist
-from zoo.compose import compose
-from zoo.errors import ConfigError
+from ampzoo.compose import compose
+from ampzoo.data import create_dataset
+from ampzoo.data.mnist import load_embedded_mnist
+from ampzoo.errors import ConfigError
 
 
 def write_idx(folder, prefix, images, labels, image_magic=2051, gz=False):
@@ -111,7 +111,7 @@ def test_batch_larger_than_the_data_is_refused(idx_folder):
 
 
 def test_flip_and_shift_moves_pixels_without_inventing_them():
-    from data.sampling import flip_and_shift
+    from ampzoo.data.sampling import flip_and_shift
     images = np.arange(2 * 1 * 6 * 6, dtype=np.float32).reshape(2, 1, 6, 6)
     rng = np.random.default_rng(0)
     flipped = flip_and_shift(images, rng, hflip=True, shift=0)
@@ -142,7 +142,7 @@ def test_augmented_batches_are_the_same_after_a_mid_epoch_resume(idx_folder):
 
 def test_a_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path):
     """Windows Notepad starts a UTF-8 file with a BOM; it is not a character of the first sentence."""
-    from data.translation import _read_lines
+    from ampzoo.data.translation import _read_lines
 
     (tmp_path / "train.en").write_bytes("\ufeffTwo dogs play.\r\nA man runs.\r\n".encode("utf-8"))
     assert _read_lines(tmp_path / "train.en", "train_prefix") == ["Two dogs play.", "A man runs."]
@@ -160,7 +160,7 @@ def test_idx_files_a_folder_or_two_down_are_named(tmp_path):
 
 def test_a_missing_translation_split_names_the_files_that_are_there(tmp_path):
     """test.en where the recipe reads test_2016_flickr.en: the error lists the prefixes present and the key."""
-    from data.translation import read_pairs
+    from ampzoo.data.translation import read_pairs
 
     for name in ("train.en", "train.de", "test.en", "test.de"):
         (tmp_path / name).write_text("one\n")

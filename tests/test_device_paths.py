@@ -13,13 +13,13 @@ from omegaconf import OmegaConf
 import mindspore as ms
 
 from amp.fallback import DivergenceWatch
-from engine.checkpoint import last_good_checkpoint
 from amp.loss_scale import saturation_mode
 from amp.telemetry import AmpTelemetry, crossed
-from engine.callbacks import EpochLog, GracefulStop, TensorBoardLogger
-from zoo.errors import ConfigError
-from engine.load import load_config
-from zoo.runtime import pick_device, set_context, sink_mode
+from ampzoo.engine.callbacks import EpochLog, GracefulStop, TensorBoardLogger
+from ampzoo.engine.checkpoint import last_good_checkpoint
+from ampzoo.engine.load import load_config
+from ampzoo.errors import ConfigError
+from ampzoo.runtime import pick_device, set_context, sink_mode
 
 SINK = 937  # steps per sink: one epoch of lenet_fashion at batch 64
 
@@ -215,10 +215,10 @@ def test_a_single_process_stops_at_the_next_step_and_names_the_signal():
 
 
 def test_a_signal_the_compiler_swallowed_stops_at_the_first_step(monkeypatch):
-    """MindSpore's compiler may clear the Interrupted a signal raised (zoo.interrupt): training still stops at its
+    """MindSpore's compiler may clear the Interrupted a signal raised (ampzoo.interrupt): training still stops at its
     first step and saves, instead of running to the end with exit 0."""
     import signal
-    from zoo import interrupt
+    from ampzoo import interrupt
     monkeypatch.setattr(interrupt, "_received", [signal.SIGTERM])
     saved = []
     stop, ctx = GracefulStop(lambda net, step: saved.append(step)), Context()
@@ -304,7 +304,7 @@ def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
     whatever the extension does here (runtime.cpu_kernels=auto); `on` there is one error naming the device."""
     from models import create_model, layers
     from tests.conftest import built_with
-    from zoo.errors import ConfigError
+    from ampzoo.errors import ConfigError
     real = ms.get_context
     monkeypatch.setattr(layers.ms, "get_context", lambda key: device if key == "device_target" else real(key))
     resnet = create_model("resnet18", num_classes=10, stem="imagenet", width=8)
@@ -318,7 +318,7 @@ def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
 
 
 def tokenizer_data(cache_dir):
-    from zoo.compose import compose
+    from ampzoo.compose import compose
     cfg = compose(["recipe=transformer_tiny_multi30k_o0"])
     data = OmegaConf.create(OmegaConf.to_container(OmegaConf.merge(cfg.dataset, cfg.smoke.dataset)))
     data.params.cache_dir = str(cache_dir)
@@ -332,7 +332,7 @@ def test_ranks_build_the_shared_tokenizer_once_and_all_use_it(tmp_path, monkeypa
 
     import sentencepiece as spm
 
-    from data.translation import tokenizer_file
+    from ampzoo.data.translation import tokenizer_file
     builds = tmp_path / "builds.txt"
     real = spm.SentencePieceTrainer.train
 
@@ -363,7 +363,7 @@ def test_ranks_build_the_shared_tokenizer_once_and_all_use_it(tmp_path, monkeypa
 
 
 def test_an_unwritable_tokenizer_cache_names_the_cache_not_the_checkpoints(tmp_path):
-    from data.translation import tokenizer_file
+    from ampzoo.data.translation import tokenizer_file
     (tmp_path / "cache").write_text("a file where the cache folder should be")
     with pytest.raises(ConfigError, match=r"could not write the tokenizer cache .*set dataset.params.cache_dir") as e:
         tokenizer_file(tokenizer_data(tmp_path / "cache"))
@@ -391,7 +391,7 @@ def test_a_held_run_directory_ends_every_rank_under_msrun(tmp_path):
     import fcntl
     import os
 
-    from engine.rundir import claim_by_rank0
+    from ampzoo.engine.rundir import claim_by_rank0
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     other = os.open(run_dir / ".run.lock", os.O_RDWR | os.O_CREAT)  # another run's hold
@@ -407,7 +407,7 @@ def test_a_held_run_directory_ends_every_rank_under_msrun(tmp_path):
     assert flags == [True, False]
     claim_by_rank0(run_dir, 1, lambda flag: flag)  # a free directory: rank 1 holds nothing and goes on
     claim_by_rank0(run_dir, 0, lambda flag: flag)
-    from engine.rundir import HELD, release
+    from ampzoo.engine.rundir import HELD, release
     assert run_dir.resolve() in HELD
     release(run_dir)
 
@@ -560,8 +560,8 @@ def stand_in_run(device, rank, tmp_path):
 def test_a_device_failure_is_reported_as_one_not_as_a_model_that_does_not_compile(tmp_path, capsys, monkeypatch):
     """An Ascend memory failure in the first step: one line naming the device and its error, exit 1 (DeviceError,
     not the bad-input code), and a rank without train.log (under msrun, rank 1) keeps the trace in its own log."""
-    from engine.process.failures import step_error
-    from zoo.errors import DeviceError, TracedError
+    from ampzoo.engine.process.failures import step_error
+    from ampzoo.errors import DeviceError, TracedError
     run = stand_in_run("Ascend", 1, tmp_path)
     monkeypatch.setattr(logging.root, "handlers", [])  # as on rank 1: setup removed its train.log handler
     with pytest.raises(DeviceError) as e:
@@ -581,7 +581,7 @@ def test_a_device_failure_is_reported_as_one_not_as_a_model_that_does_not_compil
 
 
 def test_auto_says_why_it_fell_back_to_the_cpu_and_where_mindspores_log_is(monkeypatch):
-    from zoo import runtime
+    from ampzoo import runtime
     monkeypatch.setattr(ms, "set_device", lambda *args: None)
     monkeypatch.setattr(ms, "set_context", lambda **kw: None)
     monkeypatch.setattr(runtime, "plugin_errors", lambda: "Load dynamic library: libmindspore_ascend.so.2 failed. "
@@ -602,7 +602,7 @@ def test_an_msrun_worker_keeps_mindspores_own_error_lines_in_its_log(tmp_path):
     import subprocess
     import sys
     from tests.conftest import ROOT
-    code = "import zoo.entry, os; print(os.environ.get('GLOG_v'))"
+    code = "import ampzoo.entry, os; print(os.environ.get('GLOG_v'))"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLOG_", "MS_"))}
     env["PYTHONPATH"] = str(ROOT)
     for extra, want in [({}, "4"), ({"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "8"}, "3"), ({"GLOG_v": "1"}, "1")]:
@@ -616,7 +616,7 @@ def test_under_msrun_other_ranks_print_warnings_and_their_checksum_not_every_lin
     keeps its warnings and the line every rank must say (its parameter checksum)."""
     import sys
 
-    from engine.process.logs import rank_logging
+    from ampzoo.engine.process.logs import rank_logging
     console, file_log = logging.StreamHandler(sys.stderr), logging.FileHandler("/dev/null")
     monkeypatch.setattr(logging.root, "handlers", [console, file_log])
     monkeypatch.setattr(logging.root, "level", logging.INFO)
@@ -640,7 +640,7 @@ def test_a_worker_whose_msrun_ended_stops_as_for_a_sigterm(monkeypatch):
     import os
     import signal
 
-    from engine.callbacks import LauncherWatch
+    from ampzoo.engine.callbacks import LauncherWatch
     sent = []
     monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
     parent = [4242]
@@ -659,7 +659,7 @@ def test_the_rank_checksum_covers_the_weights_not_batchnorms_per_rank_statistics
     rank's differ; the checksum every rank prints must agree when the weights do."""
     import numpy as np
 
-    from zoo.runtime import parameter_checksum
+    from ampzoo.runtime import parameter_checksum
     net = ms.nn.SequentialCell([ms.nn.Conv2d(3, 4, 3), ms.nn.BatchNorm2d(4)])
     before = parameter_checksum(net)
     bn = net[1]
@@ -672,7 +672,7 @@ def test_the_rank_checksum_covers_the_weights_not_batchnorms_per_rank_statistics
 def test_msrun_without_a_run_directory_is_refused(monkeypatch, capsys):
     """The default run directory names the process id, so under msrun each rank would train (and resume, and fall
     back) from a directory of its own: without hydra.run.dir every process refuses with one line, exit 2."""
-    from engine.load import check_command_line
+    from ampzoo.engine.load import check_command_line
     for key, value in {"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "2"}.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(SystemExit) as e:

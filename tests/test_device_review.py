@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 
 import mindspore as ms
 
-from engine.checkpoint import check_same_shape
-from zoo.errors import ConfigError
-from zoo.runtime import cap_onednn_isa, onednn_note, sink_mode
+from ampzoo.engine.checkpoint import check_same_shape
+from ampzoo.errors import ConfigError
+from ampzoo.runtime import cap_onednn_isa, onednn_note, sink_mode
 
 
 def as_params(**values):
@@ -35,7 +35,7 @@ def test_a_resume_on_another_number_of_workers_says_what_would_change(tmp_path):
 
 
 def test_a_checkpoint_records_its_workers_and_global_batch(tmp_path):
-    from engine.checkpoint import AtomicCheckpoint, RUN_SHAPE
+    from ampzoo.engine.checkpoint import AtomicCheckpoint, RUN_SHAPE
     net = ms.nn.Dense(2, 2)
     saver = AtomicCheckpoint(tmp_path, "dense", 1, 2, 10, shape={"world_size": 8, "global_batch": 256})
     params = ms.load_checkpoint(str(saver.save(net, 10)))
@@ -44,7 +44,7 @@ def test_a_checkpoint_records_its_workers_and_global_batch(tmp_path):
 
 def msrun_run_dir(tmp_path):
     """An msrun run's directory: config.yaml with runtime.distributed=true, and a checkpoint of its LeNet."""
-    from engine.load import load_config
+    from ampzoo.engine.load import load_config
     from models import build_model
     cfg, _ = load_config(["recipe=lenet_o0", "runtime.distributed=true"])
     run_dir = tmp_path / "run"
@@ -57,7 +57,7 @@ def msrun_run_dir(tmp_path):
 
 def test_eval_and_export_take_a_device_id_for_an_msrun_runs_checkpoint(tmp_path):
     """They run as one process: the run's runtime.distributed=true must not make runtime.device_id an error."""
-    from engine.weights import checkpoint_config
+    from ampzoo.engine.weights import checkpoint_config
     checkpoint = msrun_run_dir(tmp_path)
     cfg, _ = checkpoint_config([f"checkpoint={checkpoint}", "runtime.device_id=1"])
     assert cfg.runtime.device_id == 1 and cfg.runtime.distributed is False
@@ -69,7 +69,7 @@ def test_eval_and_export_take_a_device_id_for_an_msrun_runs_checkpoint(tmp_path)
 def test_the_onednn_notes_are_the_cpus_only(monkeypatch, caplog, device):
     """oneDNN runs none of the network on a device: no ISA cap set, no line about MindSpore's CPU convolutions,
     nothing recorded in metrics.json."""
-    from engine.load import load_config
+    from ampzoo.engine.load import load_config
     from models import build_model, layers
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("AMP_ZOO_ONEDNN_AUTO", raising=False)
@@ -165,7 +165,7 @@ def save(path, step, epoch):
 def test_every_rank_resumes_from_rank_0s_checkpoint(tmp_path, caplog):
     """resume=auto under msrun: a rank whose listing of the shared folder lags (a network file system's cache)
     picked an older checkpoint than rank 0; it takes rank 0's, by name. The all-reduce is stood in for."""
-    from engine.checkpoint import agree_on_resume
+    from ampzoo.engine.checkpoint import agree_on_resume
     older, older_params = save(tmp_path / "lenet5-e0000-s00000010.ckpt", 10, 0)
     newest, _ = save(tmp_path / "lenet5-e0001-s00000125.ckpt", 125, 1)
     from_rank0 = iter([125, 1])  # rank 0's step, then its epoch
@@ -183,7 +183,7 @@ def test_every_rank_resumes_from_rank_0s_checkpoint(tmp_path, caplog):
 def test_every_rank_reads_the_tokenizer_rank_0_keeps(tmp_path):
     """A new translation run under msrun: ranks 1-7 wait for rank 0's copy and read it, rather than the model in
     their own server's cache (trained again there, with ids the same only by luck)."""
-    from engine.rundir import keep_tokenizer
+    from ampzoo.engine.rundir import keep_tokenizer
     cfg = OmegaConf.create({"dataset": {"params": {"spm_model": None}}})
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -202,8 +202,8 @@ def test_a_directory_that_takes_no_fsync_does_not_fail_a_save(tmp_path, monkeypa
     import os
     import stat
 
-    from engine.checkpoint import AtomicCheckpoint
-    from zoo.errors import WriteError
+    from ampzoo.engine.checkpoint import AtomicCheckpoint
+    from ampzoo.errors import WriteError
     real = os.fsync
     code = {"errno": errno.EINVAL}
 

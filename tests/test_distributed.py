@@ -54,8 +54,8 @@ def test_two_workers_match_each_other_and_one_process(tmp_path):
 
 PLUGIN = '''
 import numpy as np
-from data.mnist import mnist
-from zoo.registry import DATASETS
+from ampzoo.data.mnist import mnist
+from ampzoo.registry import DATASETS
 
 
 def build(cfg, split, shard=None, start_epoch=0, seed=0, skip_batches=0):
@@ -155,8 +155,8 @@ def test_msrun_on_storage_without_flock_claims_the_run_directory(tmp_path, code)
 
 LADDER_PLUGIN = '''
 import numpy as np
-from data.mnist import mnist
-from zoo.registry import DATASETS
+from ampzoo.data.mnist import mnist
+from ampzoo.registry import DATASETS
 
 
 def build(cfg, split, shard=None, start_epoch=0, seed=0, skip_batches=0):
@@ -219,7 +219,7 @@ def test_a_resume_with_another_number_of_workers_is_refused_on_every_rank(tmp_pa
     assert "Traceback" not in logs
     assert list((run_dir / "checkpoints").glob("*.ckpt")) == [checkpoint] and checkpoint.read_bytes() == saved
     assert not list(run_dir.glob("config.resume-*.yaml")), "refused before the run wrote anything of its own"
-    # on its own 2 workers it resumes (every rank from rank 0's checkpoint: engine.checkpoint.agree_on_resume)
+    # on its own 2 workers it resumes (every rank from rank 0's checkpoint: ampzoo.engine.checkpoint.agree_on_resume)
     again, logs = msrun(tmp_path, *args, "trainer.max_steps=8", "resume=auto")
     assert again.returncode == 0, (again.stdout + logs)[-4000:]
     assert "resumed from" in (run_dir / "train.log").read_text() and "taking rank 0's" not in logs
@@ -227,14 +227,14 @@ def test_a_resume_with_another_number_of_workers_is_refused_on_every_rank(tmp_pa
 
 
 FUNCTIONAL_LOOP = '''
-import zoo.entry  # noqa: F401
+import ampzoo.entry  # noqa: F401
 import numpy as np
 import mindspore as ms
 from mindspore.communication import get_rank, init
 from omegaconf import OmegaConf
 
 from amp.functional import FunctionalAmpStep
-from zoo.runtime import parameter_checksum
+from ampzoo.runtime import parameter_checksum
 
 ms.set_device("CPU")
 init()

@@ -80,7 +80,7 @@ def test_a_signal_while_the_graph_compiles_saves_nothing_and_says_so(tmp_path):
 
 DEFERRED = """
 import os, signal
-from zoo import interrupt
+from ampzoo import interrupt
 events = []
 try:
     with interrupt.handled(), interrupt.deferred():
@@ -94,7 +94,7 @@ except interrupt.Interrupted as e:
 
 SWALLOWED = """
 import os, signal, sys
-from zoo.entry import run
+from ampzoo.entry import run
 
 class Probe:
     def __del__(self):  # an exception raised here is swallowed, as C code that clears errors would
@@ -310,8 +310,8 @@ def test_non_finite_checkpoint_is_one_line(lenet_checkpoint, tmp_path):
 
 
 def test_a_copy_of_a_shipped_weight_is_known_by_its_hash(tmp_path):
-    from engine.weights import WEIGHTS, shipped_copy
-    from zoo.errors import ConfigError
+    from ampzoo.engine.weights import WEIGHTS, shipped_copy
+    from ampzoo.errors import ConfigError
 
     copy = tmp_path / "mine.ckpt"
     shutil.copy(WEIGHTS / "lenet_fashion_o2.ckpt", copy)
@@ -364,7 +364,7 @@ FULL_DISK = """
 import errno, logging, sys
 logging.basicConfig(format="%(levelname)s %(message)s")
 from tensorboardX import SummaryWriter
-from engine.callbacks import SafeWriter
+from ampzoo.engine.callbacks import SafeWriter
 
 class Full:
     def write(self, data): raise OSError(errno.ENOSPC, "No space left on device")
@@ -455,7 +455,7 @@ def test_a_run_that_ends_at_chance_says_so(tmp_path):
 def test_a_ctrl_c_that_a_c_extensions_import_turned_into_importerror_is_still_one_line():
     """Ctrl-C inside `import mindspore` surfaces as ImportError("initialization failed") caused by the
     KeyboardInterrupt: the command's excepthook still ends it with one line and exit 130."""
-    code = ("import zoo.entry\n"
+    code = ("import ampzoo.entry\n"
             "try:\n    raise KeyboardInterrupt\n"
             "except KeyboardInterrupt as e:\n    raise ImportError('initialization failed') from e\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=str(__import__("pathlib").Path(__file__).parents[1]),

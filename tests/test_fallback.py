@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from data.mnist import mnist
-from engine.load import load_config
-from zoo.registry import DATASETS
+from ampzoo.data.mnist import mnist
+from ampzoo.engine.load import load_config
+from ampzoo.registry import DATASETS
 
 NAN_BATCH = 130  # epoch 2, step 5
 

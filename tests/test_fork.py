@@ -7,7 +7,7 @@ from tests.conftest import ROOT, fork, run_cli
 
 MODEL = '''
 import mindspore.nn as nn
-from zoo.registry import MODELS
+from ampzoo.registry import MODELS
 
 
 class TinyNet(nn.Cell):
@@ -100,7 +100,7 @@ def test_a_graph_account_an_earlier_process_left_is_not_named(tmp_path, monkeypa
     import os
     import types
 
-    from engine.process import failures
+    from ampzoo.engine.process import failures
     left = tmp_path / "rank_0" / "om" / "analyze_fail.ir"
     left.parent.mkdir(parents=True)
     left.write_text("the earlier graph")
@@ -143,7 +143,7 @@ def tinynet(num_classes=10, hidden=32):
 @pytest.mark.parametrize("module, source, plugins, message", [
     ("my_models", "x = 1 / 0\n", "my_models",
      "plugin 'my_models' (AMP_ZOO_PLUGINS) failed while importing: ZeroDivisionError: division by zero"),
-    ("my_models", "from models import no_such_api\n", "my_models", "from zoo.registry import MODELS"),
+    ("my_models", "from models import no_such_api\n", "my_models", "from ampzoo.registry import MODELS"),
     ("my_models", MODEL, "my_modles", "AMP_ZOO_PLUGINS names 'my_modles', which cannot be imported"),
     ("my_models", MODEL, "", "AMP_ZOO_PLUGINS, which is not set"),
     # python -m from a folder with a models.py: the zoo imported it instead of its own package (a traceback)
@@ -160,7 +160,7 @@ def test_a_plugin_written_for_the_old_api_still_loads(tmp_path):
     _, search = fork(tmp_path, "my_models", OLD_API, "tinynet_o2", RECIPE)
     result = run_cli("-m amp.report", search, "recipe=tinynet_o2", cwd=tmp_path, env={"AMP_ZOO_PLUGINS": "my_models"})
     assert result.returncode == 0 and "| 1 | Dense | float16 |" in result.stdout, result.stderr[-2000:]
-    assert "models.register_model is deprecated; use `from zoo.registry import MODELS`" in result.stderr
+    assert "models.register_model is deprecated; use `from ampzoo.registry import MODELS`" in result.stderr
 
 
 def test_a_recipe_not_found_names_the_folders_searched(tmp_path):
@@ -170,8 +170,8 @@ def test_a_recipe_not_found_names_the_folders_searched(tmp_path):
 
 
 SHADOWING = '''
+from ampzoo.registry import MODELS
 from models.lenet import LeNet5
-from zoo.registry import MODELS
 
 
 @MODELS.register({args})

@@ -6,9 +6,9 @@ import mindspore.nn as nn
 
 from amp.functional import FunctionalAmpStep
 from amp.policy import apply_policy
-from data import create_dataset
+from ampzoo.compose import compose
+from ampzoo.data import create_dataset
 from models import create_model
-from zoo.compose import compose
 
 
 def test_functional_step_trains_lenet_with_dynamic_scale(graph_mode):

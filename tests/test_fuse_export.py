@@ -9,7 +9,7 @@ import mindspore.nn as nn
 
 from models import create_model
 from tests.conftest import run_cli
-from engine.fuse import fuse_conv_bn
+from ampzoo.engine.fuse import fuse_conv_bn
 
 
 def with_trained_like_bn_stats(net, seed=0):
@@ -84,7 +84,7 @@ def test_an_export_with_overrides_names_its_own_file(tmp_path):
     """Without output=, an export at another batch (or any key that changes what is exported) replaced the plain
     one beside the checkpoint: it names its own file, as eval.py's results do; the format stays the suffix."""
     from export import output_path
-    from engine.weights import checkpoint_config
+    from ampzoo.engine.weights import checkpoint_config
 
     ckpt = tmp_path / "lenet.ckpt"
     ms.save_checkpoint(create_model("lenet5", num_classes=10), str(ckpt))

@@ -4,7 +4,7 @@ reads a flag's value as the flag's, not as a key=value override, and a flag that
 import pytest
 
 from tests.conftest import run_cli
-from zoo.compose import hydra_flags
+from ampzoo.compose import hydra_flags
 
 TINY = "recipe=transformer_tiny_multi30k_o0"
 
@@ -56,8 +56,8 @@ def test_multirun_flag_in_any_position_checks_every_run():
 def test_eval_names_a_hydra_flag_it_would_ignore():
     """eval.py and export.py are no Hydra applications: a flag (or train.py's resume=) there is one line,
     not silently dropped."""
-    from engine.weights import checkpoint_config
-    from zoo.errors import ConfigError
+    from ampzoo.engine.weights import checkpoint_config
+    from ampzoo.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^--cfg=job: this command takes key=value overrides only"):
         checkpoint_config(["weights=lenet_fashion_o0", "--cfg", "job"])
@@ -68,9 +68,9 @@ def test_eval_names_a_hydra_flag_it_would_ignore():
 def test_the_amp_tools_name_a_hydra_flag_they_would_ignore():
     """amp.report / amp.audit (and anything else that composes through load_config outside train.py) are no
     Hydra applications either: `--cfg job` there is one line, with weights= or without."""
-    from engine.load import load_config
-    from engine.weights import weights_argv
-    from zoo.errors import ConfigError
+    from ampzoo.engine.load import load_config
+    from ampzoo.engine.weights import weights_argv
+    from ampzoo.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^--cfg=job: this command takes key=value overrides only"):
         weights_argv(["weights=lenet_fashion_o3", "--cfg", "job"])

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.lab  # the lab is not the product: make test-lab (or ma
 def test_transformer_report_lines_runs_up_at_equal_updates(tmp_path):
     """Two batches an update (update_freq 2): its epoch 2 is the same number of updates as epoch 1 of a run
     with one batch an update, and that is where the report compares them."""
-    from lab.transformer_report import runs_compared
+    from bench.lab.transformer_report import runs_compared
 
     def run(name, freq, bleu):
         d = tmp_path / name
@@ -31,7 +31,7 @@ def test_transformer_report_lines_runs_up_at_equal_updates(tmp_path):
 
 
 def test_transformer_report_names_each_multi30k_run(tmp_path):
-    from lab.transformer_report import multi30k_tables
+    from bench.lab.transformer_report import multi30k_tables
     run_dir, out = tmp_path / "tiny_o0", tmp_path / "out"
     run_dir.mkdir()
     out.mkdir()
@@ -44,7 +44,7 @@ def test_transformer_report_names_each_multi30k_run(tmp_path):
 def test_transformer_report_compares_a_kept_curve_by_its_update_freq(tmp_path):
     """A run directory lost with its machine leaves its curve in bench/results (NAME_curve.json): the report
     still lines it up at equal updates, by the update_freq its records carry."""
-    from lab.transformer_report import runs_compared
+    from bench.lab.transformer_report import runs_compared
 
     run = tmp_path / "o2"
     run.mkdir()
@@ -62,7 +62,7 @@ def test_transformer_report_compares_a_kept_curve_by_its_update_freq(tmp_path):
 def test_transformer_report_reads_a_run_with_other_epochs_between_its_scores(tmp_path):
     """Another vocabulary makes epochs of another length (the published BPE: 129 batches, ours: 140): the runs
     are compared at the first run's updates, the other read between its two neighbouring scores and marked."""
-    from lab.transformer_report import runs_compared
+    from bench.lab.transformer_report import runs_compared
 
     def kept(name, per, bleu):
         path = tmp_path / f"{name}_curve.json"
@@ -77,12 +77,12 @@ def test_transformer_report_reads_a_run_with_other_epochs_between_its_scores(tmp
 
 
 def test_decode_bench_names_a_bad_override_in_one_line(tmp_path, capsys):
-    """lab.decode takes key=value over the run's config (amp.level=O0 for an O2 run); a key that is not in the
+    """bench.lab.decode takes key=value over the run's config (amp.level=O0 for an O2 run); a key that is not in the
     schema is one error line and exit 2, before any checkpoint is read."""
     from omegaconf import OmegaConf
 
-    from lab.decode import main
-    from zoo.compose import compose
+    from ampzoo.compose import compose
+    from bench.lab.decode import main
 
     OmegaConf.save(compose(["recipe=transformer_tiny_multi30k_o2"]), tmp_path / "config.yaml")
     with pytest.raises(SystemExit) as e:
@@ -93,27 +93,27 @@ def test_decode_bench_names_a_bad_override_in_one_line(tmp_path, capsys):
 
 
 def test_fp16_ops_times_each_op_in_both_precisions(tmp_path):
-    """lab.fp16_ops, the evidence behind 'fp16 costs time on a CPU': every op in fp32 and fp16, with the cores
+    """bench.lab.fp16_ops, the evidence behind 'fp16 costs time on a CPU': every op in fp32 and fp16, with the cores
     it keeps busy, on a small tensor here."""
     out = tmp_path / "fp16_ops.json"
-    result = run_cli("-m lab.fp16_ops", "--shape", "2,4,8,8", "--repeats", "2", "--out", str(out))
+    result = run_cli("-m bench.lab.fp16_ops", "--shape", "2,4,8,8", "--repeats", "2", "--out", str(out))
     assert result.returncode == 0, result.stderr[-1000:]
     assert "relu: fp16 takes" in result.stdout and "add: fp16 takes" in result.stdout
     record = json.loads(out.read_text())
     assert record["shape"] == [2, 4, 8, 8] and set(record["ops"]) == {
         "cast fp32->fp16", "cast fp16->fp32", "relu fp32", "relu fp16", "add fp32", "add fp16"}
     assert all(op["ms"] > 0 and op["cores_busy"] > 0 for op in record["ops"].values())
-    bad = run_cli("-m lab.fp16_ops", "--shape", "2,x")
+    bad = run_cli("-m bench.lab.fp16_ops", "--shape", "2,x")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "error: --shape '2,x': give positive sizes separated by commas, e.g. 128,64,28,28"]
 
 
 def test_the_transformer_experiments_compose_the_setting_their_records_were_taken_at():
-    """lab.transformer_parts, transformer_speed and torch_multi30k recorded their figures at the old Multi30k
+    """bench.lab.transformer_parts, transformer_speed and torch_multi30k recorded their figures at the old Multi30k
     setting (cased text, 8,000-piece sentencepiece, one 4,096-token batch an update). The recipes now default
     to the published one (10,000 BPE pieces, two batches an update), so each experiment pins setting=cased_4k."""
     from bench.common import bench_config
-    from lab import torch_multi30k, transformer_parts, transformer_speed
+    from bench.lab import torch_multi30k, transformer_parts, transformer_speed
 
     default = bench_config(["recipe=transformer_tiny_multi30k_o0"], smoke=False)
     assert (default.model.num_classes, default.trainer.update_freq) == (10000, 2)  # what the pin guards against

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from engine.rundir import HELD, LOCK_FILE, claim, claim_by_rank0, release
+from ampzoo.engine.rundir import HELD, LOCK_FILE, claim, claim_by_rank0, release
 from tests.conftest import ROOT
-from zoo import locks
-from zoo.errors import ConfigError
+from ampzoo import locks
+from ampzoo.errors import ConfigError
 
 NO_FLOCK = [errno.EBADF, errno.ENOLCK, errno.ENOSYS]
 
@@ -26,8 +26,8 @@ def write_noflock_plugin(folder, code: int) -> None:
         "import errno, fcntl, os\n"
         f"def refuse(fd, op): raise OSError({code}, os.strerror({code}))\n"
         "fcntl.flock = refuse\n"
-        "from data.mnist import mnist\n"  # a plugin registers something (here MNIST again, under a name of its own)
-        "from zoo.registry import DATASETS\n"
+        "from ampzoo.data.mnist import mnist\n"  # a plugin registers something (MNIST again, under its own name)
+        "from ampzoo.registry import DATASETS\n"
         "DATASETS.add('mnist_noflock', mnist, task='classification')\n")
 
 def flock_fails(monkeypatch, code):
@@ -99,7 +99,7 @@ def test_a_lock_file_left_by_a_killed_process_is_taken_over(tmp_path, monkeypatc
     code = ("import errno, fcntl, os, time\n"
             "def refuse(fd, op): raise OSError(errno.ENOLCK, 'No locks available')\n"
             "fcntl.flock = refuse\n"
-            "from engine.rundir import claim\n"
+            "from ampzoo.engine.rundir import claim\n"
             f"claim({str(tmp_path)!r}); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                               stdout=subprocess.PIPE, text=True)
@@ -162,7 +162,7 @@ def test_a_single_process_run_on_storage_without_flock(tmp_path, code):
 
 @pytest.mark.parametrize("code", NO_FLOCK, ids=errno.errorcode.get)
 def test_the_tokenizer_cache_builds_under_a_lock_file_without_flock(tmp_path, monkeypatch, code):
-    from data.translation import tokenizer_file
+    from ampzoo.data.translation import tokenizer_file
     from tests.test_device_paths import tokenizer_data
     flock_fails(monkeypatch, code)
     model = tokenizer_file(tokenizer_data(tmp_path / "cache"))
@@ -171,7 +171,7 @@ def test_the_tokenizer_cache_builds_under_a_lock_file_without_flock(tmp_path, mo
 
 
 def test_a_tokenizer_cache_that_cannot_be_locked_is_not_a_full_disk(tmp_path, monkeypatch):
-    from data.translation import tokenizer_file
+    from ampzoo.data.translation import tokenizer_file
     from tests.test_device_paths import tokenizer_data
     flock_fails(monkeypatch, errno.EIO)  # not a missing flock: the lock itself failed
     with pytest.raises(ConfigError) as e:

@@ -1,6 +1,7 @@
-"""The process around a run (engine.process, zoo.interrupt, zoo.entry): a failed run removes only what it created,
-the stop signals are taken by the command that runs and given back, the line that continues an msrun run is
-msrun's, and a sweep goes on past a job that fails and says which jobs finished, failed and never started."""
+"""The process around a run (ampzoo.engine.process, ampzoo.interrupt, ampzoo.entry): a failed run removes only
+what it created, the stop signals are taken by the command that runs and given back, the line that continues an
+msrun run is msrun's, and a sweep goes on past a job that fails and says which jobs finished, failed and never
+started."""
 import signal
 
 import pytest
@@ -25,8 +26,8 @@ def test_a_folder_that_cannot_be_removed_is_left_without_a_traceback(tmp_path, m
     """A folder this run created that cannot be removed (a mount point, say) stays, and closing says nothing."""
     from pathlib import Path
 
-    from engine.process import directory
-    from zoo.errors import ConfigError
+    from ampzoo.engine.process import directory
+    from ampzoo.errors import ConfigError
 
     run_dir = directory.RunDir(tmp_path / "made" / "run", named=True).claim()
 
@@ -39,11 +40,11 @@ def test_a_folder_that_cannot_be_removed_is_left_without_a_traceback(tmp_path, m
 
 
 def test_a_command_takes_the_stop_signals_only_while_it_runs():
-    """zoo.interrupt.handled: SIGTERM raises Interrupted inside the block, and the handler before it is back
+    """ampzoo.interrupt.handled: SIGTERM raises Interrupted inside the block, and the handler before it is back
     after it (a test or a tool that imports a command keeps its own)."""
     import os
 
-    from zoo import interrupt
+    from ampzoo import interrupt
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(interrupt.Interrupted):
@@ -59,7 +60,7 @@ def test_a_command_takes_the_stop_signals_only_while_it_runs():
 def test_the_line_that_continues_an_msrun_run_is_msruns_command(monkeypatch, tmp_path):
     """Under msrun, `python train.py ... resume=auto` would start one process of a distributed run: the line
     names msrun with the options it was started with (issue 62, item 9)."""
-    from engine.process import directory
+    from ampzoo.engine.process import directory
 
     monkeypatch.setenv("MS_WORKER_NUM", "2")
     monkeypatch.setenv("MS_ROLE", "MS_WORKER")
@@ -100,7 +101,7 @@ def test_a_sweep_goes_on_past_a_job_that_diverges(tmp_path):
 
 
 def test_a_sweep_names_the_jobs_that_never_started():
-    from engine.process.command import Sweep
+    from ampzoo.engine.process.command import Sweep
 
     sweep = Sweep()
     sweep.end(0, "finished")

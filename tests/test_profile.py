@@ -38,7 +38,7 @@ def test_root_ops_count_for_the_model_and_unscoped_ops_apart():
 
 def test_profile_writes_the_precision_time_shares(tmp_path, graph_mode):
     from train import train
-    from engine.load import load_config
+    from ampzoo.engine.load import load_config
     cast = {}
     for recipe, low in [("lenet_o0", False), ("lenet_o2", True)]:
         cfg, _ = load_config([f"recipe={recipe}", "trainer.epochs=1", "trainer.max_steps=12", "runtime.profile=true",

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from zoo.compose import compose
-from zoo.errors import ConfigError
-from engine.load import validate
+from ampzoo.compose import compose
+from ampzoo.engine.load import validate
+from ampzoo.errors import ConfigError
 
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "recipes").glob("*.yaml"))
 
@@ -84,7 +84,7 @@ def test_the_linear_schedule_warms_up_then_decays_to_min_lr():
     import numpy as np
     from omegaconf import OmegaConf
 
-    from engine.optim import lr_schedule
+    from ampzoo.engine.optim import lr_schedule
     lr = lr_schedule(OmegaConf.create({"name": "linear", "warmup_epochs": 2, "warmup_steps": 0, "min_lr": 0.0}),
                      0.8, 10, 10)
     np.testing.assert_allclose(lr[:20], 0.8 * np.arange(1, 21) / 20, rtol=1e-6)

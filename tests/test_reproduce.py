@@ -225,7 +225,7 @@ def test_seeds_runs_only_the_first_seeds_and_keeps_every_recorded_run(tmp_path, 
 def test_a_machine_kind_names_its_vector_isa():
     """Two CPUs of one model name, one without AVX-512, ran a ResNet step at different speeds: a run's machine
     names the vector ISA, and the two do not compare."""
-    from zoo.machine import machine, machine_kind, vector_isa
+    from ampzoo.machine import machine, machine_kind, vector_isa
     assert vector_isa("fpu sse2 avx avx2 fma".split()) == "AVX2"
     assert vector_isa("avx avx2 avx512f avx512bw".split()) == "AVX-512"
     assert vector_isa("avx2 avx512f amx_tile amx_bf16".split()) == "AVX-512, AMX"
@@ -353,7 +353,7 @@ def test_a_signal_while_scoring_says_the_run_is_kept(tmp_path, fake_runner, monk
     trained and the same command scores it, not 'nothing was written'."""
     import signal
 
-    from zoo.interrupt import Interrupted
+    from ampzoo.interrupt import Interrupted
     data = tmp_path / "multi30k"
     data.mkdir()
     seeds(monkeypatch, transformer_tiny_multi30k_o0=[1])

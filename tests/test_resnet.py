@@ -12,12 +12,12 @@ import mindspore.nn as nn
 
 from amp.loss_scale import AmpTrainStep, plan_loss_scale
 from amp.policy import apply_policy
-from data import create_dataset
-from engine.load import load_config
+from ampzoo.data import create_dataset
+from ampzoo.engine.load import load_config
 from models import create_model
 from tests.conftest import run_cli
-from zoo.compose import compose
-from zoo.errors import ConfigError
+from ampzoo.compose import compose
+from ampzoo.errors import ConfigError
 
 
 @pytest.mark.parametrize("name,params", [("resnet18", 11_689_512), ("resnet34", 21_797_672),
@@ -198,7 +198,7 @@ def test_top5_of_a_network_with_five_classes_or_fewer_is_one():
     (a traceback after the whole run); with 5 classes or fewer every label is among the top 5."""
     from mindspore.train import Top5CategoricalAccuracy
 
-    from engine.metrics import metrics
+    from ampzoo.engine.metrics import metrics
 
     rng = np.random.RandomState(0)
     for classes in (2, 5, 10):

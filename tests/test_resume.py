@@ -13,7 +13,7 @@ import pytest
 
 import mindspore as ms
 
-from engine.checkpoint import RUN_TIMES
+from ampzoo.engine.checkpoint import RUN_TIMES
 from tests.conftest import ROOT, finished_run_dir, run_cli
 
 ARGS = ["recipe=lenet_o0", "trainer.epochs=3", "logger.progress_bar=false"]
@@ -218,9 +218,9 @@ def test_a_disk_too_small_for_two_checkpoints_is_refused_before_training(tmp_pat
     import shutil
     from collections import namedtuple
 
+    from ampzoo.engine.checkpoint import check_disk_space
+    from ampzoo.errors import ConfigError
     from models import create_model
-    from engine.checkpoint import check_disk_space
-    from zoo.errors import ConfigError
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * 2**20, 10 * 2**20 - 2**19, 2**19))
@@ -284,9 +284,9 @@ def flip_a_weight_byte(path):
 def test_a_runs_own_checkpoint_with_a_flipped_byte_is_refused(tmp_path):
     """train.py's checkpoints carry MindSpore's CRC32: a byte changed on disk is one line on load (it loaded, and
     evaluated or trained on from the changed weight), as a shipped weight's sha256 refuses it."""
-    from engine.checkpoint import AtomicCheckpoint, read_checkpoint
+    from ampzoo.engine.checkpoint import AtomicCheckpoint, read_checkpoint
+    from ampzoo.errors import ConfigError
     from models import create_model
-    from zoo.errors import ConfigError
 
     saver = AtomicCheckpoint(tmp_path, "lenet5", every_epochs=1, keep_last=1, steps_per_epoch=10)
     path = saver.save(create_model("lenet5", num_classes=10), 10)
@@ -313,7 +313,7 @@ def test_a_fallback_keeps_a_damaged_checkpoint_it_passes_over(tmp_path):
     """The fallback ladder restarts from the newest finite checkpoint and removes the non-finite ones (the
     divergence's); one that does not read (a failed CRC) was removed as "not finite" too: it is passed over
     and kept, the log naming why."""
-    from engine.checkpoint import AtomicCheckpoint, last_good_checkpoint
+    from ampzoo.engine.checkpoint import AtomicCheckpoint, last_good_checkpoint
     from models import create_model
 
     saver = AtomicCheckpoint(tmp_path, "lenet5", every_epochs=1, keep_last=5, steps_per_epoch=10)

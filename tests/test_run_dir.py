@@ -16,12 +16,12 @@ import pytest
 
 import mindspore as ms
 
-from engine.checkpoint import RUN_TIMES
+from ampzoo.engine.checkpoint import RUN_TIMES
 
 from tests.conftest import ROOT, finished_run_dir, run_cli
-from zoo.errors import ConfigError, WriteError
-from engine.load import load_config
-from engine.rundir import claim, release, resume_config
+from ampzoo.engine.load import load_config
+from ampzoo.engine.rundir import claim, release, resume_config
+from ampzoo.errors import ConfigError, WriteError
 
 ARGS = ["recipe=lenet_o0", "trainer.epochs=2", "logger.progress_bar=false"]
 
@@ -60,7 +60,7 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(finished_run):
 def test_a_finished_run_names_the_key_that_ended_it(tmp_path):
     """A run cut by trainer.max_steps continues only with a larger max_steps: pointing at trainer.epochs,
     which a user would raise to no effect, was wrong."""
-    from engine.start import finished_note
+    from ampzoo.engine.start import finished_note
     cut = {"steps": 300, "epochs": 10, "steps_per_epoch": 125}
     assert finished_note(tmp_path, cut, 300) == (
         f"{tmp_path} is finished at step 300 of 1,250 (trainer.max_steps=300, trainer.epochs=10): nothing to do; "
@@ -86,7 +86,7 @@ def test_a_second_process_is_refused_while_the_first_holds_the_directory(finishe
 
 
 def test_a_lock_dies_with_its_process(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from engine.rundir import claim; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ampzoo.engine.rundir import claim; "
                                f"claim({str(tmp_path)!r}); print('held', flush=True); time.sleep(60)"],
                               cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -160,7 +160,7 @@ def weights(path):
 
 def test_after_a_failed_save_resume_finishes_with_the_same_weights(tmp_path, monkeypatch, graph_mode):
     from train import train
-    from engine import checkpoint as zc
+    from ampzoo.engine import checkpoint as zc
     cfg, _ = load_config(ARGS)
     whole = tmp_path / "whole"
     whole.mkdir()
@@ -219,8 +219,8 @@ def test_a_resumed_runs_latest_config_is_its_last_process(tmp_path):
     """config.yaml keeps the first process's settings; a resume writes config.resume-N.yaml. What the run
     finished with (bench.ship's overrides) is the newest of those, N counted as a number (10 after 9)."""
     from omegaconf import OmegaConf
-    from engine.rundir import load_run_config
-    from zoo.compose import compose
+    from ampzoo.compose import compose
+    from ampzoo.engine.rundir import load_run_config
 
     cfg = compose(["recipe=lenet_o0"])
     for name, epochs in [("config.yaml", 3), ("config.resume-2.yaml", 5), ("config.resume-10.yaml", 9),
@@ -235,8 +235,8 @@ def test_a_run_written_with_a_key_since_removed_still_loads(tmp_path):
     without it, and a free-form block keeps its keys."""
     from omegaconf import OmegaConf
 
-    from engine.rundir import load_run_config
-    from zoo.compose import compose
+    from ampzoo.compose import compose
+    from ampzoo.engine.rundir import load_run_config
     saved = OmegaConf.to_container(compose(["recipe=lenet_o2"]), resolve=False)
     saved["target"]["seeds"] = [1, 2, 3]
     saved["model"]["params"] = {"width": 8}
@@ -251,7 +251,7 @@ def test_a_translation_run_keeps_its_tokenizer(tmp_path):
     model given to the resume is refused rather than silently changing the ids."""
     from omegaconf import OmegaConf
 
-    from engine.rundir import keep_tokenizer
+    from ampzoo.engine.rundir import keep_tokenizer
     model, other = tmp_path / "spm.model", tmp_path / "other.model"
     model.write_bytes(b"first model")
     other.write_bytes(b"another model")
@@ -282,8 +282,8 @@ def test_a_moved_run_reads_its_own_tokenizer(tmp_path):
     the run (a resume, bench.multi30k, bench.ship) uses the copy where it is now, not a missing or foreign file."""
     from omegaconf import OmegaConf
 
-    from data.translation import tokenizer_file
-    from engine.rundir import load_run_config
+    from ampzoo.data.translation import tokenizer_file
+    from ampzoo.engine.rundir import load_run_config
     started, _ = load_config(["recipe=transformer_base_o2"])
     OmegaConf.update(started, "dataset.params.spm_model", str(tmp_path / "was-here" / "tokenizer.model"),
                      force_add=True)
@@ -303,8 +303,8 @@ def test_a_resume_that_repeats_the_command_line_keeps_its_tokenizer(tmp_path, da
     tokenizer of other content still is (keep_tokenizer)."""
     from omegaconf import OmegaConf
 
-    from engine.load import user_keys
-    from engine.rundir import keep_tokenizer
+    from ampzoo.engine.load import user_keys
+    from ampzoo.engine.rundir import keep_tokenizer
     given, other = tmp_path / "spm.model", tmp_path / "other.model"
     given.write_bytes(b"the model")
     other.write_bytes(b"another model")
@@ -332,8 +332,8 @@ def test_eval_of_a_translation_checkpoint_uses_the_runs_tokenizer(tmp_path):
     line's dataset= group says; a spm_model given that is another model is refused (a plausible wrong BLEU)."""
     from omegaconf import OmegaConf
 
-    from engine.load import user_keys
-    from engine.rundir import run_config_for
+    from ampzoo.engine.load import user_keys
+    from ampzoo.engine.rundir import run_config_for
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     started, _ = load_config(["recipe=transformer_base_o2"])
@@ -358,7 +358,7 @@ def test_a_run_started_from_a_translation_runs_checkpoint_takes_its_tokenizer(tm
     as weights=NAME uses the weight's: its embeddings are for those token ids, not for a model trained anew."""
     from omegaconf import OmegaConf
 
-    from engine.start import start_from
+    from ampzoo.engine.start import start_from
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(load_config(["recipe=transformer_base_o2"])[0]))

@@ -12,7 +12,7 @@ import mindspore as ms
 
 from amp.fallback import DivergenceWatch
 from amp.telemetry import AmpTelemetry
-from engine.checkpoint import last_good_checkpoint, resume_point
+from ampzoo.engine.checkpoint import last_good_checkpoint, resume_point
 from tests.test_device_paths import Context, NpuStatus, fallback_cfg, saturating_net
 
 

@@ -7,7 +7,7 @@ from tests.conftest import fork, run_cli
 
 MODEL = '''
 import mindspore.nn as nn
-from zoo.registry import MODELS
+from ampzoo.registry import MODELS
 
 
 class Rescale(nn.Cell):
@@ -167,8 +167,8 @@ def test_a_budget_inside_the_warm_up_is_noted(capsys, warmup, noted):
     """A budget that ends inside the recipe's warm-up judges every run at its peak learning rate (on
     resnet18_fashion_o2 at 1 epoch, O0 landed at 85.11 and 74.06 over two seeds): the search says so, and what
     schedule.warmup_epochs compresses the recipe's schedule into the budget."""
-    from tools.amp_search import check_settings
-    from engine.load import load_config
+    from amp.search.command import check_settings
+    from ampzoo.engine.load import load_config
     argv = ["recipe=lenet_o2", f"schedule.warmup_epochs={warmup}", "search.budget_epochs=1"]
     cfg, _ = load_config(argv)
     assert "trainer.epochs=1" in check_settings(cfg, argv)
@@ -184,7 +184,7 @@ def test_a_winner_is_named_only_when_the_budget_can_tell_candidates_apart():
     from omegaconf import OmegaConf
 
     from amp.ranking import Candidate
-    from tools.amp_search import inconclusive
+    from amp.search.command import inconclusive
     s = OmegaConf.create({"tolerance": 0.5, "budget_steps": 40, "budget_epochs": 0})
     cfg = OmegaConf.create({"trainer": {"epochs": 10}})
     within = Candidate(0, [], [], 1.0, 1.0, verdict="within", delta=0.2)
@@ -206,7 +206,7 @@ def test_a_shipped_weight_is_searched_under_its_own_recipe(tmp_path):
     settings every run gets, written before the first; here a bad pin stops it right after)."""
     from pathlib import Path
 
-    from engine.weights import read_manifest
+    from ampzoo.engine.weights import read_manifest
     if not Path("/usr/share/datasets/fashion-mnist").is_dir():
         pytest.skip("needs Fashion-MNIST: apt-get install dataset-fashion-mnist")
     entry = read_manifest()["lenet_fashion_o2"]

@@ -10,27 +10,28 @@ from typing import Optional
 
 import pytest
 
-from engine.load import check_command_line, load_config
-from zoo.config import Config, RANGES
+from ampzoo.config import Config, RANGES
+from ampzoo.engine.load import check_command_line, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("zoo", "engine", "amp", "models", "data", "cpu_kernels", "tools", "bench", "lab")
+PACKAGES = ("ampzoo", "amp", "models", "cpu_kernels", "bench")  # the five importable names (pyproject.toml)
+SCRIPTS = ("train", "eval", "export", "doctor")  # the root scripts: run, never imported
 
 # The architecture, bottom up. A module may import its own layer and the layers below it, never one above.
 # A module belongs to the layer of the longest prefix that names it.
 LAYERS = [
-    ("core: errors, registry, config schema, composition, options, MindSpore set-up", ["zoo"]),
+    ("core: errors, registry, config schema, composition, options, MindSpore set-up", ["ampzoo"]),
     ("networks and data: the model zoo's Cells, decoding, the readers and pipelines, the CPU kernels extension",
-     ["models", "data", "cpu_kernels"]),
+     ["models", "ampzoo.data", "cpu_kernels"]),
     ("the AMP library: policy, loss scaling, telemetry, divergence watch, profiler", ["amp"]),
     ("the engine: config loading, loss and optimizer, checkpoints, callbacks, run directories, weights",
-     ["engine"]),
+     ["ampzoo.engine"]),
     ("the process: train.py's command line and sweep, its run directory as one object, the one line of a failed "
-     "step, train.log", ["engine.process"]),
+     "step, train.log", ["ampzoo.engine.process"]),
     ("commands: the drivers, the self-check, the AMP tools (python -m amp.report | amp.audit | amp.search) and the "
      "release tooling (reproduce, verify, ship, the FP32-vs-AMP matrix)",
-     ["train", "eval", "export", "doctor", "tools", "bench"]),
-    ("the lab: one-off experiments, each answered in docs/benchmarks.md; nothing imports them", ["lab"]),
+     [*SCRIPTS, "amp.report", "amp.audit", "amp.search", "bench"]),
+    ("the lab: one-off experiments, each answered in docs/benchmarks.md; nothing imports them", ["bench.lab"]),
 ]
 
 
@@ -45,21 +46,45 @@ def project_modules():
     return modules
 
 
+# Calls that run or import a module named by a string: an edge as real as an import statement's
+BY_NAME = {"run_module", "import_module", "run_path"}
+
+
+def imported(source: str, modules) -> set:
+    """The project modules a source imports anywhere in its body (top level or inside functions), and the ones it
+    runs or imports by a string (runpy.run_module("x"), runpy.run_path("x.py"), importlib.import_module("x")): a
+    shim that starts a module by name cannot hide the edge."""
+    edges = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            edges.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                edges.add(sub if sub in modules else node.module)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
+                isinstance(node.args[0].value, str) and \
+                getattr(node.func, "attr", getattr(node.func, "id", None)) in BY_NAME:
+            name = node.args[0].value
+            if name.endswith(".py"):
+                name = ".".join(Path(name).with_suffix("").parts).removesuffix(".__init__")
+            edges.add(name)
+    return {e for e in edges if e in modules}
+
+
 def import_graph():
-    """module -> the project modules it imports anywhere in its body (top level or inside functions)."""
+    """module -> the project modules it imports (or runs by name)."""
     modules = project_modules()
-    graph = {}
-    for name, path in modules.items():
-        edges = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                edges.update(a.name for a in node.names if a.name in modules)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    sub = f"{node.module}.{alias.name}"
-                    edges.add(sub if sub in modules else node.module)
-        graph[name] = sorted(e for e in edges if e in modules and e != name)
-    return graph
+    return {name: sorted(imported(path.read_text(), modules) - {name}) for name, path in modules.items()}
+
+
+def test_a_runpy_edge_would_be_found():
+    modules = {"amp.report", "amp.report.command", "train", "ampzoo.engine.load"}
+    source = ("import importlib, runpy\n"
+              "runpy.run_module('amp.report.command', run_name='__main__')\n"
+              "def later():\n    runpy.run_path('train.py')\n"
+              "importlib.import_module('ampzoo.engine.load')\n")
+    assert imported(source, modules) == {"amp.report.command", "train", "ampzoo.engine.load"}
 
 
 def find_cycle(graph):
@@ -84,26 +109,71 @@ def find_cycle(graph):
 
 def test_the_import_graph_is_acyclic():
     graph = import_graph()
-    assert {"zoo.config", "engine.load", "zoo.errors", "models", "data", "train"} <= set(graph)
+    assert {"ampzoo.config", "ampzoo.engine.load", "ampzoo.errors", "models", "ampzoo.data", "train"} <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
-    assert graph["zoo.errors"] == [] and graph["zoo.registry"] == ["zoo.errors"], "the leaves import nothing of ours"
-    assert graph["zoo.config"] == [], "the schema imports nothing of ours"
+    assert graph["ampzoo.errors"] == [] and graph["ampzoo.registry"] == ["ampzoo.errors"], \
+        "the leaves import nothing of ours"
+    assert graph["ampzoo.config"] == [], "the schema imports nothing of ours"
+
+
+# The units of the package graph: a top-level package, or one of these parts of one (ampzoo's core, its engine and
+# its data are three units; the amp library and each of its commands are units of their own; the lab is one)
+UNITS = ("ampzoo.engine", "ampzoo.data", "amp.report", "amp.audit", "amp.search", "bench.lab")
+
+
+def unit_of(module: str) -> str:
+    return next((u for u in UNITS if module == u or module.startswith(u + ".")), module.split(".")[0])
 
 
 def package_graph(graph):
-    """The same edges between top-level packages (train.py, eval.py, export.py are packages of their own)."""
+    """The same edges between units (train.py, eval.py, export.py are units of their own)."""
     packages = {}
     for a, targets in graph.items():
-        packages.setdefault(a.split(".")[0], set()).update(b.split(".")[0] for b in targets)
+        packages.setdefault(unit_of(a), set()).update(unit_of(b) for b in targets)
     return {p: sorted(t - {p}) for p, t in packages.items()}
 
 
 def test_the_package_graph_is_acyclic():
-    """amp is a library the engine builds on: a command that imports the engine lives in tools/, not in amp."""
+    """amp is a library the engine builds on: a command that imports the engine (python -m amp.report | amp.audit
+    | amp.search) is a unit of its own, and the amp library imports neither it nor the engine."""
     packages = package_graph(import_graph())
+    assert {"ampzoo", "ampzoo.engine", "ampzoo.data", "amp", "amp.report", "bench", "bench.lab"} <= set(packages)
     assert find_cycle(packages) is None, " -> ".join(find_cycle(packages))
-    assert "engine" not in packages["amp"] and "tools" not in packages["amp"]
-    assert [p for p, targets in packages.items() if "lab" in targets] == [], "the product imports no experiment"
+    assert not {"ampzoo.engine", "amp.report", "amp.audit", "amp.search"} & set(packages["amp"])
+    assert "ampzoo.engine" in packages["amp.report"], "the commands are units: their edges count"
+    assert [p for p, targets in packages.items() if "bench.lab" in targets] == [], "the product imports no experiment"
+
+
+def test_a_cycle_between_units_would_be_found():
+    graph = {"amp.policy": ["amp.report.command"], "amp.report.command": ["ampzoo.engine.load"],
+             "ampzoo.engine.load": ["amp.policy"]}
+    assert find_cycle(package_graph(graph)) == ["amp", "amp.report", "ampzoo.engine", "amp"]
+
+
+def test_nothing_imports_a_root_script():
+    """train.py, eval.py, export.py and doctor.py are commands the user runs; no module of the five packages imports
+    them (or runs them by name), so what a package needs of a driver lives in the package."""
+    importers = {a: [b for b in targets if b in SCRIPTS] for a, targets in import_graph().items()
+                 if a.split(".")[0] in PACKAGES}
+    # one experiment is left: bench.lab.overhead times train.py's own train() against bare Model.train in one
+    # process, by patching the driver's StepOffset; it runs from the repository root (bench/lab/README.md)
+    assert {a: b for a, b in importers.items() if b} == {"bench.lab.overhead": ["train"]}
+
+
+def test_only_the_five_packages_are_importable(tmp_path):
+    """From a folder of the user's, the installed checkout (make install: pip install -e .) gives exactly the five
+    packages: the root scripts and the old top-level names are not importable."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GLOG_v")}
+    code = ("import importlib.util as u\n"
+            "import ampzoo, amp, models, bench, cpu_kernels\n"
+            "print(sorted(n for n in ('train', 'eval', 'export', 'doctor', 'zoo', 'engine', 'data', 'tools', 'lab') "
+            "if u.find_spec(n) is not None))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:] + "\n(make install puts the five packages into the venv)"
+    assert out.stdout.split("\n")[-2] == "[]"
+    usage = subprocess.run([sys.executable, "-m", "amp.report", "--help"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert usage.returncode == 0 and "python -m amp.report recipe=" in usage.stdout, usage.stderr[-2000:]
 
 
 def layer_of(module: str) -> int:
@@ -125,8 +195,8 @@ def test_no_import_runs_up_the_layers():
 
 
 def test_an_arrow_up_would_be_found():
-    assert arrows_up({"zoo.errors": ["engine.load"], "engine.load": ["zoo.errors"]}) == [
-        "zoo.errors (core) imports engine.load (the engine)"]
+    assert arrows_up({"ampzoo.errors": ["ampzoo.engine.load"], "ampzoo.engine.load": ["ampzoo.errors"]}) == [
+        "ampzoo.errors (core) imports ampzoo.engine.load (the engine)"]
 
 
 def test_a_cycle_would_be_found():
@@ -192,7 +262,7 @@ def test_the_passes_of_a_resume(start, spe, epochs, expected):
 
 def test_train_py_reads_like_a_recipe():
     """train.py is setup, train, evaluate, clean up: at most 350 lines and no function over 40; the process
-    around it (command line, run directory, signals, error lines) is engine.process's."""
+    around it (command line, run directory, signals, error lines) is ampzoo.engine.process's."""
     text = (ROOT / "train.py").read_text()
     lengths = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)}
     assert {"main", "setup", "train", "train_rung", "finish", "passes"} <= set(lengths)
@@ -252,23 +322,24 @@ def test_config_enums_are_plain_strings_to_omegaconf():
 
 
 def test_every_entry_point_loads_its_config_through_load_config():
-    for script in ("train.py", "eval.py", "export.py", "tools/amp_report.py", "tools/amp_audit.py", "bench/common.py"):
+    for script in ("train.py", "eval.py", "export.py", "amp/report/command.py", "amp/audit/command.py",
+                   "bench/common.py"):
         text = (ROOT / script).read_text()
-        # eval.py and export.py through engine.weights.checkpoint_config, which calls load_config
+        # eval.py and export.py through ampzoo.engine.weights.checkpoint_config, which calls load_config
         assert ("load_config" in text or "checkpoint_config" in text) and "apply_smoke" not in text, script
-    assert "load_config(argv)" in (ROOT / "engine" / "weights.py").read_text()
+    assert "load_config(argv)" in (ROOT / "ampzoo" / "engine" / "weights.py").read_text()
 
 
 def test_only_the_entry_helper_sets_up_mindspore():
-    """zoo.entry, which every command imports first, is the one place that quiets MindSpore, and build_model the
+    """ampzoo.entry, which every command imports first, is the one place that quiets MindSpore, and build_model the
     one that caps oneDNN; importing any library module leaves the process as it was."""
     callers = sorted(name for name, path in project_modules().items()
                      for node in ast.walk(ast.parse(path.read_text()))
                      if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("cap_onednn_isa",
                                                                                         "quiet_mindspore"))
-    assert callers == ["models", "zoo.entry"]
-    libraries = [m for m in project_modules() if m.split(".")[0] in ("zoo", "engine", "amp", "models", "data")
-                 and m != "zoo.entry" and not m.endswith("__main__")]
+    assert callers == ["ampzoo.entry", "models"]
+    libraries = [m for m in project_modules() if m.split(".")[0] in ("ampzoo", "amp", "models")
+                 and m != "ampzoo.entry" and not m.endswith("__main__")]
     code = ("import os, importlib\n"
             f"for m in {libraries!r}:\n    importlib.import_module(m)\n"
             "print(os.environ.get('ONEDNN_MAX_CPU_ISA'), os.environ.get('GLOG_v'))")
@@ -285,11 +356,13 @@ def is_main_block(node) -> bool:
 
 
 def test_every_command_starts_like_one():
-    """Every module with `if __name__ == "__main__":` (the top-level commands, bench/, lab/, tools/) imports
-    zoo.entry before anything else (its import is the start-up: MindSpore's C++ logs off, a stop signal one line
-    and 128 + N) and ends with run(main) (a ConfigError one `error:` line, exit 2; -h its docstring). train.py
+    """Every module with `if __name__ == "__main__":` (the root scripts, bench/, bench/lab/, amp/*/__main__.py)
+    imports ampzoo.entry before anything else (its import is the start-up: MindSpore's C++ logs off, a stop signal
+    one line and 128 + N) and ends with run(main) (a ConfigError one `error:` line, exit 2; -h the docstring of
+    main's module). train.py
     alone is Hydra's: @hydra.main reads the command line, and its main catches what run(main) would."""
-    paths = [*ROOT.glob("*.py"), *(p for d in ("bench", "lab", "tools") for p in (ROOT / d).glob("*.py"))]
+    paths = [*ROOT.glob("*.py"), *(p for d in ("bench", "bench/lab") for p in (ROOT / d).glob("*.py")),
+             *ROOT.glob("amp/*/__main__.py")]
     commands, wrong = [], []
     for path in paths:
         body = ast.parse(path.read_text()).body
@@ -299,15 +372,16 @@ def test_every_command_starts_like_one():
         name = str(path.relative_to(ROOT))
         commands.append(name)
         first = next(node for node in body if isinstance(node, (ast.Import, ast.ImportFrom)))
-        if not (getattr(first, "module", None) == "zoo.entry"
-                or [a.name for a in getattr(first, "names", [])] == ["zoo.entry"] and isinstance(first, ast.Import)):
-            wrong.append(f"{name}: first import is not zoo.entry")
+        if not (getattr(first, "module", None) == "ampzoo.entry"
+                or [a.name for a in getattr(first, "names", [])] == ["ampzoo.entry"] and isinstance(first, ast.Import)):
+            wrong.append(f"{name}: first import is not ampzoo.entry")
         if name != "train.py" and [ast.unparse(node) for node in block.body] not in (["run(main)"],
-                                                                                     ["zoo.entry.run(main)"]):
+                                                                                     ["ampzoo.entry.run(main)"]):
             wrong.append(f"{name}: the __main__ block is not run(main)")
     assert wrong == []
     assert {"train.py", "eval.py", "export.py", "doctor.py", "bench/reproduce.py", "bench/run.py",
-            "lab/torch_multi30k.py", "tools/amp_search.py"} <= set(commands)
+            "bench/lab/torch_multi30k.py", "amp/report/__main__.py", "amp/audit/__main__.py",
+            "amp/search/__main__.py"} <= set(commands)
 
 
 def schema_keys(schema=Config, prefix=""):
@@ -343,7 +417,7 @@ def _anchors(text: str) -> set:
 
 
 def test_every_link_in_the_docs_leads_somewhere():
-    """A relative link in a tracked Markdown file (README, docs/, recipes/, lab/, bench/ results) names a file or
+    """A relative link in a tracked Markdown file (README, docs/, recipes/, bench/lab/, bench/ results) names a file or
     folder of the repository, relative to the file the link is in: the one a reader's click opens; and its
     #anchor, if any, a heading of that file (in recipe cards too: `docs/x.md#anchor` in a comment)."""
     import re
@@ -374,7 +448,7 @@ def test_every_link_in_the_docs_leads_somewhere():
 
 
 def test_no_import_waits_for_a_start_up_trick():
-    """No E402 exemption anywhere: a command imports what it needs at the top, zoo.entry first (its import is the
+    """No E402 exemption anywhere: a command imports what it needs at the top, ampzoo.entry first (its import is the
     start-up), and nothing has to run between imports."""
     marker = "noqa: " + "E402"  # spelled apart so this file does not hold it
     offenders = [str(path.relative_to(ROOT)) for path in ROOT.rglob("*.py")
@@ -430,3 +504,13 @@ def test_a_recipe_cards_header_is_written_once():
     for card in cards:
         users = [p.stem for p in (ROOT / "recipes").glob("*.yaml") if f"- /card/{card}\n" in p.read_text()]
         assert len(users) >= 2, f"conf/card/{card}.yaml is the card of {users}: a card is for a family"
+
+
+def test_the_moved_modules_find_the_checkout():
+    """A module that finds the checkout from its own file (the recipes, train.py, the shipped weights) names the
+    repository root, at whatever depth it sits in its package."""
+    import ampzoo.config
+    import models
+    from ampzoo.engine import train_run, weights
+    assert ampzoo.config.ROOT == train_run.ROOT == models.ROOT == ROOT
+    assert weights.WEIGHTS == ROOT / "weights" and (ROOT / "train.py").is_file()

@@ -15,13 +15,13 @@ from omegaconf import OmegaConf
 from amp.loss_scale import AmpTrainStep, plan_loss_scale
 from amp.policy import apply_policy
 from amp.precision import precision_report
-from data.translation import BOS, EOS, read_pairs, tokenizer
-from engine.metrics import FlatCrossEntropy, NetWithLoss
+from ampzoo.data.translation import BOS, EOS, read_pairs, tokenizer
+from ampzoo.engine.metrics import FlatCrossEntropy, NetWithLoss
 from models import create_model
 from models.decoding import beam_search, bleu, greedy, length_penalty, scores
 from tests.conftest import ROOT, run_cli
-from zoo.compose import compose
-from zoo.errors import ConfigError
+from ampzoo.compose import compose
+from ampzoo.errors import ConfigError
 
 TINY = dict(d_model=32, heads=4, ffn=64, encoder_layers=1, decoder_layers=1, dropout=0.0, max_len=32)
 
@@ -340,7 +340,7 @@ def test_transformer_recipe_end_to_end_with_averaging(tmp_path):
 
 
 def test_checkpoint_averaging_is_the_mean(tmp_path):
-    from engine.checkpoint import average_checkpoints
+    from ampzoo.engine.checkpoint import average_checkpoints
     nets = [create_model("lenet5", num_classes=10) for _ in range(3)]
     for i, n in enumerate(nets):
         ms.save_checkpoint(n, str(tmp_path / f"{i}.ckpt"))

@@ -9,13 +9,13 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 
 from amp.policy import apply_policy
-from data.translation import make_batches
+from ampzoo.data.translation import make_batches
 from models import create_model
 from models.layers import set_cpu_kernels
 from models.transformer import Dense, LayerNorm
 from tests.test_transformer import TINY, tiny_batch
-from zoo.compose import compose
-from engine.metrics import LabelSmoothedCrossEntropy
+from ampzoo.compose import compose
+from ampzoo.engine.metrics import LabelSmoothedCrossEntropy
 
 
 class Probe(nn.Cell):

@@ -14,10 +14,10 @@ from omegaconf import OmegaConf
 from bench.reproduce import data_groups
 from bench.verify import data_here, verify
 from tests.conftest import ROOT, run_cli
-from zoo.errors import ConfigError
-from engine.load import flatten
-from engine.weights import FIELDS, WEIGHTS, find, read_manifest, sha256
-from zoo.compose import compose
+from ampzoo.compose import compose
+from ampzoo.engine.load import flatten
+from ampzoo.engine.weights import FIELDS, WEIGHTS, find, read_manifest, sha256
+from ampzoo.errors import ConfigError
 
 ENTRIES = read_manifest()
 FASHION = "apt-get install dataset-fashion-mnist"
@@ -96,7 +96,7 @@ def test_a_weight_takes_any_key_of_its_own_recipe(tmp_path):
     """eval.py weights=NAME key=value: the keys are the weight's recipe's (another split, beam, length penalty),
     not the default recipe's, without recipe=; the result file names the split, so the test split's stays, and the
     keys that change what is evaluated (where the data is changes nothing)."""
-    from engine.weights import checkpoint_config
+    from ampzoo.engine.weights import checkpoint_config
     from eval import result_path, split_of
 
     name = "transformer_tiny_multi30k_o0_bpe8k"
@@ -128,7 +128,7 @@ def test_the_summary_line_leads_with_the_recipes_target_metric():
 def test_a_translation_weight_brings_its_own_tokenizer(tmp_path):
     """bench.ship puts a translation run's sentencepiece model beside its weights (NAME.spm.model, sha256 in the
     manifest); a weight found by name uses that model, and a changed or missing one is refused before loading."""
-    from engine.weights import weights_config
+    from ampzoo.engine.weights import weights_config
 
     folder = tmp_path / "weights"
     folder.mkdir()
@@ -157,7 +157,7 @@ def test_a_weight_shipped_in_fp16_loads_into_the_fp32_network(tmp_path):
     """bench.ship --fp16 halves a large model's file; eval.py loads it into the recipe's fp32 network."""
     import numpy as np
 
-    from engine.checkpoint import load_weights
+    from ampzoo.engine.checkpoint import load_weights
     from models import create_model
 
     net = create_model("lenet5", num_classes=10)
@@ -223,7 +223,7 @@ def test_a_head_for_another_class_count_starts_fresh(tmp_path):
     which keeps its initialisation; a model of another width is refused in one line."""
     import numpy as np
 
-    from engine.checkpoint import initial_weights
+    from ampzoo.engine.checkpoint import initial_weights
     from models import create_model
 
     ten = create_model("lenet5", num_classes=10)
@@ -268,7 +268,7 @@ def test_a_first_convolution_is_adapted_to_the_datas_channels(tmp_path, saved, w
     adapt_input_conv: the same grey image, replicated to RGB, gives the same logits through both networks."""
     import numpy as np
 
-    from engine.checkpoint import initial_weights
+    from ampzoo.engine.checkpoint import initial_weights
     from models import create_model
 
     ms.set_seed(0)

@@ -1,5 +1,7 @@
-"""`python -m amp.report`, as docs/amp.md documents it, runs the command tools/amp_report.py: commands import the
-engine, which imports this library, so they live with the other commands and this name only starts one."""
-import runpy
+"""`python -m amp.report`: runs amp/report/command.py (-h prints its usage)."""
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
-runpy.run_module("tools.amp_report", run_name="__main__", alter_sys=True)
+from amp.report.command import main
+
+if __name__ == "__main__":
+    run(main)

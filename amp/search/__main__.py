@@ -1,5 +1,7 @@
-"""`python -m amp.search`, as docs/amp.md documents it, runs the command tools/amp_search.py: commands import the
-engine, which imports this library, so they live with the other commands and this name only starts one."""
-import runpy
+"""`python -m amp.search`: runs amp/search/command.py (-h prints its usage)."""
+from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
-runpy.run_module("tools.amp_search", run_name="__main__", alter_sys=True)
+from amp.search.command import main
+
+if __name__ == "__main__":
+    run(main)
