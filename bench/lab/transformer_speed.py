@@ -24,7 +24,7 @@ import numpy as np
 
 from ampzoo.errors import fail
 from ampzoo.runtime import onednn_note
-from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step
+from bench.common import alternate, bench_config, pop_option, ratio, ratio_ci, save_result, train_step
 from bench.lab.torch_multi30k import build_peer
 
 SHAPES = [(128, 16), (128, 32)]
@@ -109,9 +109,10 @@ def main(argv) -> dict:
         rows = {}
         for name, ts in times.items():
             rows[name] = {"ms": round(statistics.median(ts), 1), "first_call_s": compile_s[name],
-                          "time_vs_O0": ratio(ts, base)}
+                          "time_vs_O0": ratio(ts, base), "time_vs_O0_95ci": ratio_ci(ts, base)}
             if peer is not None:
                 rows[name]["time_vs_pytorch"] = ratio(ts, peer)
+                rows[name]["time_vs_pytorch_95ci"] = ratio_ci(ts, peer)
         key = f"{batch}x{length}"
         result["shapes"][key] = rows
         for name, row in rows.items():
