@@ -346,8 +346,9 @@ class NetGrads(nn.Cell):
 
 
 @pytest.mark.parametrize("block,model,stem,size,width", [
-    *[(b, m, s, n, 16) for b in (16, 8) for m, s, n in [("resnet18", "cifar", 12), ("resnet18", "imagenet", 64),
-                                                         ("resnet50", "imagenet", 64)]],
+    *[(b, m, s, n, 16) for b in (16, 8) for m, s, n in [("resnet18", "cifar", 12), ("resnet18", "imagenet", 64)]],
+    (8, "resnet50", "imagenet", 64, 16),
+    pytest.param(16, "resnet50", "imagenet", 64, 16, marks=pytest.mark.slow),
     (16, "resnet18", "imagenet", 64, 8),  # 8 channels stay NCHW (the stem, its max-pool, layer1), 16 and up blocked
     (8, "resnet18", "cifar", 12, 12)])    # 12 channels NCHW, 24 and up blocked
 def test_a_resnet_in_the_blocked_layout_trains_as_mindspores(graph_mode, monkeypatch, block, model, stem, size,

@@ -75,6 +75,7 @@ DATASETS.add("mnist_rank0_nan", build, task="classification")
 '''
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_a_bad_batch_on_one_rank_is_skipped_by_every_rank(tmp_path):
     """The bad-input flag is all-reduced like the overflow flag: both ranks skip the step as bad input, and
     neither takes it for an overflow (which would move one rank's loss scale and not the other's)."""
@@ -136,7 +137,9 @@ def msrun(tmp_path, *args, env=None, workers=2, timeout=600, script=None):
     return result, "".join(p.read_text() for p in sorted(logs.glob("worker_*.log")))
 
 
-@pytest.mark.parametrize("code", [errno.EBADF, errno.ENOLCK, errno.ENOSYS], ids=errno.errorcode.get)
+@pytest.mark.parametrize("code", [errno.EBADF, *(pytest.param(c, marks=pytest.mark.slow)
+                                                  for c in (errno.ENOLCK, errno.ENOSYS))],
+                         ids=errno.errorcode.get)  # EBADF in make test, the others in make test-all
 def test_msrun_on_storage_without_flock_claims_the_run_directory(tmp_path, code):
     """NFSv4 (EBADF on a read-only descriptor), NFS without a lock manager (ENOLCK), Lustre without -o flock
     (ENOSYS): rank 0 holds the run directory through a lock file and both ranks train, where every rank used to
@@ -199,6 +202,7 @@ def test_the_fallback_ladder_restarts_every_rank_from_the_same_checkpoint(tmp_pa
     assert metrics["steps"] == 20 and metrics["fallback"]["transitions"][0]["restart_from"] == restarts[0][1]
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_a_resume_with_another_number_of_workers_is_refused_on_every_rank(tmp_path):
     """An msrun run's checkpoint records its world size and global batch; resumed on another number of workers,
     its global step would count other samples (epochs, evaluations and the learning rate shift): every rank
@@ -256,6 +260,7 @@ print(f"rank {rank}: skipped {t['amp_skipped_steps']}, scale {t['loss_scale']:g}
 '''
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_the_functional_step_averages_gradients_and_skips_together_across_ranks(tmp_path):
     """A hand-written loop under msrun: the gradients are all-reduced and an overflow on one rank is skipped by
     every rank, so the ranks keep the same weights and the same loss scale."""

@@ -79,6 +79,7 @@ def test_dynamic_scale_at_its_minimum_stops_like_fairseq(nan_mnist, tmp_path, gr
             f"(amp.loss_scale.min_scale=1)" in err)
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_a_ladder_that_reaches_o0_and_still_fails_says_the_cause_is_not_precision(tmp_path, graph_mode, capsys):
     """Every batch from epoch 2 on is scaled by 1e6: no precision can train on that. The ladder steps all the way
     down to O0 (fp32), and the run ends with exit 1 and a line that says the cause is not precision, instead

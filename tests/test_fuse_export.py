@@ -24,7 +24,8 @@ def with_trained_like_bn_stats(net, seed=0):
     return net
 
 
-@pytest.mark.parametrize("name,stem,pairs", [("resnet34", "imagenet", 36), ("resnet50", "cifar", 53)])
+@pytest.mark.parametrize("name,stem,pairs", [("resnet34", "imagenet", 36),
+                                              pytest.param("resnet50", "cifar", 53, marks=pytest.mark.slow)])
 def test_folded_network_matches_in_eval_mode(graph_mode, name, stem, pairs):
     net = with_trained_like_bn_stats(create_model(name, num_classes=10, stem=stem, width=8))
     net.set_train(False)

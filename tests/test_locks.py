@@ -144,7 +144,8 @@ def test_a_file_system_without_any_lock_is_one_line_not_disk_space(tmp_path, mon
     assert "space" not in str(e.value)
 
 
-@pytest.mark.parametrize("code", NO_FLOCK, ids=errno.errorcode.get)
+@pytest.mark.parametrize("code", [NO_FLOCK[0], *(pytest.param(c, marks=pytest.mark.slow) for c in NO_FLOCK[1:])],
+                         ids=errno.errorcode.get)  # EBADF in make test, the others in make test-all
 def test_a_single_process_run_on_storage_without_flock(tmp_path, code):
     """train.py itself, flock failing from the start (a plugin stands in for the file system): the run trains
     and leaves no lock file behind, where it used to end in a traceback."""

@@ -89,6 +89,7 @@ def test_distributed_without_msrun_is_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_a_sweep_goes_on_past_a_job_that_diverges(tmp_path):
     """-m with a learning rate that diverges in job #0: its error line, then job #1 trains to its end, and the
     sweep ends naming what finished and what failed, with the failed job's exit code (issue 62, item 10)."""

@@ -212,6 +212,7 @@ def test_top5_of_a_network_with_five_classes_or_fewer_is_one():
             assert ours.eval() == theirs.eval()
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_resnet34_o2_smoke_run_from_a_fresh_checkout(tmp_path):
     """No data path: the recipe runs its smoke block on the embedded data and says so."""
     result = run_cli("train.py", "recipe=resnet34_o2", "logger.progress_bar=false",

@@ -79,6 +79,7 @@ def test_sigkill_then_resume_is_bitwise_exact(uninterrupted, tmp_path):
     np.testing.assert_allclose([v for _, v in steps_b], [v for _, v in steps_a], rtol=1e-6)
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_resume_points_inside_an_epoch_lose_less_and_resume_exactly(uninterrupted, tmp_path):
     """trainer.save_every_steps=50 (an epoch is 125 steps): a process killed inside epoch 2 resumes from the
     newest resume point inside it, bitwise-exactly; a resume point is replaced by the next checkpoint, so the
@@ -184,6 +185,7 @@ def test_resume_auto_refuses_a_finished_run_without_checkpoints(uninterrupted, t
     assert (run_dir / "metrics.json").exists()
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_kill_during_a_save_leaves_the_previous_checkpoint_and_resumes_exactly(uninterrupted, tmp_path):
     """SIGKILL the moment a checkpoint is being written (it sits in checkpoints/.partial/ until renamed)."""
     for attempt in range(3):
@@ -229,6 +231,7 @@ def test_a_disk_too_small_for_two_checkpoints_is_refused_before_training(tmp_pat
         check_disk_space(tmp_path / "checkpoints", create_model("resnet34", num_classes=10))
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_resume_with_half_an_accumulated_update_in_the_checkpoint_is_exact(tmp_path):
     """update_freq=2 over 125-batch epochs: the epoch-1 checkpoint holds one batch of update 63; stopping
     there and resuming gives the uninterrupted run's weights, optimizer state and accumulators bitwise."""
@@ -252,6 +255,7 @@ def test_resume_with_half_an_accumulated_update_in_the_checkpoint_is_exact(tmp_p
             in other.stderr), other.stderr
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_resume_says_when_more_epochs_stretch_a_cosine_schedule(tmp_path):
     """Extending a cosine run with a larger trainer.epochs lays the schedule over the new length, so the
     learning rate jumps at the resume: one warning says from what to what. The same epochs (a longer

@@ -158,6 +158,7 @@ def weights(path):
     return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path)).items() if k not in RUN_TIMES}
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_after_a_failed_save_resume_finishes_with_the_same_weights(tmp_path, monkeypatch, graph_mode):
     from train import train
     from ampzoo.engine import checkpoint as zc
@@ -190,6 +191,7 @@ def test_after_a_failed_save_resume_finishes_with_the_same_weights(tmp_path, mon
     assert [h["step"] for h in history] == [125, 250], "the evaluation from before the resume is kept"
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_tensorboard_failing_does_not_stop_a_run(tmp_path, monkeypatch, graph_mode, caplog):
     from tensorboardX import SummaryWriter
 

@@ -98,6 +98,7 @@ def test_search_keeps_exactly_the_overflowing_cell_and_resumes(plugin):
     assert json.loads((root / "out" / "result.json").read_text())["winner"] == out["winner"]
 
 
+@pytest.mark.slow  # a long run kept out of make test (make test-all runs it); a cheaper test covers the same path
 def test_pinned_cells_are_respected(plugin):
     root, env, args = plugin
     pinned = run_search(env, args, "search.pin_fp32=[fc2]")
