@@ -92,11 +92,17 @@ int ReluGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char
   return 0;
 }
 
+// Whether the first two tensors have one shape (the binary ops take no broadcasting)
+bool SameShape(int *ndims, int64_t **shapes) {
+  if (ndims[0] != ndims[1]) return false;
+  for (int i = 0; i < ndims[0]; ++i)
+    if (shapes[0][i] != shapes[1][i]) return false;
+  return true;
+}
+
 int AddRelu(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   const int kind = Kind(nparam, dtypes);
-  if (nparam != 3 || !kind || ndims[0] != ndims[1]) return 1;
-  for (int i = 0; i < ndims[0]; ++i)
-    if (shapes[0][i] != shapes[1][i]) return 1;
+  if (nparam != 3 || !kind || !SameShape(ndims, shapes)) return 1;
   Map<2>(params, Count(ndims, shapes), kind == 2, [](const float **in, float *out, int64_t m) {
     const float *a = in[0], *b = in[1];
     for (int64_t i = 0; i < m; ++i) {
@@ -109,9 +115,7 @@ int AddRelu(int nparam, void **params, int *ndims, int64_t **shapes, const char 
 
 int Add(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   const int kind = Kind(nparam, dtypes);
-  if (nparam != 3 || !kind || ndims[0] != ndims[1]) return 1;
-  for (int i = 0; i < ndims[0]; ++i)
-    if (shapes[0][i] != shapes[1][i]) return 1;
+  if (nparam != 3 || !kind || !SameShape(ndims, shapes)) return 1;
   Map<2>(params, Count(ndims, shapes), kind == 2, [](const float **in, float *out, int64_t m) {
     const float *a = in[0], *b = in[1];
     for (int64_t i = 0; i < m; ++i) out[i] = a[i] + b[i];
@@ -120,10 +124,9 @@ int Add(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
 }
 
 int MaskMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-  if (nparam != 3 || ndims[0] != ndims[1] || std::strcmp(dtypes[1], "float32") || std::strcmp(dtypes[2], dtypes[0]))
+  if (nparam != 3 || !SameShape(ndims, shapes) || std::strcmp(dtypes[1], "float32") ||
+      std::strcmp(dtypes[2], dtypes[0]))
     return 1;
-  for (int i = 0; i < ndims[0]; ++i)
-    if (shapes[0][i] != shapes[1][i]) return 1;
   const bool half = !std::strcmp(dtypes[0], "float16");
   if (!half && std::strcmp(dtypes[0], "float32")) return 1;
   const int64_t n = Count(ndims, shapes);
