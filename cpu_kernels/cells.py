@@ -232,7 +232,6 @@ def affine_op(bias: bool = True, float32_out: bool = False):
     and out is an fp16 value, whatever its storage. float32_out (no bias): the output in fp32 whatever x's dtype
     (logits that the loss reads in fp32; the gradient may come back in fp32)."""
     lib = library()
-    name = "Affine" if bias else "Linear"
     if bias:
         backward = ops.Custom(f"{lib}:AffineBwd", out_shape=lambda x, w, dy: (x, w, [w[0]]),
                               out_dtype=lambda x, w, dy: (x, w, w), func_type="aot")
@@ -240,9 +239,6 @@ def affine_op(bias: bool = True, float32_out: bool = False):
         def bprop(x, w, b, out, dout):
             dx, dw, db = backward(x, w, dout)
             return dx, dw, db
-
-        def shape(x, w, b):
-            return [x[0], w[0]]
     else:
         backward = ops.Custom(f"{lib}:LinearBwd", out_shape=lambda x, w, dy: (x, w),
                               out_dtype=lambda x, w, dy: (x, w), func_type="aot")
@@ -250,12 +246,13 @@ def affine_op(bias: bool = True, float32_out: bool = False):
         def bprop(x, w, out, dout):
             dx, dw = backward(x, w, dout)
             return dx, dw
+    forward = "AffineFwd" if bias else "LinearFwd32" if float32_out else "LinearFwd"
+    return ops.Custom(f"{lib}:{forward}", out_shape=_affine_shape, out_dtype=_float32 if float32_out else _first,
+                      func_type="aot", bprop=bprop)
 
-        def shape(x, w):
-            return [x[0], w[0]]
-    out_dtype = _float32 if float32_out else _first
-    fwd = f"{lib}:{name}Fwd" if not float32_out else f"{lib}:LinearFwd32"
-    return ops.Custom(fwd, out_shape=shape, out_dtype=out_dtype, func_type="aot", bprop=bprop)
+
+def _affine_shape(x, w, *bias):
+    return [x[0], w[0]]
 
 
 def _float32(*args):
@@ -285,12 +282,11 @@ class CpuAdd(nn.Cell):
 @lru_cache(maxsize=1)
 def mask_mul_op():
     """eltwise.cc's MaskMulFwd (x fp32 or fp16, m fp32 of x's shape -> x * m in x's dtype), its gradient dy * m."""
-    lib = library()
-    op = ops.Custom(f"{lib}:MaskMulFwd", out_shape=_first, out_dtype=_first, func_type="aot")
-
     def bprop(x, m, out, dout):
-        return op(dout, m), ops.zeros_like(m)
-    return ops.Custom(f"{lib}:MaskMulFwd", out_shape=_first, out_dtype=_first, func_type="aot", bprop=bprop)
+        return mask_mul(dout, m), ops.zeros_like(m)  # the same op: dy * m
+    mask_mul = ops.Custom(f"{library()}:MaskMulFwd", out_shape=_first, out_dtype=_first, func_type="aot",
+                          bprop=bprop)
+    return mask_mul
 
 
 class CpuDropout(nn.Dropout):

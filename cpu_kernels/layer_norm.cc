@@ -48,12 +48,16 @@ std::vector<float> Vector(const void *p, bool half, int64_t d) {
   return v;
 }
 
-// rows [0, n) split over the pool's threads when there is enough work
-void ForRows(int64_t rows, int64_t d, const std::function<void(int, int64_t, int64_t)> &fn, int *used) {
+// fn(thread, first row, end row) over the rows, split over the pool's threads when there is enough work; returns
+// how many threads took part
+int ForRows(int64_t rows, int64_t d, const std::function<void(int, int64_t, int64_t)> &fn) {
   const int threads = rows * d >= (1 << 14) ? AmpZooThreads() : 1;
-  *used = threads;
-  if (threads == 1) return fn(0, 0, rows);
-  AmpZooParallel(threads, [&](int t, int k) { fn(t, rows * t / k, rows * (t + 1) / k); });
+  if (threads == 1) {
+    fn(0, 0, rows);
+  } else {
+    AmpZooParallel(threads, [&](int t, int k) { fn(t, rows * t / k, rows * (t + 1) / k); });
+  }
+  return threads;
 }
 
 int64_t Rows(int ndim, const int64_t *shape) {
@@ -75,7 +79,6 @@ int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   const float eps = Vector(params[3], IsHalf(dtypes[3]), 1)[0];  // PyNative's O2 may hand it over in float16
   const std::vector<float> gamma = Vector(params[1], IsHalf(dtypes[1]), d), beta = Vector(params[2], IsHalf(dtypes[2]), d);
   float *mean = static_cast<float *>(params[5]), *rstd = static_cast<float *>(params[6]);
-  int used = 0;
   ForRows(rows, d, [&](int, int64_t a, int64_t b) {
     std::vector<float> in(d), out(d);
     for (int64_t r = a; r < b; ++r) {
@@ -91,7 +94,7 @@ int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char 
       mean[r] = m;
       rstd[r] = s;
     }
-  }, &used);
+  });
   return 0;
 }
 
@@ -110,8 +113,7 @@ int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char
   const float *mean = mean_v.data(), *rstd = rstd_v.data();
   const int most = AmpZooThreads();
   std::vector<float> dgamma_parts(static_cast<size_t>(most) * d, 0.0f), dbeta_parts(static_cast<size_t>(most) * d, 0.0f);
-  int used = 0;
-  ForRows(rows, d, [&](int t, int64_t a, int64_t b) {
+  const int used = ForRows(rows, d, [&](int t, int64_t a, int64_t b) {
     std::vector<float> xin(d), gin(d), xhat(d), dxhat(d), out(d);
     float *dg = dgamma_parts.data() + t * d, *db = dbeta_parts.data() + t * d;
     for (int64_t r = a; r < b; ++r) {
@@ -131,7 +133,7 @@ int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char
       for (int64_t i = 0; i < d; ++i) out[i] = s * (dxhat[i] - mean_dxhat - xhat[i] * mean_dxhat_xhat);
       PutRow(out.data(), params[5], half, r, d);
     }
-  }, &used);
+  });
   std::vector<float> dgamma(d, 0.0f), dbeta(d, 0.0f);
   for (int t = 0; t < used; ++t)
     for (int64_t i = 0; i < d; ++i) {

@@ -16,6 +16,7 @@
 // (the logits, which the loss reads in float32: no Cast of a tokens x vocabulary tensor each way)
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -178,7 +179,7 @@ int Batched(char ta, char tb, int nparam, void **params, int *ndims, int64_t **s
   const bool half = IsHalf(dtypes[0]);
   const int64_t sa = M * K, sb = K * N, sy = M * N;
   const int threads = batch * sy * K >= (1 << 16) ? AmpZooThreads() : 1;
-  bool ok = true;
+  std::atomic<bool> ok{true};  // written by any thread whose sgemm fails
   auto run = [&](int64_t first, int64_t last) {
     std::vector<float> a, b, y;
     if (half) {

@@ -78,13 +78,12 @@ class Dense(nn.Dense):
 
     def __init__(self, d_in, d_out):
         super().__init__(d_in, d_out, weight_init=XavierUniform())
-        self.kernel = affine_kernel(bias=True)
-        self.fused = self.kernel is not None  # a Python constant: the graph holds one branch
+        self.kernel = affine_kernel(bias=True)  # None: the graph holds the other branch
         self.affine = AffineFunction()
 
     def construct(self, x):
         x2 = x.reshape(-1, self.in_channels)
-        if self.fused:
+        if self.kernel is not None:
             y = self.kernel(x2, self.weight, self.bias)
         else:
             y = self.affine(x2, ops.cast(self.weight, x.dtype), ops.cast(self.bias, x.dtype))
@@ -127,11 +126,11 @@ class LayerNorm(nn.LayerNorm):
         super().__init__((d_model,), epsilon=epsilon)
         self.function = NormFunction(epsilon)
         self.kernel = layer_norm_kernel()
-        self.fused = self.fp32_inside = self.kernel is not None
+        self.fp32_inside = self.kernel is not None
         self.eps = Tensor([epsilon], ms.float32)
 
     def construct(self, x):
-        if self.fused:
+        if self.kernel is not None:
             return self.kernel(x, self.gamma, self.beta, self.eps)[0]
         return self.function(x, ops.cast(self.gamma, x.dtype), ops.cast(self.beta, x.dtype))[0]
 

@@ -151,6 +151,18 @@ def test_cpu_dropout_draws_nn_dropouts_mask_and_keeps_the_dtype(graph_mode, dtyp
     assert got.dtype == ms.Tensor(x).dtype
     np.testing.assert_array_equal(got.asnumpy() == 0, want == 0)  # the same mask
     close_in_fp16(got.asnumpy(), want) if dtype == np.float16 else np.testing.assert_allclose(got.asnumpy(), want)
+    # the gradient is dy times the same mask: on ones, y is the scaled mask itself
+    ones, w = np.ones((64, 50), dtype), np.random.RandomState(6).randn(64, 50).astype(np.float32)
+    drop.set_train(True)
+
+    def loss(t):
+        y = drop(t)
+        return (y.astype(ms.float32) * ms.Tensor(w)).sum(), y
+    (_, mask), dx = ms.value_and_grad(loss, grad_position=0, has_aux=True)(ms.Tensor(ones))
+    mask = mask.asnumpy().astype(np.float32)
+    assert dx.dtype == ms.Tensor(ones).dtype and 0.2 < (mask == 0).mean() < 0.4
+    close_in_fp16(dx.asnumpy(), w * mask) if dtype == np.float16 else np.testing.assert_allclose(dx.asnumpy(),
+                                                                                                  w * mask, 1e-6)
     drop.set_train(False)
     np.testing.assert_array_equal(drop(ms.Tensor(x)).asnumpy(), x)
 
