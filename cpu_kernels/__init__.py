@@ -6,6 +6,7 @@
     has_ops()    # True: built for this environment, and the oneDNN it links is one its headers fit
     why_not()    # otherwise, why, in one line
     low_precision()  # what the kernels do with fp16 and bf16 on this CPU, in one line
+    conv_compute()   # how an fp16 convolution multiplies here: "bf16" or "fp32"
 
 The library links MindSpore's bundled oneDNN (libdnnl.so.3) and is compiled against oneDNN headers of a release
 not newer than it: oneDNN keeps its ABI backward compatible within a major version, so headers newer than the
@@ -18,6 +19,7 @@ import ctypes
 import hashlib
 import importlib.util
 import json
+import os
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -136,16 +138,34 @@ def cpu_flags() -> set:
     return set()
 
 
+NO_BF16_ISA = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}  # caps
+
+
+def conv_compute(flags: Optional[set] = None, env: Optional[str] = None) -> str:
+    """How an fp16 convolution multiplies on this CPU, "bf16" or "fp32" (conv.cc's Bf16Compute, the same rule):
+    AMP_ZOO_CONV_COMPUTE=fp32|bf16 chooses (bf16 only on a CPU with AVX512-BF16, and not under an
+    ONEDNN_MAX_CPU_ISA cap below it: AVX2 for MindSpore's own convolutions); unset or auto, bf16 where the CPU has
+    AVX512-BF16 and not AVX512-FP16 (AMD Zen 4 and 5), where oneDNN's bf16 convolutions run about twice
+    as fast as fp32. Either way the sums are fp32 and each output is rounded once to fp16."""
+    flags = cpu_flags() if flags is None else flags
+    env = os.environ.get("AMP_ZOO_CONV_COMPUTE", "") if env is None else env
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    bf16 = {"avx512_bf16", "avx512f", "f16c"} <= flags and cap not in NO_BF16_ISA
+    if env and env != "auto":
+        return "bf16" if bf16 and env == "bf16" else "fp32"
+    return "bf16" if bf16 and "avx512_fp16" not in flags else "fp32"
+
+
 def low_precision(flags: Optional[set] = None) -> str:
     """What the kernels do with low precision on this CPU, in one line: fp16 tensors are stored in fp16 between
-    the kernels and computed in fp32 inside them (the conversions: AVX-512, F16C, else portable code); native
-    fp16 arithmetic (AVX512-FP16) and bf16 are not used (MindSpore's CPU build has no bf16 Conv2D or MatMul for
-    the layers around them). make doctor measures what this costs against fp32."""
+    the kernels and computed in fp32 inside them (the conversions: AVX-512, F16C, else portable code), except the
+    convolutions where conv_compute() is bf16; native fp16 arithmetic (AVX512-FP16) is not used, and
+    amp.dtype=bfloat16 is refused (MindSpore's CPU build has no bf16 Conv2D or MatMul for the layers around
+    them). make doctor measures what this costs against fp32."""
     flags = cpu_flags() if flags is None else flags
     native = ("present, not used: the kernels compute fp32" if "avx512_fp16" in flags
               else "absent (no AVX512-FP16)")
-    return (f"{fp16_path(flags)}; native fp16 arithmetic {native}; bf16 not run (amp.dtype=bfloat16 is refused on "
-            f"the CPU)")
+    return (f"{fp16_path(flags)}; native fp16 arithmetic {native}; amp.dtype=bfloat16 refused on the CPU")
 
 
 def fp16_path(flags: Optional[set] = None) -> str:
@@ -153,4 +173,6 @@ def fp16_path(flags: Optional[set] = None) -> str:
     flags = cpu_flags() if flags is None else flags
     convert = ("AVX-512" if {"avx512f", "f16c"} <= flags else "F16C" if {"avx2", "f16c"} <= flags
                else "portable code")
-    return f"fp16 stored in fp16 between the kernels and computed in fp32 inside them ({convert} conversions)"
+    conv = ("; the convolutions multiply fp16 rounded to bf16 (AVX512-BF16, oneDNN's bf16 kernels) and sum in "
+            "fp32" if conv_compute(flags) == "bf16" else "")
+    return f"fp16 stored in fp16 between the kernels and computed in fp32 inside them ({convert} conversions){conv}"

@@ -8,12 +8,18 @@
 //
 // Each exported function is one op: ConvFwd_sS_pP (x, w -> y), ConvBwd_sS_pP (x, w, dy -> dx, dw) and
 // ConvBwdW_sS_pP (x, w, dy -> dw: a network's first layer, whose input takes no gradient), for stride S and
-// symmetric padding P. fp32 or fp16 tensors, fp32 compute. Primitives are cached by shape and dtype.
+// symmetric padding P. fp32 or fp16 tensors, fp32 accumulation. Primitives are cached by shape, dtype and mode.
 //
-// fp16 tensors (AMP's O2/O3) come in and go out as fp16: this file converts them to and from fp32 itself
-// (AmpZooHalfToFloat / AmpZooFloatToHalf, F16C or AVX-512 conversions on the pool's threads) around the fp32
-// kernel, so no MindSpore Cast runs around a convolution. oneDNN's own f16 reorders run a reference loop on a CPU
-// without AVX512-FP16 (docs/benchmarks.md); a conversion here is a pass over memory on every x86-64 CPU with F16C.
+// fp16 tensors (AMP's O2/O3) come in and go out as fp16: this file converts them itself (F16C or AVX-512
+// conversions on the pool's threads), so no MindSpore Cast runs around a convolution. oneDNN's own f16 reorders
+// run a reference loop on a CPU without AVX512-FP16 (docs/benchmarks.md); a conversion here is a pass over memory.
+// How an fp16 convolution multiplies (ConvCompute):
+// - fp32: its inputs are converted to fp32 and it runs oneDNN's fp32 kernel, so it computes what MindSpore's
+//   Cast + fp32 Conv2D computes;
+// - bf16, on a CPU with AVX512-BF16 and without AVX512-FP16 (AMD Zen 4 and 5): its inputs are rounded to bf16
+//   and it runs oneDNN's bf16 kernel, which multiplies pairs of bf16 in hardware (vdpbf16ps) and accumulates in
+//   fp32. That kernel runs about twice as fast as fp32 there; the operands keep 8 bits of mantissa, not fp16's 11.
+// Either way each output (y, dx, dw) is accumulated in fp32 and rounded once to fp16.
 #include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
@@ -229,6 +235,31 @@ __attribute__((target("avx2,f16c"))) void F2H256(const float *s, uint16_t *d, in
   for (; i < n; ++i) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+// fp16 or fp32 -> bf16 bits, rounded to nearest even (only where ConvCompute is bf16: the CPU has AVX512-BF16)
+uint16_t FloatToBf16Bits(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN stays NaN
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+
+__attribute__((target("avx512f,avx512bf16,avx2,f16c"))) void H2B512(const uint16_t *s, uint16_t *d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 f = _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(f)));
+  }
+  for (; i < n; ++i) d[i] = FloatToBf16Bits(_cvtsh_ss(s[i]));
+}
+
+__attribute__((target("avx512f,avx512bf16"))) void F2B512(const float *s, uint16_t *d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(s + i))));
+  for (; i < n; ++i) d[i] = FloatToBf16Bits(s[i]);
+}
+
 void H2FPortable(const uint16_t *s, float *d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = HalfBitsToFloat(s[i]);
 }
@@ -247,6 +278,34 @@ int HalfIsa() {
     return cap && std::atoi(cap) < best ? std::max(0, std::atoi(cap)) : best;
   }();
   return isa;
+}
+
+// Whether oneDNN runs bf16 dot products here: its effective ISA (the CPU's, under ONEDNN_MAX_CPU_ISA) has them
+bool OneDnnRunsBf16() {
+  using isa = dnnl::cpu_isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case isa::isa_default: case isa::sse41: case isa::avx: case isa::avx2: case isa::avx2_vnni:
+    case isa::avx2_vnni_2: case isa::avx512_core: case isa::avx512_core_vnni:
+      return false;
+    default:
+      return true;
+  }
+}
+
+// How fp16 convolutions multiply here: true for bf16 (see the top of this file). AMP_ZOO_CONV_COMPUTE=fp32 or
+// bf16 chooses (bf16 only where the CPU has AVX512-BF16 and oneDNN's ISA cap lets it run it); unset or auto, bf16
+// where it has AVX512-BF16 and not AVX512-FP16. Read at each lookup, so a process (a test) can run both;
+// cpu_kernels.conv_compute() is the same rule.
+bool Bf16Compute() {
+  static const bool bf16 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("f16c") && OneDnnRunsBf16();
+  }();
+  static const bool fp16 = __builtin_cpu_supports("avx512fp16");
+  const char *env = std::getenv("AMP_ZOO_CONV_COMPUTE");
+  if (env && *env && std::strcmp(env, "auto")) return bf16 && !std::strcmp(env, "bf16");
+  return bf16 && !fp16;
 }
 
 // f(begin, end) over [0, n) in one piece per pool thread when n is large enough to pay for waking them
@@ -285,18 +344,23 @@ void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n) {
 
 namespace {
 
-// A tensor given in the user's plain layout, and the kernel's layout (the same buffer when they agree). An fp16
-// tensor is staged: converted into an fp32 buffer of its own layout on the way in, and out of it on the way out.
+// A tensor given in the user's plain layout, and the kernel's layout (the same buffer when they agree). A tensor
+// whose dtype is not the kernel's is staged: converted into a buffer of its own layout in the kernel's dtype on
+// the way in (fp16 -> fp32, fp16 -> bf16, fp32 -> bf16), and from fp32 to fp16 on the way out.
+enum Stage { kNone, kHalfFloat, kHalfBf16, kFloatBf16 };
+
 struct Arg {
   memory user, inner;
   dnnl::reorder to_inner, to_user;
-  bool reorder = false, half = false;
-  std::vector<float> staged;
+  bool reorder = false;
+  Stage stage = kNone;
+  std::vector<char> staged;
   void *out = nullptr;
-  void Init(const memory::desc &plain, const memory::desc &want, bool fp16) {
+  // plain: the user's layout in the kernel's dtype; want: the kernel's layout
+  void Init(const memory::desc &plain, const memory::desc &want, Stage how) {
     auto &e = RT().engine;
-    half = fp16;
-    if (half) staged.resize(plain.get_size() / sizeof(float));
+    stage = how;
+    if (stage != kNone) staged.resize(plain.get_size());
     user = memory(plain, e, DNNL_MEMORY_NONE);
     reorder = plain != want;
     inner = reorder ? memory(want, e) : user;
@@ -306,22 +370,31 @@ struct Arg {
     }
   }
   void In(void *p) {  // user data into the kernel's layout
-    if (half) {
-      AmpZooHalfToFloat(static_cast<const uint16_t *>(p), staged.data(), static_cast<int64_t>(staged.size()));
+    if (stage != kNone) {
+      const int64_t n = static_cast<int64_t>(staged.size()) / (stage == kHalfFloat ? 4 : 2);
+      const auto *h = static_cast<const uint16_t *>(p);
+      auto *to16 = reinterpret_cast<uint16_t *>(staged.data());
+      if (stage == kHalfFloat)
+        AmpZooHalfToFloat(h, reinterpret_cast<float *>(staged.data()), n);
+      else if (stage == kHalfBf16)
+        Split(n, [&](int64_t a, int64_t b) { H2B512(h + a, to16 + a, b - a); });
+      else
+        Split(n, [&](int64_t a, int64_t b) { F2B512(static_cast<const float *>(p) + a, to16 + a, b - a); });
       p = staged.data();
     }
     user.set_data_handle(p);
     if (reorder) to_inner.execute(RT().stream, user, inner);
   }
-  void Bind(void *p) {  // an output: the kernel writes here, or into `inner` and Out() reorders
+  void Bind(void *p) {  // an output (fp32 in the kernel): it writes here, or into `inner` and Out() reorders
     out = p;
-    user.set_data_handle(half ? staged.data() : p);
+    user.set_data_handle(stage == kHalfFloat ? static_cast<void *>(staged.data()) : p);
   }
   void Out() {
     if (reorder) to_user.execute(RT().stream, inner, user);
-    if (half) {
+    if (stage == kHalfFloat) {
       RT().stream.wait();
-      AmpZooFloatToHalf(staged.data(), static_cast<uint16_t *>(out), static_cast<int64_t>(staged.size()));
+      AmpZooFloatToHalf(reinterpret_cast<const float *>(staged.data()), static_cast<uint16_t *>(out),
+                        static_cast<int64_t>(staged.size() / 4));
     }
   }
 };
@@ -352,31 +425,37 @@ struct Conv {
   Arg x_w, dy_w, dw;       // backward weights
 
   Conv(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s, int64_t p,
-       dt xt, dt wt) {
+       dt xt, dt wt, bool bf16) {
     auto &e = RT().engine;
     memory::dims st{s, s}, pad{p, p};
-    // fp16 tensors (AMP) are staged into fp32 (Arg) around the fp32 kernel, as MindSpore's CPU Conv2D casts
-    // around its own: y has x's dtype, dx x's, dw w's
+    // y has x's dtype, dx x's, dw w's. The kernel reads its inputs in `in` (fp32, or bf16 for an fp16
+    // convolution on a bf16 CPU) and writes its outputs in fp32; Arg stages what differs.
     const bool xh = xt == dt::f16, wh = wt == dt::f16;
-    memory::desc x_plain(xd, dt::f32, xl), w_plain(wd, dt::f32, tag::oihw), y_plain(yd, dt::f32, yl);
-    memory::desc x_any(xd, dt::f32, tag::any), w_any(wd, dt::f32, tag::any), y_any(yd, dt::f32, tag::any);
+    const dt in = bf16 ? dt::bf16 : dt::f32;
+    auto read = [&](bool half) { return !bf16 ? (half ? kHalfFloat : kNone) : half ? kHalfBf16 : kFloatBf16; };
+    auto wrote = [](bool half) { return half ? kHalfFloat : kNone; };
+    memory::desc x_in(xd, in, xl), w_in(wd, in, tag::oihw), y_in(yd, in, yl);
+    memory::desc x_out(xd, dt::f32, xl), w_out(wd, dt::f32, tag::oihw), y_out(yd, dt::f32, yl);
+    memory::desc x_any(xd, in, tag::any), w_any(wd, in, tag::any), y_any(yd, in, tag::any);
+    memory::desc x_any32(xd, dt::f32, tag::any), w_any32(wd, dt::f32, tag::any), y_any32(yd, dt::f32, tag::any);
     auto alg = dnnl::algorithm::convolution_direct;
-    dnnl::convolution_forward::primitive_desc f(e, dnnl::prop_kind::forward_training, alg, x_any, w_any, y_any, st,
-                                                pad, pad);
-    dnnl::convolution_backward_data::primitive_desc bd(e, alg, x_any, w_any, y_any, st, pad, pad, f);
-    dnnl::convolution_backward_weights::primitive_desc bw(e, alg, x_any, w_any, y_any, st, pad, pad, f);
+    auto train = dnnl::prop_kind::forward_training;
+    dnnl::convolution_forward::primitive_desc f(e, train, alg, x_any, w_any, y_any32, st, pad, pad);
+    dnnl::convolution_forward::primitive_desc hint(e, train, alg, x_any, w_any, y_any, st, pad, pad);
+    dnnl::convolution_backward_data::primitive_desc bd(e, alg, x_any32, w_any, y_any, st, pad, pad, hint);
+    dnnl::convolution_backward_weights::primitive_desc bw(e, alg, x_any, w_any32, y_any, st, pad, pad, hint);
     fwd = dnnl::convolution_forward(f);
     bwd_data = dnnl::convolution_backward_data(bd);
     bwd_weights = dnnl::convolution_backward_weights(bw);
-    x.Init(x_plain, f.src_desc(), xh);
-    w.Init(w_plain, f.weights_desc(), wh);
-    y.Init(y_plain, f.dst_desc(), xh);
-    dy_d.Init(y_plain, bd.diff_dst_desc(), xh);
-    w_d.Init(w_plain, bd.weights_desc(), wh);
-    dx.Init(x_plain, bd.diff_src_desc(), xh);
-    x_w.Init(x_plain, bw.src_desc(), xh);
-    dy_w.Init(y_plain, bw.diff_dst_desc(), xh);
-    dw.Init(w_plain, bw.diff_weights_desc(), wh);
+    x.Init(x_in, f.src_desc(), read(xh));
+    w.Init(w_in, f.weights_desc(), read(wh));
+    y.Init(y_out, f.dst_desc(), wrote(xh));
+    dy_d.Init(y_in, bd.diff_dst_desc(), read(xh));
+    w_d.Init(w_in, bd.weights_desc(), read(wh));
+    dx.Init(x_out, bd.diff_src_desc(), wrote(xh));
+    x_w.Init(x_in, bw.src_desc(), read(xh));
+    dy_w.Init(y_in, bw.diff_dst_desc(), read(xh));
+    dw.Init(w_out, bw.diff_weights_desc(), wrote(wh));
   }
 
   void Forward(void *xp, void *wp, void *yp) {
@@ -422,11 +501,12 @@ Conv *Lookup(const int64_t *xs, int xr, const int64_t *ws, const int64_t *ys, in
   const tag xl = Layout(Block(xs, xr)), yl = Layout(Block(ys, yr));
   if (xl == tag::undef || yl == tag::undef) return nullptr;
   memory::dims xd = Dims(xs, xr), wd(ws, ws + 4), yd = Dims(ys, yr);
+  const bool bf16 = xt == dt::f16 && Bf16Compute();  // fp32 convolutions (O0) always multiply in fp32
   Key k{xd[0], xd[1], xd[2], xd[3], Block(xs, xr), wd[0], wd[2], wd[3], yd[2], yd[3], Block(ys, yr), s, p,
-        static_cast<int64_t>(xt), static_cast<int64_t>(wt)};
+        static_cast<int64_t>(xt), static_cast<int64_t>(wt), bf16};
   std::lock_guard<std::mutex> lk(m);
   auto &c = cache[k];
-  if (!c) c.reset(new Conv(xd, wd, yd, xl, yl, s, p, xt, wt));
+  if (!c) c.reset(new Conv(xd, wd, yd, xl, yl, s, p, xt, wt, bf16));
   return c.get();
 }
 
@@ -533,6 +613,8 @@ int Reorder(int nparam, void **params, int *ndims, int64_t **shapes, const char 
 void AmpZooParallel(int n, const std::function<void(int, int)> &fn) { RT().pool.parallel_for(n, fn); }
 int AmpZooThreads() { return RT().pool.get_num_threads(); }
 dnnl::threadpool_interop::threadpool_iface *AmpZooPool() { return &RT().pool; }  // matmul.cc's sgemm
+// 1 when an fp16 convolution multiplies in bf16 now (Bf16Compute), for cpu_kernels' tests and make doctor
+extern "C" int AmpZooConvBf16() { return Bf16Compute() ? 1 : 0; }
 
 // MindSpore's graph mode gave two ops of one AOT function name one gradient between them (every 3x3 convolution
 // took the first layer's weight-only backward), so each forward the Python side builds differently has a name of

@@ -1,8 +1,9 @@
 """The CPU kernels in fp16 (O2/O3 on the CPU): tensors stay fp16 between the kernels and are computed in fp32
 inside them, with no Cast around them. Each kernel's fp16 output and gradients equal its fp32 ones rounded to
-fp16 (within an ulp where fp32 sums of another order round apart); the fp16 <-> fp32 conversions agree with
-numpy's on every CPU path (AVX-512, F16C, portable), overflow included; and O2's BatchNorm keeps fp32 parameters
-without a precision flag."""
+fp16 (within an ulp where fp32 sums of another order round apart); on a CPU with AVX512-BF16 a convolution may
+multiply in bf16 instead, and then equals the fp32 kernel on the bf16-rounded operands, rounded once to fp16; the
+fp16 <-> fp32 conversions agree with numpy's on every CPU path (AVX-512, F16C, portable), overflow included; and
+O2's BatchNorm keeps fp32 parameters without a precision flag."""
 import ctypes
 import os
 import subprocess
@@ -15,7 +16,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from cpu_kernels import has_ops, library, why_not
+from cpu_kernels import conv_compute, cpu_flags, has_ops, library, why_not
 from cpu_kernels.cells import CpuAddReLU, CpuBatchNorm2d, CpuConv2d, CpuReLU
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
@@ -120,9 +121,10 @@ def ulps(a, b) -> float:
 
 
 @pytest.mark.parametrize("stride,padding", [(1, 1), (2, 1), (2, 0)])
-def test_conv_in_fp16_is_fp32_rounded_once(graph_mode, stride, padding):
+def test_conv_in_fp16_is_fp32_rounded_once(graph_mode, monkeypatch, stride, padding):
     """fp16 input and weights in, fp16 out, computed in fp32: the output and both gradients are the fp32
     kernel's on the same (fp16) values, rounded to fp16, within an ulp."""
+    monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE", "fp32")
     rng = np.random.RandomState(3)
     k = 3 if padding else 1
     x, w = rng.randn(2, 16, 8, 8).astype(np.float32), (rng.randn(32, 16, k, k) * 0.2).astype(np.float32)
@@ -133,6 +135,76 @@ def test_conv_in_fp16_is_fp32_rounded_once(graph_mode, stride, padding):
     y32, (dx32,) = grads_of(conv32, ms.Tensor(x.astype(np.float16).astype(np.float32)))
     assert y16.dtype == dx16.dtype == ms.float16
     assert ulps(y16.asnumpy(), y32.asnumpy()) <= 1.01 and ulps(dx16.asnumpy(), dx32.asnumpy()) <= 1.01
+
+
+def to_bf16(a) -> np.ndarray:
+    """fp32 values rounded to the nearest bf16 (to even), as fp32."""
+    bits = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7fff + ((bits >> 16) & 1)) & 0xffff0000).astype(np.uint32).view(np.float32)
+
+
+BF16_CPU = {"avx512_bf16", "avx512f", "f16c"} <= cpu_flags()
+
+
+def bf16_conv_check(stride: int, padding: int) -> None:
+    """The body of the bf16 convolution test, run in a process of its own: oneDNN's bf16 kernels need its ISA
+    uncapped, and this test process caps it at AVX2 (conftest)."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rng = np.random.RandomState(4)
+    k = 3 if padding else 1
+    x = rng.randn(2, 16, 8, 8).astype(np.float16).astype(np.float32)
+    w = (rng.randn(32, 16, k, k) * 0.2).astype(np.float16).astype(np.float32)
+    n_out = 2 * 32 * (((8 + 2 * padding - k) // stride) + 1) ** 2
+    dy = ((np.arange(n_out) % 7 - 3) / 4).astype(np.float32)  # exact in fp16 and bf16
+
+    def run(dtype, x_values, w_values):
+        conv = CpuConv2d(16, 32, k, stride, padding, weight_init=ms.Tensor(w_values.astype(dtype)))
+        weight = ms.Tensor(dy.reshape(2, 32, -1))
+
+        def loss(inp):
+            return (conv(inp).astype(ms.float32).reshape(2, 32, -1) * weight).sum()
+        xt = ms.Tensor(x_values.astype(dtype))
+        dx, (dw,) = ms.grad(loss, grad_position=0, weights=conv.trainable_params())(xt)
+        return conv(xt), dx, dw
+
+    y16, dx16, dw16 = run(np.float16, x, w)
+    y32, dx32, dw32 = run(np.float32, to_bf16(x), to_bf16(w))
+    assert y16.dtype == dx16.dtype == dw16.dtype == ms.float16
+    for name, got, want in (("y", y16, y32), ("dx", dx16, dx32), ("dw", dw16, dw32)):
+        assert ulps(got.asnumpy(), want.asnumpy()) <= 1.01, name
+    os.environ["AMP_ZOO_CONV_COMPUTE"] = "fp32"  # and the fp32 path differs from it
+    y16_fp32, _, _ = run(np.float16, x, w)
+    assert not np.array_equal(y16_fp32.asnumpy(), y16.asnumpy())
+
+
+@pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
+@pytest.mark.parametrize("stride,padding", [(1, 1), (2, 0)])
+def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride, padding):
+    """AMP_ZOO_CONV_COMPUTE=bf16 (the default on a CPU with AVX512-BF16 and no AVX512-FP16): the output, dx and
+    dw are the fp32 kernel's on x, w and dy rounded to bf16, summed in fp32 and rounded once to fp16, within an
+    ulp of fp16."""
+    env = {**os.environ, "AMP_ZOO_CONV_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3"}
+    env.pop("AMP_ZOO_ONEDNN_AUTO", None)
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_conv_check; "
+            f"bf16_conv_check({stride}, {padding}); print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("setting", ["", "auto", "fp32", "bf16"])
+def test_conv_compute_says_what_the_library_runs(monkeypatch, setting):
+    """cpu_kernels.conv_compute() (make doctor, a run's first lines) and conv.cc choose alike for every
+    AMP_ZOO_CONV_COMPUTE; a CPU without AVX512-BF16, or oneDNN capped below it, stays fp32 even when bf16 is
+    asked for."""
+    monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE", setting)
+    lib = ctypes.CDLL(str(library()))
+    assert conv_compute() == ("bf16" if lib.AmpZooConvBf16() else "fp32")
+    assert conv_compute({"avx512f", "f16c", "avx512_bf16"}, "bf16") == "fp32"  # under this process's AVX2 cap
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert conv_compute({"avx2", "f16c"}, setting) == "fp32"
+    assert conv_compute({"avx512f", "f16c", "avx512_bf16"}, setting) == ("fp32" if setting == "fp32" else "bf16")
+    assert conv_compute({"avx512f", "f16c", "avx512_bf16", "avx512_fp16"}, setting) == (
+        "bf16" if setting == "bf16" else "fp32")
 
 
 @pytest.mark.parametrize("block", [0, 16])
