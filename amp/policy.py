@@ -145,8 +145,13 @@ def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
 
     if LEVELS[level].low == "all":
         net.to_float(low)
-        for path, _ in net.cells_and_names():
+        for path, cell in net.cells_and_names():
             reasons[path] = f"{level} default"
+            if getattr(cell, "weights_as_stored", False) and low == mstype.float16:
+                # its kernel takes fp16 activations and the fp32 master weight, which it rounds to fp16 values
+                # inside (cpu_kernels' convolution): no precision flag, so no Cast on the weight or its gradient
+                cell.add_flags_recursive(fp16=False, fp32=False, bf16=False)
+                cell.amp_compute = dtype_name
 
         def keep_in_fp32(cell, path):
             _mark_subtree(cell, path, "keep_fp32", reasons)
@@ -180,6 +185,8 @@ def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
 
 
 def compute_dtype(cell: nn.Cell) -> str:
+    if getattr(cell, "amp_compute", None):  # set by apply_policy on a Cell that converts inside its kernel
+        return cell.amp_compute
     flags = cell.get_flags()
     if flags.get("fp16"):
         return "float16"

@@ -58,7 +58,7 @@ def precision_report(net: nn.Cell, policy: Policy) -> Dict:
         dtype = compute_dtype(cell)
         n = sum(p.size for p in own)
         stored += sum(p.size * BYTES.get(str(p.dtype).lower(), 4) for p in own)
-        if dtype != "float32":
+        if dtype != "float32" and not getattr(cell, "amp_compute", None):  # amp_compute: no copy, as stored
             working_low += n * BYTES[dtype]
         rows.append({
             "path": path, "class": type(cell).__name__, "compute_dtype": dtype,

@@ -83,9 +83,13 @@ def conv_op(stride: int, padding: int, input_grad: bool = True, out_block: int =
 
 class CpuConv2d(nn.Conv2d):
     """nn.Conv2d (pad_mode "pad" or "valid", no bias) whose forward and backward run oneDNN's direct kernels.
-    It computes in fp32 like MindSpore's CPU Conv2D. Under fp16 it takes fp16 input and weights and returns
-    fp16, converting inside the kernel, so no Cast runs around it (MindSpore's Conv2D casts around its own).
+    It computes in fp32 like MindSpore's CPU Conv2D, or multiplies in bf16 (cpu_kernels.conv_compute). Under
+    fp16 it takes fp16 input and returns fp16, converting inside the kernel, so no Cast runs around it
+    (MindSpore's Conv2D casts around its own). Its weight it takes as stored (`weights_as_stored`: O2 gives it
+    no precision flag, amp.policy): an fp32 master weight is rounded to fp16 values inside the kernel and its
+    gradient comes back in fp32 holding fp16 values, so no Cast runs on either.
     out_block: its output in the blocked layout (block_for), else plain NCHW; its input may be either."""
+    weights_as_stored = True
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None,
                  input_grad=True, out_block=0):

@@ -40,6 +40,9 @@
 #include <tuple>
 #include <vector>
 
+void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
+void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
+
 namespace {
 
 using dnnl::memory;
@@ -252,12 +255,26 @@ __attribute__((target("avx512f,avx512bf16,avx2,f16c"))) void H2B512(const uint16
   for (; i < n; ++i) d[i] = FloatToBf16Bits(_cvtsh_ss(s[i]));
 }
 
-__attribute__((target("avx512f,avx512bf16"))) void F2B512(const float *s, uint16_t *d, int64_t n) {
+// fp32 -> the nearest fp16 -> bf16, or back to fp32: an fp32 master weight used by an fp16 convolution takes the
+// values MindSpore's Cast to fp16 gives it, and its fp32 gradient the values an fp16 gradient would hold
+__attribute__((target("avx512f,avx512bf16,avx2,f16c"))) void F2H2B512(const float *s, uint16_t *d, int64_t n) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i),
-                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(s + i))));
-  for (; i < n; ++i) d[i] = FloatToBf16Bits(s[i]);
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 f = _mm512_maskz_cvtph_ps(0xffff, _mm512_maskz_cvtps_ph(0xffff, _mm512_loadu_ps(s + i), kRound));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(f)));
+  }
+  for (; i < n; ++i) d[i] = FloatToBf16Bits(_cvtsh_ss(_cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT)));
+}
+
+void RoundThroughHalf(const float *s, float *d, int64_t n) {
+  constexpr int64_t kChunk = 1024;
+  uint16_t h[kChunk];
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t m = std::min(kChunk, n - i);
+    AmpZooFloatToHalfHere(s + i, h, m);
+    AmpZooHalfToFloatHere(h, d + i, m);
+  }
 }
 
 void H2FPortable(const uint16_t *s, float *d, int64_t n) {
@@ -345,9 +362,16 @@ void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n) {
 namespace {
 
 // A tensor given in the user's plain layout, and the kernel's layout (the same buffer when they agree). A tensor
-// whose dtype is not the kernel's is staged: converted into a buffer of its own layout in the kernel's dtype on
-// the way in (fp16 -> fp32, fp16 -> bf16, fp32 -> bf16), and from fp32 to fp16 on the way out.
-enum Stage { kNone, kHalfFloat, kHalfBf16, kFloatBf16 };
+// whose dtype is not the kernel's is staged: converted into a buffer of its own layout on the way in, and out of
+// it on the way out. An fp32 weight of an fp16 convolution (O2's master weight, taken as stored) goes through
+// fp16 both ways, so it computes what a Cast to fp16 and back would give.
+enum Stage {
+  kNone,
+  kHalfFloat,      // fp16 <-> fp32
+  kHalfBf16,       // fp16 -> bf16 (an input)
+  kFloatHalfBf16,  // fp32 -> fp16 -> bf16 (an input)
+  kFloatHalfFloat  // fp32 -> fp16 -> fp32, either way
+};
 
 struct Arg {
   memory user, inner;
@@ -369,17 +393,24 @@ struct Arg {
       to_user = dnnl::reorder(inner, user);
     }
   }
+  int64_t Count() const {
+    return static_cast<int64_t>(staged.size()) / (stage == kHalfFloat || stage == kFloatHalfFloat ? 4 : 2);
+  }
   void In(void *p) {  // user data into the kernel's layout
     if (stage != kNone) {
-      const int64_t n = static_cast<int64_t>(staged.size()) / (stage == kHalfFloat ? 4 : 2);
-      const auto *h = static_cast<const uint16_t *>(p);
+      const int64_t n = Count();
       auto *to16 = reinterpret_cast<uint16_t *>(staged.data());
+      auto *to32 = reinterpret_cast<float *>(staged.data());
+      const auto *h = static_cast<const uint16_t *>(p);
+      const auto *f = static_cast<const float *>(p);
       if (stage == kHalfFloat)
-        AmpZooHalfToFloat(h, reinterpret_cast<float *>(staged.data()), n);
+        AmpZooHalfToFloat(h, to32, n);
       else if (stage == kHalfBf16)
         Split(n, [&](int64_t a, int64_t b) { H2B512(h + a, to16 + a, b - a); });
+      else if (stage == kFloatHalfBf16)
+        Split(n, [&](int64_t a, int64_t b) { F2H2B512(f + a, to16 + a, b - a); });
       else
-        Split(n, [&](int64_t a, int64_t b) { F2B512(static_cast<const float *>(p) + a, to16 + a, b - a); });
+        Split(n, [&](int64_t a, int64_t b) { RoundThroughHalf(f + a, to32 + a, b - a); });
       p = staged.data();
     }
     user.set_data_handle(p);
@@ -387,15 +418,17 @@ struct Arg {
   }
   void Bind(void *p) {  // an output (fp32 in the kernel): it writes here, or into `inner` and Out() reorders
     out = p;
-    user.set_data_handle(stage == kHalfFloat ? static_cast<void *>(staged.data()) : p);
+    user.set_data_handle(stage == kNone ? p : static_cast<void *>(staged.data()));
   }
   void Out() {
     if (reorder) to_user.execute(RT().stream, inner, user);
-    if (stage == kHalfFloat) {
-      RT().stream.wait();
-      AmpZooFloatToHalf(reinterpret_cast<const float *>(staged.data()), static_cast<uint16_t *>(out),
-                        static_cast<int64_t>(staged.size() / 4));
-    }
+    if (stage == kNone) return;
+    RT().stream.wait();
+    const auto *f = reinterpret_cast<const float *>(staged.data());
+    if (stage == kHalfFloat)
+      AmpZooFloatToHalf(f, static_cast<uint16_t *>(out), Count());
+    else
+      Split(Count(), [&](int64_t a, int64_t b) { RoundThroughHalf(f + a, static_cast<float *>(out) + a, b - a); });
   }
 };
 
@@ -429,11 +462,16 @@ struct Conv {
     auto &e = RT().engine;
     memory::dims st{s, s}, pad{p, p};
     // y has x's dtype, dx x's, dw w's. The kernel reads its inputs in `in` (fp32, or bf16 for an fp16
-    // convolution on a bf16 CPU) and writes its outputs in fp32; Arg stages what differs.
+    // convolution on a bf16 CPU) and writes its outputs in fp32; Arg stages what differs. With fp16 x, an fp32
+    // w holds fp16 values inside, and dw fp16 values.
     const bool xh = xt == dt::f16, wh = wt == dt::f16;
     const dt in = bf16 ? dt::bf16 : dt::f32;
-    auto read = [&](bool half) { return !bf16 ? (half ? kHalfFloat : kNone) : half ? kHalfBf16 : kFloatBf16; };
-    auto wrote = [](bool half) { return half ? kHalfFloat : kNone; };
+    auto read = [&](bool half) {
+      if (half) return bf16 ? kHalfBf16 : kHalfFloat;
+      if (xh) return bf16 ? kFloatHalfBf16 : kFloatHalfFloat;
+      return kNone;
+    };
+    auto wrote = [&](bool half) { return half ? kHalfFloat : xh ? kFloatHalfFloat : kNone; };
     memory::desc x_in(xd, in, xl), w_in(wd, in, tag::oihw), y_in(yd, in, yl);
     memory::desc x_out(xd, dt::f32, xl), w_out(wd, dt::f32, tag::oihw), y_out(yd, dt::f32, yl);
     memory::desc x_any(xd, in, tag::any), w_any(wd, in, tag::any), y_any(yd, in, tag::any);

@@ -80,6 +80,7 @@ class Dense(nn.Dense):
         super().__init__(d_in, d_out, weight_init=XavierUniform())
         self.kernel = affine_kernel(bias=True)  # None: the graph holds the other branch
         self.affine = AffineFunction()
+        self.weights_as_stored = self.kernel is not None  # O2 gives it no precision flag, so no Cast (amp.policy)
 
     def construct(self, x):
         x2 = x.reshape(-1, self.in_channels)

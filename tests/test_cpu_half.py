@@ -172,9 +172,49 @@ def bf16_conv_check(stride: int, padding: int) -> None:
     assert y16.dtype == dx16.dtype == dw16.dtype == ms.float16
     for name, got, want in (("y", y16, y32), ("dx", dx16, dx32), ("dw", dw16, dw32)):
         assert ulps(got.asnumpy(), want.asnumpy()) <= 1.01, name
+    as_stored_check()  # the fp32 weight rounded to fp16, then to bf16, inside the kernel
     os.environ["AMP_ZOO_CONV_COMPUTE"] = "fp32"  # and the fp32 path differs from it
     y16_fp32, _, _ = run(np.float16, x, w)
     assert not np.array_equal(y16_fp32.asnumpy(), y16.asnumpy())
+
+
+def as_stored_check() -> None:
+    """O2 hands CpuConv2d its fp32 master weight as stored (no Cast): the output and every gradient are bit for
+    bit those of the same network whose weights MindSpore casts to fp16 and back."""
+    from omegaconf import OmegaConf
+    from amp.policy import apply_policy, compute_dtype
+
+    class Loss(nn.Cell):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def construct(self, x):
+            return (self.net(x) * ops.arange(8 * 8).reshape(8, 8).astype(ms.float32).sin()).sum()
+
+    rng = np.random.RandomState(5)
+    x = ms.Tensor(rng.randn(2, 16, 8, 8).astype(np.float32))
+    w1, w2 = (ms.Tensor((rng.randn(16, 16, 3, 3) * 0.1).astype(np.float32)) for _ in range(2))
+    out = {}
+    for as_stored in (True, False):
+        net = nn.SequentialCell([CpuConv2d(16, 16, 3, 1, 1, weight_init=w1), CpuReLU(),
+                                 CpuConv2d(16, 16, 3, 1, 1, weight_init=w2)])
+        for cell in (net[0], net[2]):
+            cell.weights_as_stored = as_stored
+        net, _ = apply_policy(net, OmegaConf.create({"level": "O2", "dtype": "float16", "keep_fp32": [],
+                                                     "force_fp16": []}))
+        conv = net.cells_and_names()
+        assert all(compute_dtype(c) == "float16" for _, c in conv if isinstance(c, CpuConv2d))
+        loss = Loss(net)
+        value, grads = ms.value_and_grad(loss, grad_position=0, weights=net.trainable_params())(x)
+        out[as_stored] = [value.asnumpy(), grads[0].asnumpy(), *(g.asnumpy() for g in grads[1])]
+        assert all(g.dtype == ms.float32 for g in grads[1])
+    for got, want in zip(out[True], out[False]):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_o2_hands_the_conv_its_fp32_weight_as_stored_and_changes_no_number(graph_mode):
+    as_stored_check()
 
 
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")

@@ -235,3 +235,39 @@ def test_the_fused_beam_step_is_log_softmax_plus_specials_then_top_k(graph_mode,
         np.testing.assert_array_equal(ids.asnumpy(), want)
         np.testing.assert_allclose(values.asnumpy(), np.take_along_axis(logp, want, 1), rtol=1e-5, atol=1e-5)
         assert not np.isin(ids.asnumpy(), [0, 2]).any()
+
+
+def test_o2_hands_dense_its_fp32_weights_as_stored_and_changes_no_number(graph_mode):
+    """At O2 the Transformer's Dense takes its fp32 weight and bias as stored (no precision flag, so MindSpore
+    casts neither): the loss and every gradient are bit for bit those of the Dense whose parameters MindSpore
+    casts to fp16, and the parameters' gradients come back in fp32."""
+    from omegaconf import OmegaConf
+    from amp.policy import apply_policy, compute_dtype
+    from models.transformer import Dense
+
+    class Loss(nn.Cell):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def construct(self, x):
+            return (self.net(x) * ops.arange(16).astype(ms.float32).sin()).sum()
+
+    rng = np.random.RandomState(0)
+    x = ms.Tensor(rng.randn(6, 16).astype(np.float32))
+    w, b = rng.randn(16, 16).astype(np.float32) * 0.3, np.linspace(-1, 1, 16).astype(np.float32)
+    out = {}
+    for as_stored in (True, False):
+        dense = Dense(16, 16)
+        dense.weight.set_data(ms.Tensor(w))
+        dense.bias.set_data(ms.Tensor(b))
+        assert dense.weights_as_stored
+        dense.weights_as_stored = as_stored
+        net, _ = apply_policy(nn.SequentialCell([dense, nn.ReLU()]),
+                              OmegaConf.create({"level": "O2", "dtype": "float16", "keep_fp32": [], "force_fp16": []}))
+        assert compute_dtype(dense) == "float16"
+        value, grads = ms.value_and_grad(Loss(net), grad_position=0, weights=net.trainable_params())(x)
+        assert all(g.dtype == ms.float32 for g in grads[1])
+        out[as_stored] = [value.asnumpy(), grads[0].asnumpy(), *(g.asnumpy() for g in grads[1])]
+    for got, want in zip(out[True], out[False]):
+        np.testing.assert_array_equal(got, want)
