@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 SOURCES = [Path(__file__).with_name(f"{name}.cc")
-           for name in ("conv", "pool", "norm", "eltwise", "matmul", "layer_norm", "decode")]
+           for name in ("conv", "pool", "norm", "eltwise", "matmul", "layer_norm", "softmax", "decode")]
 LIBRARY, RECORD = "libcpu_kernels.so", "build.json"
 THREADPOOL = 0x8  # dnnl_runtime_threadpool: the CPU runtime MindSpore's oneDNN is built with, and Pool implements
 
@@ -143,23 +143,21 @@ NO_BF16_ISA = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE"
 
 def conv_compute(flags: Optional[set] = None, env: Optional[str] = None) -> str:
     """How an fp16 convolution multiplies on this CPU, "bf16" or "fp32" (conv.cc's Bf16Compute, the same rule):
-    AMP_ZOO_CONV_COMPUTE=fp32|bf16 chooses (bf16 only on a CPU with AVX512-BF16, and not under an
-    ONEDNN_MAX_CPU_ISA cap below it: AVX2 for MindSpore's own convolutions); unset or auto, bf16 where the CPU has
-    AVX512-BF16 and not AVX512-FP16 (AMD Zen 4 and 5), where oneDNN's bf16 convolutions run about twice
-    as fast as fp32. Either way the sums are fp32 and each output is rounded once to fp16."""
+    bf16 only when AMP_ZOO_CONV_COMPUTE=bf16 asks for it, on a CPU with AVX512-BF16 and not under an
+    ONEDNN_MAX_CPU_ISA cap below it (AVX2, for MindSpore's own convolutions). bf16 runs oneDNN's bf16 kernels
+    (fp32 sums, each output rounded once to fp16); it is opt-in because a ResNet-18 trained with it lost its
+    accuracy (docs/benchmarks.md)."""
     flags = cpu_flags() if flags is None else flags
     env = os.environ.get("AMP_ZOO_CONV_COMPUTE", "") if env is None else env
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     bf16 = {"avx512_bf16", "avx512f", "f16c"} <= flags and cap not in NO_BF16_ISA
-    if env and env != "auto":
-        return "bf16" if bf16 and env == "bf16" else "fp32"
-    return "bf16" if bf16 and "avx512_fp16" not in flags else "fp32"
+    return "bf16" if bf16 and env == "bf16" else "fp32"
 
 
 def low_precision(flags: Optional[set] = None) -> str:
     """What the kernels do with low precision on this CPU, in one line: fp16 tensors are stored in fp16 between
-    the kernels and computed in fp32 inside them (the conversions: AVX-512, F16C, else portable code), except the
-    convolutions where conv_compute() is bf16; native fp16 arithmetic (AVX512-FP16) is not used, and
+    the kernels and computed in fp32 inside them (the conversions: AVX-512, F16C, else portable code), or the
+    convolutions in bf16 where asked (conv_compute); native fp16 arithmetic (AVX512-FP16) is not used, and
     amp.dtype=bfloat16 is refused (MindSpore's CPU build has no bf16 Conv2D or MatMul for the layers around
     them). make doctor measures what this costs against fp32."""
     flags = cpu_flags() if flags is None else flags

@@ -356,6 +356,32 @@ def layer_norm_op():
     return ops.Custom(f"{lib}:LayerNormFwd", out_shape=shape, out_dtype=dtype, func_type="aot", bprop=bprop)
 
 
+@lru_cache(maxsize=1)
+def softmax_op():
+    """softmax.cc's SoftmaxFwd (x -> softmax over the last axis, x's dtype, computed in fp32) with its backward
+    SoftmaxBwd (y, dy -> dx)."""
+    lib = library()
+    backward = ops.Custom(f"{lib}:SoftmaxBwd", out_shape=_first, out_dtype=_first, func_type="aot")
+
+    def bprop(x, out, dout):
+        return (backward(out, dout),)
+    return ops.Custom(f"{lib}:SoftmaxFwd", out_shape=_first, out_dtype=_first, func_type="aot", bprop=bprop)
+
+
+class CpuSoftmax(nn.Softmax):
+    """nn.Softmax(axis=-1) (keep-lists naming Softmax reach it) running softmax.cc: fp32 or fp16 in, the same
+    out, computed in fp32 and rounded once. O2's keep-list needs no Cast around it (`fp32_inside`, which
+    amp.policy reads): at O2 MindSpore ran a Cast before and after the attention's Softmax and its gradient."""
+    fp32_inside = True
+
+    def __init__(self):
+        super().__init__(axis=-1)
+        self.op = softmax_op()
+
+    def construct(self, x):
+        return self.op(x)
+
+
 @lru_cache(maxsize=None)
 def log_softmax_top_k_op(k: int):
     """decode.cc's LogSoftmaxTopK: logits (rows, V) fp32 or fp16 and specials (V,) fp32 -> the k largest of

@@ -16,9 +16,9 @@
 // How an fp16 convolution multiplies (ConvCompute):
 // - fp32: its inputs are converted to fp32 and it runs oneDNN's fp32 kernel, so it computes what MindSpore's
 //   Cast + fp32 Conv2D computes;
-// - bf16, on a CPU with AVX512-BF16 and without AVX512-FP16 (AMD Zen 4 and 5): its inputs are rounded to bf16
-//   and it runs oneDNN's bf16 kernel, which multiplies pairs of bf16 in hardware (vdpbf16ps) and accumulates in
-//   fp32. That kernel runs about twice as fast as fp32 there; the operands keep 8 bits of mantissa, not fp16's 11.
+// - bf16 (AMP_ZOO_CONV_COMPUTE=bf16, on a CPU with AVX512-BF16): its inputs are rounded to bf16 and it runs
+//   oneDNN's bf16 kernel, which multiplies pairs of bf16 in hardware (vdpbf16ps) and accumulates in fp32. On an
+//   AMD EPYC (Zen 4) that runs much faster than fp32; the operands keep 8 bits of mantissa, not fp16's 11.
 // Either way each output (y, dx, dw) is accumulated in fp32 and rounded once to fp16.
 #include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -309,9 +309,10 @@ bool OneDnnRunsBf16() {
   }
 }
 
-// How fp16 convolutions multiply here: true for bf16 (see the top of this file). AMP_ZOO_CONV_COMPUTE=fp32 or
-// bf16 chooses (bf16 only where the CPU has AVX512-BF16 and oneDNN's ISA cap lets it run it); unset or auto, bf16
-// where it has AVX512-BF16 and not AVX512-FP16. Read at each lookup, so a process (a test) can run both;
+// How fp16 convolutions multiply here: true for bf16 (see the top of this file), only when AMP_ZOO_CONV_COMPUTE=bf16
+// asks for it and the CPU has AVX512-BF16 under oneDNN's ISA cap; fp32 otherwise. bf16 is not the default: it
+// ran ResNet-34's O2 step faster than O0 on an AMD EPYC, but a ResNet-18 trained with it lost its accuracy
+// (docs/benchmarks.md, "Mixed precision on the CPU"). Read at each lookup, so a process (a test) can run both;
 // cpu_kernels.conv_compute() is the same rule.
 bool Bf16Compute() {
   static const bool bf16 = [] {
@@ -319,10 +320,8 @@ bool Bf16Compute() {
     return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("f16c") && OneDnnRunsBf16();
   }();
-  static const bool fp16 = __builtin_cpu_supports("avx512fp16");
   const char *env = std::getenv("AMP_ZOO_CONV_COMPUTE");
-  if (env && *env && std::strcmp(env, "auto")) return bf16 && !std::strcmp(env, "bf16");
-  return bf16 && !fp16;
+  return bf16 && env && !std::strcmp(env, "bf16");
 }
 
 // f(begin, end) over [0, n) in one piece per pool thread when n is large enough to pay for waking them

@@ -129,6 +129,15 @@ def dropout(p: float) -> nn.Dropout:
     return nn.Dropout(p=p)
 
 
+def softmax() -> nn.Softmax:
+    """nn.Softmax over the last axis, or where the CPU kernels run, CpuSoftmax (computed in fp32 whatever comes in,
+    so O2's keep-list casts nothing around it)."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import CpuSoftmax
+        return CpuSoftmax()
+    return nn.Softmax(axis=-1)
+
+
 class Add(nn.Cell):
     """a + b: a residual sum."""
 

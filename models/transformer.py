@@ -30,7 +30,7 @@ from mindspore.common.initializer import Normal, XavierUniform
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import CELLS, MODELS
-from models.layers import add, affine_kernel, bmm_kernel, dropout, layer_norm_kernel, relu
+from models.layers import add, affine_kernel, bmm_kernel, dropout, layer_norm_kernel, relu, softmax
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
@@ -165,7 +165,7 @@ class MultiHeadAttention(nn.Cell):
         self.o = Dense(d_model, d_model)
         self.scores = BatchMatMul(transpose_b=True)
         self.context = BatchMatMul()
-        self.softmax = nn.Softmax(axis=-1)
+        self.softmax = softmax()
         self.dropout = Dropout(dropout)
 
     def heads(self, x, parts):

@@ -1,7 +1,7 @@
 """The CPU kernels in fp16 (O2/O3 on the CPU): tensors stay fp16 between the kernels and are computed in fp32
 inside them, with no Cast around them. Each kernel's fp16 output and gradients equal its fp32 ones rounded to
 fp16 (within an ulp where fp32 sums of another order round apart); on a CPU with AVX512-BF16 a convolution may
-multiply in bf16 instead, and then equals the fp32 kernel on the bf16-rounded operands, rounded once to fp16; the
+multiply in bf16 instead (opt-in), and then equals the fp32 kernel on the bf16-rounded operands, rounded once to fp16; the
 fp16 <-> fp32 conversions agree with numpy's on every CPU path (AVX-512, F16C, portable), overflow included; and
 O2's BatchNorm keeps fp32 parameters without a precision flag."""
 import ctypes
@@ -220,9 +220,8 @@ def test_o2_hands_the_conv_its_fp32_weight_as_stored_and_changes_no_number(graph
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
 @pytest.mark.parametrize("stride,padding", [(1, 1), (2, 0)])
 def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride, padding):
-    """AMP_ZOO_CONV_COMPUTE=bf16 (the default on a CPU with AVX512-BF16 and no AVX512-FP16): the output, dx and
-    dw are the fp32 kernel's on x, w and dy rounded to bf16, summed in fp32 and rounded once to fp16, within an
-    ulp of fp16."""
+    """AMP_ZOO_CONV_COMPUTE=bf16 (opt-in, a CPU with AVX512-BF16): the output, dx and dw are the fp32 kernel's on
+    x, w and dy rounded to bf16, summed in fp32 and rounded once to fp16, within an ulp of fp16."""
     env = {**os.environ, "AMP_ZOO_CONV_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3"}
     env.pop("AMP_ZOO_ONEDNN_AUTO", None)
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_conv_check; "
@@ -231,20 +230,18 @@ def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride
     assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("setting", ["", "auto", "fp32", "bf16"])
+@pytest.mark.parametrize("setting", ["", "fp32", "bf16"])
 def test_conv_compute_says_what_the_library_runs(monkeypatch, setting):
     """cpu_kernels.conv_compute() (make doctor, a run's first lines) and conv.cc choose alike for every
-    AMP_ZOO_CONV_COMPUTE; a CPU without AVX512-BF16, or oneDNN capped below it, stays fp32 even when bf16 is
-    asked for."""
+    AMP_ZOO_CONV_COMPUTE: bf16 only when asked for, on a CPU with AVX512-BF16 and oneDNN not capped below it."""
     monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE", setting)
     lib = ctypes.CDLL(str(library()))
     assert conv_compute() == ("bf16" if lib.AmpZooConvBf16() else "fp32")
     assert conv_compute({"avx512f", "f16c", "avx512_bf16"}, "bf16") == "fp32"  # under this process's AVX2 cap
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert conv_compute({"avx2", "f16c"}, setting) == "fp32"
-    assert conv_compute({"avx512f", "f16c", "avx512_bf16"}, setting) == ("fp32" if setting == "fp32" else "bf16")
-    assert conv_compute({"avx512f", "f16c", "avx512_bf16", "avx512_fp16"}, setting) == (
-        "bf16" if setting == "bf16" else "fp32")
+    for flags in ({"avx512f", "f16c", "avx512_bf16"}, {"avx512f", "f16c", "avx512_bf16", "avx512_fp16"}):
+        assert conv_compute(flags, setting) == ("bf16" if setting == "bf16" else "fp32")
 
 
 @pytest.mark.parametrize("block", [0, 16])

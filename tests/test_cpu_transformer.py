@@ -11,7 +11,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 
 from cpu_kernels import has_ops, why_not
-from cpu_kernels.cells import CpuDropout, affine_op, bmm_op, layer_norm_op
+from cpu_kernels.cells import CpuDropout, CpuSoftmax, affine_op, bmm_op, layer_norm_op, softmax_op
 from models.layers import set_cpu_kernels
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
@@ -183,6 +183,33 @@ class SquareLoss(nn.Cell):
         return self.net(src, tgt).astype(ms.float32).square().mean()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_softmax_and_its_gradient_against_numpy(graph_mode, dtype):
+    """Over the last axis, computed in fp32 and rounded once; masked scores (-1e4) get 0."""
+    rng = np.random.RandomState(8)
+    x = (rng.randn(2, 4, 5, 16) * 3).astype(dtype)
+    x[..., -3:] = -1e4
+    dy = rng.randn(2, 4, 5, 16).astype(dtype)
+    y, (dx,) = run(softmax_op(), [x], dy)
+    xf, g = x.astype(np.float64), dy.astype(np.float64)
+    want = np.exp(xf - xf.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    want_dx = want * (g - (g * want).sum(-1, keepdims=True))
+    assert y.dtype == (ms.float16 if dtype == np.float16 else ms.float32)
+    check = close_in_fp16 if dtype == np.float16 else (lambda a, b: np.testing.assert_allclose(a, b, 1e-5, 1e-6))
+    check(y.asnumpy(), want)
+    check(dx, want_dx)
+    assert not y.asnumpy()[..., -3:].any()
+
+
+def test_softmax_of_a_row_with_nan_or_inf_is_nan_for_the_loss_scale(graph_mode):
+    x = np.zeros((3, 8), np.float16)
+    x[0, 2], x[1, 5] = np.nan, np.inf
+    y, _ = run(softmax_op(), [x], np.ones((3, 8), np.float16))
+    y = y.asnumpy()
+    assert np.isnan(y[:2]).all() and np.allclose(y[2], 1 / 8)
+
+
 def test_a_transformer_with_the_kernels_computes_the_loss_and_gradients_without_them(graph_mode):
     rng = np.random.RandomState(6)
     src = ms.Tensor(rng.randint(1, 50, (4, 9)).astype(np.int32))
@@ -199,9 +226,9 @@ def test_a_transformer_with_the_kernels_computes_the_loss_and_gradients_without_
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6)
 
 
-def test_o2_keeps_the_kernels_layernorm_fp32_without_casts(graph_mode):
-    """amp.keep_fp32 [LayerNorm]: the kernels' LayerNorm gets no flag and no CastOutput (it takes fp16 and
-    computes in fp32), and the precision report says fp32; the Dense layers run fp16."""
+def test_o2_keeps_the_kernels_layernorm_and_softmax_fp32_without_casts(graph_mode):
+    """amp.keep_fp32 [LayerNorm, Softmax]: the kernels' LayerNorm and Softmax get no flag and no CastOutput (they
+    take fp16 and compute in fp32), and the precision report says fp32; the Dense layers run fp16."""
     from omegaconf import OmegaConf
 
     from amp.policy import CastOutput, apply_policy, compute_dtype
@@ -209,9 +236,10 @@ def test_o2_keeps_the_kernels_layernorm_fp32_without_casts(graph_mode):
     amp_cfg = OmegaConf.create({"level": "O2", "dtype": "float16", "keep_fp32": ["LayerNorm", "Softmax"],
                                 "force_fp16": []})
     wrapped, _ = apply_policy(tiny_transformer("on"), amp_cfg)
-    norms = [c for _, c in wrapped.cells_and_names() if isinstance(c, LayerNorm)]
-    assert norms and all(c.fp32_inside and compute_dtype(c) == "float32" for c in norms)
-    assert not any(isinstance(c, CastOutput) and isinstance(c.cell, LayerNorm) for _, c in wrapped.cells_and_names())
+    for kind in (LayerNorm, CpuSoftmax):
+        kept = [c for _, c in wrapped.cells_and_names() if isinstance(c, kind)]
+        assert kept and all(c.fp32_inside and compute_dtype(c) == "float32" for c in kept)
+        assert not any(isinstance(c, CastOutput) and isinstance(c.cell, kind) for _, c in wrapped.cells_and_names())
     assert all(compute_dtype(c) == "float16" for _, c in wrapped.cells_and_names() if isinstance(c, Dense))
     assert all(p.dtype == ms.float32 for p in wrapped.get_parameters())
 
