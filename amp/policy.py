@@ -82,20 +82,28 @@ def check_device_dtype(device: str, amp_cfg) -> None:
 
 def cpu_cost_note(device: str, amp_cfg) -> str:
     """The line a run at a low-precision level logs first on the CPU ("" elsewhere): what its fp16 costs here.
-    No CPU kernel computes in fp16: the project's kernels (cpu_kernels) store fp16 and compute in fp32, so a step
-    does fp32's arithmetic plus the conversions, and MindSpore's own fp16 CPU kernels (ops outside the project's
-    kernels) run slower than their fp32 ones. The measurements: docs/benchmarks.md."""
+    The project's kernels (cpu_kernels) store fp16 and compute in fp32, so a step does fp32's arithmetic plus the
+    conversions, and MindSpore's own fp16 CPU kernels (ops outside the project's kernels) run slower than their
+    fp32 ones. AMP_ZOO_CONV_COMPUTE=bf16 multiplies the convolutions in bf16 instead (cpu_kernels.conv_compute):
+    faster than O0, but a network trained that way lost accuracy. The measurements: docs/benchmarks.md."""
     low_precision_used = LEVELS[str(amp_cfg.level)].low != "none" or bool(amp_cfg.force_fp16)
     if device != "CPU" or not low_precision_used:
         return ""
-    from cpu_kernels import fp16_path, has_ops
+    from cpu_kernels import conv_compute, cpu_flags, fp16_path, has_ops
+    where = "docs/benchmarks.md#mixed-precision-on-the-cpu"
     if not has_ops():
         return (f"amp.level={amp_cfg.level} on the CPU runs slower than O0: the CPU kernels are not built, so "
-                f"MindSpore's fp16 CPU kernels run everywhere, 2.5-8x slower than fp32 "
-                f"(docs/benchmarks.md#mixed-precision-on-the-cpu); on Ascend and GPU fp16 runs natively")
-    return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.7-0.9x its step measured on an AVX-512 CPU, "
-            f"docs/benchmarks.md#mixed-precision-on-the-cpu): {fp16_path()}, so each does fp32's arithmetic plus "
-            f"the conversions; it checks fp16 numerics; on Ascend and GPU fp16 runs natively")
+                f"MindSpore's fp16 CPU kernels run everywhere, 2.5-8x slower than fp32 ({where}); on Ascend and "
+                f"GPU fp16 runs natively")
+    if conv_compute() == "bf16":
+        return (f"amp.level={amp_cfg.level} on the CPU with AMP_ZOO_CONV_COMPUTE=bf16: {fp16_path()}; a ResNet-34 "
+                f"step ran 1.3x O0's on an AMD EPYC, but a ResNet-18 trained this way fell to 20.6% top-1 after "
+                f"its first epoch, against 86.0% with fp32 compute ({where}): check its accuracy")
+    bf16 = ("; AMP_ZOO_CONV_COMPUTE=bf16 multiplies the convolutions in bf16 on this CPU (faster than O0, "
+            "accuracy not yet held)" if "avx512_bf16" in cpu_flags() else "")
+    return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step measured on an AVX-512 "
+            f"CPU, {where}): {fp16_path()}, so each does fp32's arithmetic plus the conversions{bf16}; on "
+            f"Ascend and GPU fp16 runs natively")
 
 
 def _walk(cell: nn.Cell, prefix: str, match, on_match) -> None:
