@@ -95,8 +95,9 @@ def cpu_cost_note(device: str, amp_cfg) -> str:
         return (f"amp.level={amp_cfg.level} on the CPU runs slower than O0: the CPU kernels are not built, so "
                 f"MindSpore's fp16 CPU kernels run everywhere, 2.5-8x slower than fp32 ({where}); on Ascend and "
                 f"GPU fp16 runs natively")
-    if conv_compute() == "bf16":
-        return (f"amp.level={amp_cfg.level} on the CPU with AMP_ZOO_CONV_COMPUTE=bf16: {fp16_path()}; a ResNet-34 "
+    if conv_compute() != "fp32":
+        return (f"amp.level={amp_cfg.level} on the CPU with AMP_ZOO_CONV_COMPUTE={conv_compute()}: {fp16_path()}; "
+                f"with bf16 in every pass a ResNet-34 "
                 f"step ran 1.3x O0's on an AMD EPYC, but a ResNet-18 trained this way fell to 20.6% top-1 after "
                 f"its first epoch, against 86.0% with fp32 compute ({where}): check its accuracy")
     bf16 = ("; AMP_ZOO_CONV_COMPUTE=bf16 multiplies the convolutions in bf16 on this CPU (faster than O0, "

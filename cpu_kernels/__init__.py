@@ -142,16 +142,16 @@ NO_BF16_ISA = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE"
 
 
 def conv_compute(flags: Optional[set] = None, env: Optional[str] = None) -> str:
-    """How an fp16 convolution multiplies on this CPU, "bf16" or "fp32" (conv.cc's Bf16Compute, the same rule):
-    bf16 only when AMP_ZOO_CONV_COMPUTE=bf16 asks for it, on a CPU with AVX512-BF16 and not under an
-    ONEDNN_MAX_CPU_ISA cap below it (AVX2, for MindSpore's own convolutions). bf16 runs oneDNN's bf16 kernels
-    (fp32 sums, each output rounded once to fp16); it is opt-in because a ResNet-18 trained with it lost its
-    accuracy (docs/benchmarks.md)."""
+    """How an fp16 convolution multiplies on this CPU (conv.cc's Bf16Compute, the same rule): "fp32"; "bf16"
+    when AMP_ZOO_CONV_COMPUTE=bf16 asks for it, or "bf16_backward" (the backward passes only) for
+    AMP_ZOO_CONV_COMPUTE=bf16_backward, each only on a CPU with AVX512-BF16 and not under an ONEDNN_MAX_CPU_ISA
+    cap below it (AVX2, for MindSpore's own convolutions). bf16 runs oneDNN's bf16 kernels (fp32 sums, each output
+    rounded once to fp16); it is opt-in because a ResNet-18 trained with it lost its accuracy (docs/benchmarks.md)."""
     flags = cpu_flags() if flags is None else flags
     env = os.environ.get("AMP_ZOO_CONV_COMPUTE", "") if env is None else env
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     bf16 = {"avx512_bf16", "avx512f", "f16c"} <= flags and cap not in NO_BF16_ISA
-    return "bf16" if bf16 and env == "bf16" else "fp32"
+    return env if bf16 and env in ("bf16", "bf16_backward") else "fp32"
 
 
 def low_precision(flags: Optional[set] = None) -> str:
@@ -171,6 +171,7 @@ def fp16_path(flags: Optional[set] = None) -> str:
     flags = cpu_flags() if flags is None else flags
     convert = ("AVX-512" if {"avx512f", "f16c"} <= flags else "F16C" if {"avx2", "f16c"} <= flags
                else "portable code")
-    conv = ("; the convolutions multiply fp16 rounded to bf16 (AVX512-BF16, oneDNN's bf16 kernels) and sum in "
-            "fp32" if conv_compute(flags) == "bf16" else "")
+    mode = conv_compute(flags)
+    conv = ("" if mode == "fp32" else f"; the convolutions{' backward' if mode == 'bf16_backward' else ''} "
+            f"multiply fp16 rounded to bf16 (AVX512-BF16, oneDNN's bf16 kernels) and sum in fp32")
     return f"fp16 stored in fp16 between the kernels and computed in fp32 inside them ({convert} conversions){conv}"

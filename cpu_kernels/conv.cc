@@ -19,6 +19,7 @@
 // - bf16 (AMP_ZOO_CONV_COMPUTE=bf16, on a CPU with AVX512-BF16): its inputs are rounded to bf16 and it runs
 //   oneDNN's bf16 kernel, which multiplies pairs of bf16 in hardware (vdpbf16ps) and accumulates in fp32. On an
 //   AMD EPYC (Zen 4) that runs much faster than fp32; the operands keep 8 bits of mantissa, not fp16's 11.
+//   bf16_backward: the same in the backward passes (dx, dw) only, the forward in fp32.
 // Either way each output (y, dx, dw) is accumulated in fp32 and rounded once to fp16.
 #include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -309,19 +310,20 @@ bool OneDnnRunsBf16() {
   }
 }
 
-// How fp16 convolutions multiply here: true for bf16 (see the top of this file), only when AMP_ZOO_CONV_COMPUTE=bf16
-// asks for it and the CPU has AVX512-BF16 under oneDNN's ISA cap; fp32 otherwise. bf16 is not the default: it
-// ran ResNet-34's O2 step faster than O0 on an AMD EPYC, but a ResNet-18 trained with it lost its accuracy
-// (docs/benchmarks.md, "Mixed precision on the CPU"). Read at each lookup, so a process (a test) can run both;
-// cpu_kernels.conv_compute() is the same rule.
-bool Bf16Compute() {
+// How fp16 convolutions multiply here (see the top of this file): 0 fp32; 1 bf16 (AMP_ZOO_CONV_COMPUTE=bf16),
+// 2 bf16 in the backward passes only (AMP_ZOO_CONV_COMPUTE=bf16_backward), each only where the CPU has
+// AVX512-BF16 under oneDNN's ISA cap. bf16 is not the default: it ran ResNet-34's O2 step faster than O0 on an
+// AMD EPYC, but a ResNet-18 trained with it lost its accuracy (docs/benchmarks.md, "Mixed precision on the
+// CPU"). Read at each lookup, so a process (a test) can run each; cpu_kernels.conv_compute() is the same rule.
+int Bf16Compute() {
   static const bool bf16 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("f16c") && OneDnnRunsBf16();
   }();
   const char *env = std::getenv("AMP_ZOO_CONV_COMPUTE");
-  return bf16 && env && !std::strcmp(env, "bf16");
+  if (!bf16 || !env) return 0;
+  return !std::strcmp(env, "bf16") ? 1 : !std::strcmp(env, "bf16_backward") ? 2 : 0;
 }
 
 // f(begin, end) over [0, n) in one piece per pool thread when n is large enough to pay for waking them
@@ -456,42 +458,45 @@ struct Conv {
   Arg dy_d, w_d, dx;       // backward data
   Arg x_w, dy_w, dw;       // backward weights
 
+  // mode (Bf16Compute): 0 fp32 compute, 1 bf16 in all three passes, 2 bf16 in the two backward passes only
   Conv(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s, int64_t p,
-       dt xt, dt wt, bool bf16) {
+       dt xt, dt wt, int mode) {
     auto &e = RT().engine;
     memory::dims st{s, s}, pad{p, p};
-    // y has x's dtype, dx x's, dw w's. The kernel reads its inputs in `in` (fp32, or bf16 for an fp16
-    // convolution on a bf16 CPU) and writes its outputs in fp32; Arg stages what differs. With fp16 x, an fp32
-    // w holds fp16 values inside, and dw fp16 values.
-    const bool xh = xt == dt::f16, wh = wt == dt::f16;
-    const dt in = bf16 ? dt::bf16 : dt::f32;
-    auto read = [&](bool half) {
+    // y has x's dtype, dx x's, dw w's. A pass reads its inputs in fp32, or bf16 (an fp16 convolution in a bf16
+    // mode), and writes its outputs in fp32; Arg stages what differs. With fp16 x, an fp32 w holds fp16 values
+    // inside, and dw fp16 values.
+    const bool xh = xt == dt::f16, wh = wt == dt::f16, bf_fwd = mode == 1, bf_bwd = mode != 0;
+    auto read = [&](bool half, bool bf16) {
       if (half) return bf16 ? kHalfBf16 : kHalfFloat;
       if (xh) return bf16 ? kFloatHalfBf16 : kFloatHalfFloat;
       return kNone;
     };
     auto wrote = [&](bool half) { return half ? kHalfFloat : xh ? kFloatHalfFloat : kNone; };
-    memory::desc x_in(xd, in, xl), w_in(wd, in, tag::oihw), y_in(yd, in, yl);
+    const dt f_in = bf_fwd ? dt::bf16 : dt::f32, b_in = bf_bwd ? dt::bf16 : dt::f32;
     memory::desc x_out(xd, dt::f32, xl), w_out(wd, dt::f32, tag::oihw), y_out(yd, dt::f32, yl);
-    memory::desc x_any(xd, in, tag::any), w_any(wd, in, tag::any), y_any(yd, in, tag::any);
     memory::desc x_any32(xd, dt::f32, tag::any), w_any32(wd, dt::f32, tag::any), y_any32(yd, dt::f32, tag::any);
+    auto any = [](const memory::dims &d, dt t) { return memory::desc(d, t, tag::any); };
     auto alg = dnnl::algorithm::convolution_direct;
     auto train = dnnl::prop_kind::forward_training;
-    dnnl::convolution_forward::primitive_desc f(e, train, alg, x_any, w_any, y_any32, st, pad, pad);
-    dnnl::convolution_forward::primitive_desc hint(e, train, alg, x_any, w_any, y_any, st, pad, pad);
-    dnnl::convolution_backward_data::primitive_desc bd(e, alg, x_any32, w_any, y_any, st, pad, pad, hint);
-    dnnl::convolution_backward_weights::primitive_desc bw(e, alg, x_any, w_any32, y_any, st, pad, pad, hint);
+    dnnl::convolution_forward::primitive_desc f(e, train, alg, any(xd, f_in), any(wd, f_in), y_any32, st, pad, pad);
+    dnnl::convolution_forward::primitive_desc hint(e, train, alg, any(xd, b_in), any(wd, b_in), any(yd, b_in), st,
+                                                   pad, pad);
+    dnnl::convolution_backward_data::primitive_desc bd(e, alg, x_any32, any(wd, b_in), any(yd, b_in), st, pad, pad,
+                                                       hint);
+    dnnl::convolution_backward_weights::primitive_desc bw(e, alg, any(xd, b_in), w_any32, any(yd, b_in), st, pad,
+                                                          pad, hint);
     fwd = dnnl::convolution_forward(f);
     bwd_data = dnnl::convolution_backward_data(bd);
     bwd_weights = dnnl::convolution_backward_weights(bw);
-    x.Init(x_in, f.src_desc(), read(xh));
-    w.Init(w_in, f.weights_desc(), read(wh));
+    x.Init(memory::desc(xd, f_in, xl), f.src_desc(), read(xh, bf_fwd));
+    w.Init(memory::desc(wd, f_in, tag::oihw), f.weights_desc(), read(wh, bf_fwd));
     y.Init(y_out, f.dst_desc(), wrote(xh));
-    dy_d.Init(y_in, bd.diff_dst_desc(), read(xh));
-    w_d.Init(w_in, bd.weights_desc(), read(wh));
+    dy_d.Init(memory::desc(yd, b_in, yl), bd.diff_dst_desc(), read(xh, bf_bwd));
+    w_d.Init(memory::desc(wd, b_in, tag::oihw), bd.weights_desc(), read(wh, bf_bwd));
     dx.Init(x_out, bd.diff_src_desc(), wrote(xh));
-    x_w.Init(x_in, bw.src_desc(), read(xh));
-    dy_w.Init(y_in, bw.diff_dst_desc(), read(xh));
+    x_w.Init(memory::desc(xd, b_in, xl), bw.src_desc(), read(xh, bf_bwd));
+    dy_w.Init(memory::desc(yd, b_in, yl), bw.diff_dst_desc(), read(xh, bf_bwd));
     dw.Init(w_out, bw.diff_weights_desc(), wrote(wh));
   }
 
@@ -538,7 +543,7 @@ Conv *Lookup(const int64_t *xs, int xr, const int64_t *ws, const int64_t *ys, in
   const tag xl = Layout(Block(xs, xr)), yl = Layout(Block(ys, yr));
   if (xl == tag::undef || yl == tag::undef) return nullptr;
   memory::dims xd = Dims(xs, xr), wd(ws, ws + 4), yd = Dims(ys, yr);
-  const bool bf16 = xt == dt::f16 && Bf16Compute();  // fp32 convolutions (O0) always multiply in fp32
+  const int bf16 = xt == dt::f16 ? Bf16Compute() : 0;  // fp32 convolutions (O0) always multiply in fp32
   Key k{xd[0], xd[1], xd[2], xd[3], Block(xs, xr), wd[0], wd[2], wd[3], yd[2], yd[3], Block(ys, yr), s, p,
         static_cast<int64_t>(xt), static_cast<int64_t>(wt), bf16};
   std::lock_guard<std::mutex> lk(m);
@@ -650,8 +655,8 @@ int Reorder(int nparam, void **params, int *ndims, int64_t **shapes, const char 
 void AmpZooParallel(int n, const std::function<void(int, int)> &fn) { RT().pool.parallel_for(n, fn); }
 int AmpZooThreads() { return RT().pool.get_num_threads(); }
 dnnl::threadpool_interop::threadpool_iface *AmpZooPool() { return &RT().pool; }  // matmul.cc's sgemm
-// 1 when an fp16 convolution multiplies in bf16 now (Bf16Compute), for cpu_kernels' tests and make doctor
-extern "C" int AmpZooConvBf16() { return Bf16Compute() ? 1 : 0; }
+// How an fp16 convolution multiplies now (Bf16Compute: 0, 1, 2), for cpu_kernels' tests and make doctor
+extern "C" int AmpZooConvBf16() { return Bf16Compute(); }
 
 // MindSpore's graph mode gave two ops of one AOT function name one gradient between them (every 3x3 convolution
 // took the first layer's weight-only backward), so each forward the Python side builds differently has a name of

@@ -174,8 +174,13 @@ def bf16_conv_check(stride: int, padding: int) -> None:
         assert ulps(got.asnumpy(), want.asnumpy()) <= 1.01, name
     as_stored_check()  # the fp32 weight rounded to fp16, then to bf16, inside the kernel
     os.environ["AMP_ZOO_CONV_COMPUTE"] = "fp32"  # and the fp32 path differs from it
-    y16_fp32, _, _ = run(np.float16, x, w)
+    y16_fp32, dx16_fp32, _ = run(np.float16, x, w)
     assert not np.array_equal(y16_fp32.asnumpy(), y16.asnumpy())
+    os.environ["AMP_ZOO_CONV_COMPUTE"] = "bf16_backward"  # the forward of fp32 compute, the gradients of bf16
+    y16_b, dx16_b, dw16_b = run(np.float16, x, w)
+    np.testing.assert_array_equal(y16_b.asnumpy(), y16_fp32.asnumpy())
+    np.testing.assert_array_equal(dx16_b.asnumpy(), dx16.asnumpy())
+    np.testing.assert_array_equal(dw16_b.asnumpy(), dw16.asnumpy())
 
 
 def as_stored_check() -> None:
@@ -230,18 +235,18 @@ def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride
     assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("setting", ["", "fp32", "bf16"])
+@pytest.mark.parametrize("setting", ["", "fp32", "bf16", "bf16_backward"])
 def test_conv_compute_says_what_the_library_runs(monkeypatch, setting):
     """cpu_kernels.conv_compute() (make doctor, a run's first lines) and conv.cc choose alike for every
     AMP_ZOO_CONV_COMPUTE: bf16 only when asked for, on a CPU with AVX512-BF16 and oneDNN not capped below it."""
     monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE", setting)
     lib = ctypes.CDLL(str(library()))
-    assert conv_compute() == ("bf16" if lib.AmpZooConvBf16() else "fp32")
+    assert conv_compute() == ["fp32", "bf16", "bf16_backward"][lib.AmpZooConvBf16()]
     assert conv_compute({"avx512f", "f16c", "avx512_bf16"}, "bf16") == "fp32"  # under this process's AVX2 cap
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     assert conv_compute({"avx2", "f16c"}, setting) == "fp32"
     for flags in ({"avx512f", "f16c", "avx512_bf16"}, {"avx512f", "f16c", "avx512_bf16", "avx512_fp16"}):
-        assert conv_compute(flags, setting) == ("bf16" if setting == "bf16" else "fp32")
+        assert conv_compute(flags, setting) == (setting if setting.startswith("bf16") else "fp32")
 
 
 @pytest.mark.parametrize("block", [0, 16])
