@@ -36,6 +36,8 @@ DEVICE_CELLS = {"CpuConv2d": ("Conv2d", "the CPU build of Conv2d (cpu_kernels)")
                 "CpuMaxPool3x3": ("MaxPool2d", "the CPU build of MaxPool2d (cpu_kernels)"),
                 "CpuBatchNorm2d": ("BatchNorm2d", "the CPU build of BatchNorm2d (cpu_kernels)"),
                 "CpuReLU": ("ReLU", "the CPU build of ReLU (cpu_kernels)"),
+                "CpuSoftmax": ("Softmax", "the CPU build of Softmax (cpu_kernels)"),
+                "CpuDropout": ("Dropout", "the CPU build of Dropout (cpu_kernels)"),
                 "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (models/layers.py)")}
 
 

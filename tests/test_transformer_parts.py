@@ -8,6 +8,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
+from amp.names import portable
 from amp.policy import apply_policy
 from ampzoo.data.translation import make_batches
 from models import create_model
@@ -151,8 +152,8 @@ def test_tiny_recipes_compose_as_published(recipe):
 
 def test_o2_keep_list_holds_on_a_real_forward_pass(pynative_mode):
     """Forward hooks see what each Cell really returned: LayerNorm and Softmax outputs fp32 (then cast back
-    to fp16 at their edge), Dense and the attention matmuls fp16. The CPU kernels' LayerNorm computes in fp32 and
-    returns fp16 itself (fp32_inside: no Cast at its edge), and the report says fp32."""
+    to fp16 at their edge), Dense and the attention matmuls fp16. The CPU kernels' LayerNorm and Softmax compute
+    in fp32 and return fp16 themselves (fp32_inside: no Cast at their edge), and the report says fp32."""
     from amp.policy import compute_dtype
     from models.transformer import BatchMatMul
     cfg = compose(["recipe=transformer_tiny_multi30k_o2"])
@@ -160,17 +161,18 @@ def test_o2_keep_list_holds_on_a_real_forward_pass(pynative_mode):
     net, _ = apply_policy(create_model("transformer", num_classes=50, **TINY), cfg.amp)
     seen = {}
 
-    def hook(cell, inputs, output):
-        seen.setdefault(type(cell).__name__, set()).add(str(output.dtype))
+    def hook(cell, inputs, output):  # CpuSoftmax under the name a keep-list uses
+        seen.setdefault(portable(type(cell).__name__), set()).add(str(output.dtype))
     for _, cell in net.cells_and_names():
         if isinstance(cell, (nn.LayerNorm, nn.Softmax, nn.Dense, BatchMatMul)):
             cell.register_forward_hook(hook)
     src, tgt_in, _ = tiny_batch()
     out = net(src, tgt_in)
-    norms = [c for _, c in net.cells_and_names() if isinstance(c, nn.LayerNorm)]
-    inside = all(getattr(c, "fp32_inside", False) for c in norms)
-    assert seen["LayerNorm"] == {"Float16" if inside else "Float32"} and seen["Softmax"] == {"Float32"}
-    assert all(compute_dtype(c) == "float32" for c in norms)
+    for kind in (nn.LayerNorm, nn.Softmax):
+        kept = [c for _, c in net.cells_and_names() if isinstance(c, kind)]
+        inside = all(getattr(c, "fp32_inside", False) for c in kept)
+        assert seen[kind.__name__] == {"Float16" if inside else "Float32"}
+        assert all(compute_dtype(c) == "float32" for c in kept)
     assert seen["Dense"] == {"Float16"} and seen["BatchMatMul"] == {"Float16"}
     assert out.dtype == ms.float32  # the loss is computed in fp32
 
