@@ -268,6 +268,7 @@ __attribute__((target("avx512f,avx512bf16,avx2,f16c"))) void F2H2B512(const floa
   for (; i < n; ++i) d[i] = FloatToBf16Bits(_cvtsh_ss(_cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT)));
 }
 
+// s rounded to the nearest fp16 values into d (d may be s), on this thread
 void RoundThroughHalf(const float *s, float *d, int64_t n) {
   constexpr int64_t kChunk = 1024;
   uint16_t h[kChunk];
@@ -314,7 +315,8 @@ bool OneDnnRunsBf16() {
 // 2 bf16 in the backward passes only (AMP_ZOO_CONV_COMPUTE=bf16_backward), each only where the CPU has
 // AVX512-BF16 under oneDNN's ISA cap. bf16 is not the default: it ran ResNet-34's O2 step faster than O0 on an
 // AMD EPYC, but no full training run has yet shown that it holds a recipe's accuracy (docs/benchmarks.md, "Mixed
-// precision on the CPU"). Read at each lookup, so a process (a test) can run each; cpu_kernels.conv_compute() is the same rule.
+// precision on the CPU"). Read at each lookup, so a process (a test) can run each; cpu_kernels.conv_compute()
+// is the same rule.
 int Bf16Compute() {
   static const bool bf16 = [] {
     __builtin_cpu_init();
@@ -347,6 +349,11 @@ void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n) {
 void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n) {
   const int isa = HalfIsa();
   (isa == 2 ? F2H512 : isa == 1 ? F2H256 : F2HPortable)(s, d, n);
+}
+
+// fp32 values rounded to the nearest fp16 values, on the pool's threads (d may be s; matmul.cc uses it too)
+void AmpZooRoundThroughHalf(const float *s, float *d, int64_t n) {
+  Split(n, [&](int64_t a, int64_t b) { RoundThroughHalf(s + a, d + a, b - a); });
 }
 
 // the same on the pool's threads (norm.cc uses them)
@@ -411,7 +418,7 @@ struct Arg {
       else if (stage == kFloatHalfBf16)
         Split(n, [&](int64_t a, int64_t b) { F2H2B512(f + a, to16 + a, b - a); });
       else
-        Split(n, [&](int64_t a, int64_t b) { RoundThroughHalf(f + a, to32 + a, b - a); });
+        AmpZooRoundThroughHalf(f, to32, n);
       p = staged.data();
     }
     user.set_data_handle(p);
@@ -429,7 +436,7 @@ struct Arg {
     if (stage == kHalfFloat)
       AmpZooFloatToHalf(f, static_cast<uint16_t *>(out), Count());
     else
-      Split(Count(), [&](int64_t a, int64_t b) { RoundThroughHalf(f + a, static_cast<float *>(out) + a, b - a); });
+      AmpZooRoundThroughHalf(f, static_cast<float *>(out), Count());
   }
 };
 

@@ -27,6 +27,7 @@ void AmpZooHalfToFloat(const uint16_t *s, float *d, int64_t n);
 void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n);
 void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
 void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
+void AmpZooRoundThroughHalf(const float *s, float *d, int64_t n);
 void AmpZooParallel(int n, const std::function<void(int, int)> &fn);
 int AmpZooThreads();
 
@@ -43,10 +44,7 @@ const float *AsFloat(const void *p, const char *dtype, int64_t n, bool round_hal
   if (IsHalf(dtype)) {
     AmpZooHalfToFloat(static_cast<const uint16_t *>(p), buf->data(), n);
   } else {
-    thread_local std::vector<uint16_t> half;
-    half.resize(n);
-    AmpZooFloatToHalf(static_cast<const float *>(p), half.data(), n);
-    AmpZooHalfToFloat(half.data(), buf->data(), n);
+    AmpZooRoundThroughHalf(static_cast<const float *>(p), buf->data(), n);
   }
   return buf->data();
 }
@@ -59,12 +57,7 @@ void Store(float *result, void *out, const char *dtype, int64_t n, bool via_half
     return;
   }
   if (result != out) std::memcpy(out, result, n * sizeof(float));
-  if (via_half) {
-    thread_local std::vector<uint16_t> half;  // kept: a decoding step's logits are 25 MB, page faults each time
-    half.resize(n);
-    AmpZooFloatToHalf(static_cast<float *>(out), half.data(), n);
-    AmpZooHalfToFloat(half.data(), static_cast<float *>(out), n);
-  }
+  if (via_half) AmpZooRoundThroughHalf(static_cast<float *>(out), static_cast<float *>(out), n);
 }
 
 // Where a float32 result is written: the output itself when it is float32, else a scratch buffer
