@@ -19,7 +19,8 @@
 // - bf16 (AMP_ZOO_CONV_COMPUTE=bf16, on a CPU with AVX512-BF16): its inputs are rounded to bf16 and it runs
 //   oneDNN's bf16 kernel, which multiplies pairs of bf16 in hardware (vdpbf16ps) and accumulates in fp32. On an
 //   AMD EPYC (Zen 4) that runs much faster than fp32; the operands keep 8 bits of mantissa, not fp16's 11.
-//   bf16_backward: the same in the backward passes (dx, dw) only, the forward in fp32.
+//   bf16_backward: the same in the backward passes (dx, dw) only, the forward in fp32. On small planes a bf16
+//   weight gradient is one oneDNN matmul over an im2col of x instead (MatmulWeights).
 // Either way each output (y, dx, dw) is accumulated in fp32 and rounded once to fp16.
 #include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -456,6 +457,85 @@ tag Layout(int64_t block) {
 
 using Key = std::vector<int64_t>;
 
+// Backward weights of a bf16 convolution as one oneDNN matmul: dw [OC, KH*KW*IC] = dy^T [OC, P] col [P, KH*KW*IC],
+// P = N*OH*OW, col the im2col of x (a row per output position, (kh, kw, ic) along it). oneDNN's direct bf16
+// backward-weights kernel, under the threadpool runtime MindSpore's libdnnl is built with, cannot share one
+// transposition of x between threads, so it transposes x again for every 16 output channels: on ResNet-34's
+// 8x8 and 4x4 layers it ran at under half the speed of the same work as a bf16 matmul (docs/benchmarks.md). Used
+// for stride-1 convolutions with blocked (16-channel) x and dy and small planes, in the bf16 modes only.
+struct MatmulWeights {
+  static bool Applies(const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s) {
+    const char *env = std::getenv("AMP_ZOO_CONV_MATMUL_DW");  // "0": oneDNN's direct kernel (tests compare)
+    return !(env && !std::strcmp(env, "0")) && s == 1 && xl == tag::nChw16c && yl == tag::nChw16c &&
+           wd[2] * wd[3] > 1 && yd[2] * yd[3] <= 64;
+  }
+
+  int64_t n, ic, h, w, oc, oh, ow, kh, kw, p;
+  dnnl::matmul mm;
+  memory a, b, c;
+  std::vector<uint16_t> xb, col, dyt;
+  std::vector<float> dw;
+
+  MatmulWeights(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, int64_t pad)
+      : n(xd[0]), ic(xd[1]), h(xd[2]), w(xd[3]), oc(wd[0]), oh(yd[2]), ow(yd[3]), kh(wd[2]), kw(wd[3]), p(pad) {
+    auto &e = RT().engine;
+    const int64_t rows = n * oh * ow, k = kh * kw * ic;
+    memory::desc ad({oc, rows}, dt::bf16, memory::dims{1, oc}), bd({rows, k}, dt::bf16, memory::dims{k, 1}),
+        cd({oc, k}, dt::f32, memory::dims{k, 1});
+    mm = dnnl::matmul(dnnl::matmul::primitive_desc(e, ad, bd, cd));
+    xb.resize(n * ic * h * w);
+    col.resize(rows * k);
+    dyt.resize(rows * oc);
+    dw.resize(oc * k);
+    a = memory(ad, e, dyt.data());
+    b = memory(bd, e, col.data());
+    c = memory(cd, e, dw.data());
+  }
+
+  // x, dy fp16 blocked; dw_out OIHW, fp16 (half) or fp32 holding fp16 values
+  void Run(const uint16_t *x, const uint16_t *dy, void *dw_out, bool half) {
+    const int64_t icb = ic / 16, ocb = oc / 16, plane = oh * ow, rows = n * plane, k = kh * kw * ic;
+    auto threads = [](int64_t count, const std::function<void(int64_t, int64_t)> &f) {
+      RT().pool.parallel_for(RT().pool.get_num_threads(),
+                             [&](int t, int m) { f(count * t / m, count * (t + 1) / m); });
+    };
+    Split(static_cast<int64_t>(xb.size()), [&](int64_t i, int64_t j) { H2B512(x + i, xb.data() + i, j - i); });
+    threads(rows, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t img = r / plane, y = r % plane / ow, x0 = r % ow;
+        uint16_t *row = col.data() + r * k;
+        for (int64_t i = 0; i < kh; ++i)
+          for (int64_t j = 0; j < kw; ++j) {
+            uint16_t *to = row + (i * kw + j) * ic;
+            const int64_t iy = y + i - p, ix = x0 + j - p;
+            if (iy < 0 || iy >= h || ix < 0 || ix >= w) {
+              std::memset(to, 0, ic * sizeof(uint16_t));
+              continue;
+            }
+            for (int64_t cb = 0; cb < icb; ++cb)
+              std::memcpy(to + cb * 16, xb.data() + (((img * icb + cb) * h + iy) * w + ix) * 16, 16 * sizeof(uint16_t));
+          }
+        for (int64_t cb = 0; cb < ocb; ++cb)  // dy's row r, channels last, converted to bf16
+          H2B512(dy + ((img * ocb + cb) * plane + r % plane) * 16, dyt.data() + r * oc + cb * 16, 16);
+      }
+    });
+    mm.execute(RT().stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    RT().stream.wait();
+    threads(oc, [&](int64_t o0, int64_t o1) {  // (kh, kw, ic) -> OIHW, rounded to fp16 once
+      std::vector<float> t(k);
+      for (int64_t o = o0; o < o1; ++o) {
+        const float *from = dw.data() + o * k;
+        for (int64_t ci = 0; ci < ic; ++ci)
+          for (int64_t ij = 0; ij < kh * kw; ++ij) t[ci * kh * kw + ij] = from[ij * ic + ci];
+        if (half)
+          AmpZooFloatToHalfHere(t.data(), static_cast<uint16_t *>(dw_out) + o * k, k);
+        else
+          RoundThroughHalf(t.data(), static_cast<float *>(dw_out) + o * k, k);
+      }
+    });
+  }
+};
+
 struct Conv {
   std::mutex m;
   dnnl::convolution_forward fwd;
@@ -464,6 +544,8 @@ struct Conv {
   Arg x, w, y;             // forward
   Arg dy_d, w_d, dx;       // backward data
   Arg x_w, dy_w, dw;       // backward weights
+  std::unique_ptr<MatmulWeights> mm_dw;  // or backward weights as a matmul (bf16 modes, MatmulWeights::Applies)
+  memory scratch;          // the three passes' scratchpad, allocated once (see the constructor)
 
   // mode (Bf16Compute): 0 fp32 compute, 1 bf16 in all three passes, 2 bf16 in the two backward passes only
   Conv(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s, int64_t p,
@@ -486,13 +568,21 @@ struct Conv {
     auto any = [](const memory::dims &d, dt t) { return memory::desc(d, t, tag::any); };
     auto alg = dnnl::algorithm::convolution_direct;
     auto train = dnnl::prop_kind::forward_training;
-    dnnl::convolution_forward::primitive_desc f(e, train, alg, any(xd, f_in), any(wd, f_in), y_any32, st, pad, pad);
+    // A scratchpad of our own, kept: by default oneDNN allocates one at each execution, and backward weights'
+    // per-thread copies of dw (9 MB a thread for a 512-channel 3x3) were then fresh pages to fault in every step
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::convolution_forward::primitive_desc f(e, train, alg, any(xd, f_in), any(wd, f_in), y_any32, st, pad, pad,
+                                                attr);
     dnnl::convolution_forward::primitive_desc hint(e, train, alg, any(xd, b_in), any(wd, b_in), any(yd, b_in), st,
                                                    pad, pad);
     dnnl::convolution_backward_data::primitive_desc bd(e, alg, x_any32, any(wd, b_in), any(yd, b_in), st, pad, pad,
-                                                       hint);
+                                                       hint, attr);
     dnnl::convolution_backward_weights::primitive_desc bw(e, alg, any(xd, b_in), w_any32, any(yd, b_in), st, pad,
-                                                          pad, hint);
+                                                          pad, hint, attr);
+    const memory::dim bytes = std::max({f.scratchpad_desc().get_size(), bd.scratchpad_desc().get_size(),
+                                        bw.scratchpad_desc().get_size(), size_t{1}});
+    scratch = memory(memory::desc({bytes}, dt::u8, tag::x), e);
     fwd = dnnl::convolution_forward(f);
     bwd_data = dnnl::convolution_backward_data(bd);
     bwd_weights = dnnl::convolution_backward_weights(bw);
@@ -505,6 +595,7 @@ struct Conv {
     x_w.Init(memory::desc(xd, b_in, xl), bw.src_desc(), read(xh, bf_bwd));
     dy_w.Init(memory::desc(yd, b_in, yl), bw.diff_dst_desc(), read(xh, bf_bwd));
     dw.Init(w_out, bw.diff_weights_desc(), wrote(wh));
+    if (bf_bwd && xh && MatmulWeights::Applies(wd, yd, xl, yl, s)) mm_dw.reset(new MatmulWeights(xd, wd, yd, p));
   }
 
   void Forward(void *xp, void *wp, void *yp) {
@@ -513,7 +604,8 @@ struct Conv {
     x.In(xp);
     w.In(wp);
     y.Bind(yp);
-    fwd.execute(st, {{DNNL_ARG_SRC, x.inner}, {DNNL_ARG_WEIGHTS, w.inner}, {DNNL_ARG_DST, y.inner}});
+    fwd.execute(st, {{DNNL_ARG_SRC, x.inner}, {DNNL_ARG_WEIGHTS, w.inner}, {DNNL_ARG_DST, y.inner},
+                     {DNNL_ARG_SCRATCHPAD, scratch}});
     y.Out();
     st.wait();
   }
@@ -527,8 +619,13 @@ struct Conv {
       w_d.In(wp);
       dx.Bind(dxp);
       bwd_data.execute(st, {{DNNL_ARG_DIFF_DST, dy_d.inner}, {DNNL_ARG_WEIGHTS, w_d.inner},
-                            {DNNL_ARG_DIFF_SRC, dx.inner}});
+                            {DNNL_ARG_DIFF_SRC, dx.inner}, {DNNL_ARG_SCRATCHPAD, scratch}});
       dx.Out();
+    }
+    if (mm_dw) {
+      mm_dw->Run(static_cast<const uint16_t *>(xp), static_cast<const uint16_t *>(dyp), dwp, dw.stage == kHalfFloat);
+      st.wait();
+      return;
     }
     x_w.In(xp);
     dw.Bind(dwp);
@@ -536,7 +633,7 @@ struct Conv {
     bool shared = dxp && dy_w.reorder && dy_d.reorder && dy_w.inner.get_desc() == dy_d.inner.get_desc();
     if (!shared) dy_w.In(dyp);
     bwd_weights.execute(st, {{DNNL_ARG_SRC, x_w.inner}, {DNNL_ARG_DIFF_DST, shared ? dy_d.inner : dy_w.inner},
-                             {DNNL_ARG_DIFF_WEIGHTS, dw.inner}});
+                             {DNNL_ARG_DIFF_WEIGHTS, dw.inner}, {DNNL_ARG_SCRATCHPAD, scratch}});
     dw.Out();
     st.wait();
   }

@@ -17,7 +17,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 
 from cpu_kernels import conv_compute, cpu_flags, has_ops, library, why_not
-from cpu_kernels.cells import CpuAddReLU, CpuBatchNorm2d, CpuConv2d, CpuReLU
+from cpu_kernels.cells import CpuAddReLU, CpuBatchNorm2d, CpuConv2d, CpuReLU, relayout_ops
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,6 +183,38 @@ def bf16_conv_check(stride: int, padding: int) -> None:
     np.testing.assert_array_equal(dw16_b.asnumpy(), dw16.asnumpy())
 
 
+def bf16_blocked_check() -> None:
+    """A stride-1 convolution between blocked layers on a small plane (ResNet's 8x8 and 4x4 stages), whose bf16
+    weight gradient conv.cc computes as one matmul over an im2col of x (MatmulWeights, unless
+    AMP_ZOO_CONV_MATMUL_DW=0): y, dx and dw are the fp32 kernel's on bf16-rounded operands within an ulp of
+    fp16, the padding's zeros included, for an fp16 weight and for an fp32 master weight taken as stored."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    to_blocked, to_plain = relayout_ops(16)
+    rng = np.random.RandomState(6)
+    x = rng.randn(4, 32, 8, 8).astype(np.float16).astype(np.float32)
+    w = (rng.randn(64, 32, 3, 3) * 0.1).astype(np.float16).astype(np.float32)
+    dy = ms.Tensor(((np.arange(4 * 64 * 64) % 7 - 3) / 4).astype(np.float32).reshape(4, 64, 64))
+
+    def run(x_dtype, w_dtype, x_values, w_values):
+        conv = CpuConv2d(32, 64, 3, 1, 1, weight_init=ms.Tensor(w_values.astype(w_dtype)), out_block=16)
+
+        def loss(inp):
+            return (to_plain(conv(to_blocked(inp))).astype(ms.float32).reshape(4, 64, -1) * dy).sum()
+        xt = ms.Tensor(x_values.astype(x_dtype))
+        dx, (dw,) = ms.grad(loss, grad_position=0, weights=conv.trainable_params())(xt)
+        return to_plain(conv(to_blocked(xt))), dx, dw
+
+    want = run(np.float32, np.float32, to_bf16(x), to_bf16(w))
+    for w_dtype in (np.float16, np.float32):
+        got = run(np.float16, w_dtype, x, w)
+        assert got[2].dtype == (ms.float16 if w_dtype == np.float16 else ms.float32)
+        for name, g, ref in zip(("y", "dx", "dw"), got, want):
+            g, ref = g.asnumpy().astype(np.float32), ref.asnumpy()
+            # an ulp of fp16, and the fp32 reference's own summation error where terms cancel to near zero
+            spacing = np.spacing(np.abs(ref).astype(np.float16)).astype(np.float32)
+            assert np.all(np.abs(g - ref) <= 1.01 * spacing + 2.0 ** -20 * np.abs(ref).max()), (name, w_dtype)
+
+
 def as_stored_check() -> None:
     """O2 hands CpuConv2d its fp32 master weight as stored (no Cast): the output and every gradient are bit for
     bit those of the same network whose weights MindSpore casts to fp16 and back."""
@@ -231,6 +263,20 @@ def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride
     env.pop("AMP_ZOO_ONEDNN_AUTO", None)
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_conv_check; "
             f"bf16_conv_check({stride}, {padding}); print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+@pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
+@pytest.mark.parametrize("matmul_dw", ["1", "0"])
+def test_bf16_weight_gradient_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw):
+    """The weight gradient of a bf16 convolution between blocked layers, as one matmul (conv.cc's MatmulWeights)
+    or as oneDNN's direct kernel (AMP_ZOO_CONV_MATMUL_DW=0): each within an ulp of the fp32 kernel's."""
+    env = {**os.environ, "AMP_ZOO_CONV_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3",
+           "AMP_ZOO_CONV_MATMUL_DW": matmul_dw}
+    env.pop("AMP_ZOO_ONEDNN_AUTO", None)
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_blocked_check; "
+            f"bf16_blocked_check(); print('ok')")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
