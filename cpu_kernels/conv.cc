@@ -461,7 +461,7 @@ using Key = std::vector<int64_t>;
 // P = N*OH*OW, col the im2col of x (a row per output position, (kh, kw, ic) along it). oneDNN's direct bf16
 // backward-weights kernel, under the threadpool runtime MindSpore's libdnnl is built with, cannot share one
 // transposition of x between threads, so it transposes x again for every 16 output channels: on ResNet-34's
-// 8x8 and 4x4 layers it ran at under half the speed of the same work as a bf16 matmul (docs/benchmarks.md). Used
+// 8x8 and 4x4 layers it took 1.5 and 2.4 times as long as the same work as a bf16 matmul (docs/benchmarks.md). Used
 // for stride-1 convolutions with blocked (16-channel) x and dy and small planes, in the bf16 modes only.
 struct MatmulWeights {
   static bool Applies(const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s) {
@@ -545,7 +545,6 @@ struct Conv {
   Arg dy_d, w_d, dx;       // backward data
   Arg x_w, dy_w, dw;       // backward weights
   std::unique_ptr<MatmulWeights> mm_dw;  // or backward weights as a matmul (bf16 modes, MatmulWeights::Applies)
-  memory scratch;          // the three passes' scratchpad, allocated once (see the constructor)
 
   // mode (Bf16Compute): 0 fp32 compute, 1 bf16 in all three passes, 2 bf16 in the two backward passes only
   Conv(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s, int64_t p,
@@ -568,21 +567,13 @@ struct Conv {
     auto any = [](const memory::dims &d, dt t) { return memory::desc(d, t, tag::any); };
     auto alg = dnnl::algorithm::convolution_direct;
     auto train = dnnl::prop_kind::forward_training;
-    // A scratchpad of our own, kept: by default oneDNN allocates one at each execution, and backward weights'
-    // per-thread copies of dw (9 MB a thread for a 512-channel 3x3) were then fresh pages to fault in every step
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::convolution_forward::primitive_desc f(e, train, alg, any(xd, f_in), any(wd, f_in), y_any32, st, pad, pad,
-                                                attr);
+    dnnl::convolution_forward::primitive_desc f(e, train, alg, any(xd, f_in), any(wd, f_in), y_any32, st, pad, pad);
     dnnl::convolution_forward::primitive_desc hint(e, train, alg, any(xd, b_in), any(wd, b_in), any(yd, b_in), st,
                                                    pad, pad);
     dnnl::convolution_backward_data::primitive_desc bd(e, alg, x_any32, any(wd, b_in), any(yd, b_in), st, pad, pad,
-                                                       hint, attr);
+                                                       hint);
     dnnl::convolution_backward_weights::primitive_desc bw(e, alg, any(xd, b_in), w_any32, any(yd, b_in), st, pad,
-                                                          pad, hint, attr);
-    const memory::dim bytes = std::max({f.scratchpad_desc().get_size(), bd.scratchpad_desc().get_size(),
-                                        bw.scratchpad_desc().get_size(), size_t{1}});
-    scratch = memory(memory::desc({bytes}, dt::u8, tag::x), e);
+                                                          pad, hint);
     fwd = dnnl::convolution_forward(f);
     bwd_data = dnnl::convolution_backward_data(bd);
     bwd_weights = dnnl::convolution_backward_weights(bw);
@@ -604,8 +595,7 @@ struct Conv {
     x.In(xp);
     w.In(wp);
     y.Bind(yp);
-    fwd.execute(st, {{DNNL_ARG_SRC, x.inner}, {DNNL_ARG_WEIGHTS, w.inner}, {DNNL_ARG_DST, y.inner},
-                     {DNNL_ARG_SCRATCHPAD, scratch}});
+    fwd.execute(st, {{DNNL_ARG_SRC, x.inner}, {DNNL_ARG_WEIGHTS, w.inner}, {DNNL_ARG_DST, y.inner}});
     y.Out();
     st.wait();
   }
@@ -619,7 +609,7 @@ struct Conv {
       w_d.In(wp);
       dx.Bind(dxp);
       bwd_data.execute(st, {{DNNL_ARG_DIFF_DST, dy_d.inner}, {DNNL_ARG_WEIGHTS, w_d.inner},
-                            {DNNL_ARG_DIFF_SRC, dx.inner}, {DNNL_ARG_SCRATCHPAD, scratch}});
+                            {DNNL_ARG_DIFF_SRC, dx.inner}});
       dx.Out();
     }
     if (mm_dw) {
@@ -633,7 +623,7 @@ struct Conv {
     bool shared = dxp && dy_w.reorder && dy_d.reorder && dy_w.inner.get_desc() == dy_d.inner.get_desc();
     if (!shared) dy_w.In(dyp);
     bwd_weights.execute(st, {{DNNL_ARG_SRC, x_w.inner}, {DNNL_ARG_DIFF_DST, shared ? dy_d.inner : dy_w.inner},
-                             {DNNL_ARG_DIFF_WEIGHTS, dw.inner}, {DNNL_ARG_SCRATCHPAD, scratch}});
+                             {DNNL_ARG_DIFF_WEIGHTS, dw.inner}});
     dw.Out();
     st.wait();
   }
