@@ -59,12 +59,19 @@ def run_id(recipe, level, ls, seed) -> str:
     return f"{recipe}-{level}-{ls}-s{seed}"
 
 
+MARKER = ".bench-run"  # in each run directory bench.run makes: the only directories it ever deletes
+
+
 def train(run_dir: Path, args) -> dict:
     """One train.py run; returns its metrics.json plus the peak resident memory of the process tree. Its stderr
     goes to RUN_DIR.err beside the run."""
     if run_dir.exists():  # stopped in an earlier bench: a run's times hold only for one session
+        if not (run_dir / MARKER).exists():
+            fail(f"{run_dir} exists and bench.run did not make it (no {MARKER} in it): move it, or give another "
+                 f"--out")
         shutil.rmtree(run_dir)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(parents=True)
+    (run_dir / MARKER).write_text("made by python -m bench.run; a stopped run here is deleted and run anew\n")
     err_file = run_dir.with_name(run_dir.name + ".err")
     with open(err_file, "w") as err_out:
         proc = subprocess.Popen([sys.executable, "train.py", *args, f"hydra.run.dir={run_dir}",

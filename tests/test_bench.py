@@ -1,8 +1,10 @@
 """The bench's bookkeeping: which runs a resumed bench skips, and the report from results alone."""
 import json
 
+import pytest
+
 from bench.report import write_report
-from bench.run import ROOT, finished
+from bench.run import ROOT, finished, train
 
 COMMITTED = ROOT / "bench" / "results" / "cpu-2026-11-21"
 
@@ -57,3 +59,16 @@ def test_a_timed_result_says_when_the_machine_was_not_quiet(tmp_path, capsys):
     assert "times are not quiet" in capsys.readouterr().err
     untimed = save_result("y", {"rows": {}}, tmp_path / "y.json", timed=False)
     assert "busy_elsewhere_cores" not in json.loads(untimed.read_text())
+
+
+def test_the_bench_deletes_no_directory_it_did_not_make(tmp_path, capsys):
+    """A run's directory under --out that bench.run did not make (no marker) is the user's: one error line and
+    exit 2, its files kept; nothing is started."""
+    run_dir = tmp_path / "raw" / "lenet_o2-O2-dynamic-s1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as stop:
+        train(run_dir, ["recipe=lenet_o2"])
+    assert stop.value.code == 2 and (run_dir / "notes.txt").read_text() == "mine"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(run_dir) in err[0] and "--out" in err[0]
