@@ -40,8 +40,18 @@ def _shadowed() -> Optional[Path]:
     return None
 
 
+def _command_is_main() -> bool:
+    """Whether this process runs one of the zoo's commands (train.py, python -m bench.run), not a test or a
+    tool that imports one: only a command's own process takes SIGTERM at start-up."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    root = Path(__file__).resolve().parent.parent
+    return bool(path) and Path(path).resolve().is_relative_to(root) and Path(path).resolve().parent != root / "tests"
+
+
 quiet_mindspore()
 sys.excepthook = interrupt.hook
+if _command_is_main():
+    interrupt.at_start_up()
 if _shadowed():  # `python -m amp.report` from a folder holding models.py: the zoo would import the user's file
     fail(f"{_shadowed()} has the name of one of amp-zoo's own modules, and this folder comes first on the path "
          f"(python -m): rename it (e.g. my_{_shadowed().stem}.py, then AMP_ZOO_PLUGINS=my_{_shadowed().stem})")

@@ -5,8 +5,8 @@ the shell's exit code for the signal (128 + its number: 130 for SIGINT, 143 for 
 Inside `handled()`, the block a command runs its work in, both signals raise `Interrupted` wherever the command
 is (composing, compiling, evaluating, decoding); the command that knows what it wrote catches it and calls
 `exit_line` with that. Before and after the block they do what they did: a test or a tool that imports a command
-keeps its own handlers. A Ctrl-C while the command's modules import, before the block, still ends in the one line
-through `hook` (sys.excepthook, set by ampzoo.entry). Training itself stops more gently:
+keeps its own handlers. A Ctrl-C or SIGTERM while the command's modules import, before the block, still ends in
+the one line through `hook` (sys.excepthook and `at_start_up`, set by ampzoo.entry in a command's own process). Training itself stops more gently:
 ampzoo.engine.callbacks.GracefulStop finishes the step and saves first.
 
 An exception raised at any bytecode is not safe everywhere, so two places are guarded:
@@ -99,6 +99,13 @@ def hook(kind, value, tb, previous=sys.excepthook):
 
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def at_start_up() -> None:
+    """SIGTERM raises Interrupted from now on, as Ctrl-C raises KeyboardInterrupt: a command stopped while its
+    modules import ends in `hook`'s one line and exit 143, not in a silent kill. For a command's own process
+    only (ampzoo.entry): `handled()` takes the signal over for the command's work."""
+    signal.signal(signal.SIGTERM, _raise)
 
 
 @contextmanager
