@@ -6,8 +6,8 @@ Inside `handled()`, the block a command runs its work in, both signals raise `In
 is (composing, compiling, evaluating, decoding); the command that knows what it wrote catches it and calls
 `exit_line` with that. Before and after the block they do what they did: a test or a tool that imports a command
 keeps its own handlers. A Ctrl-C or SIGTERM while the command's modules import, before the block, still ends in
-the one line through `hook` (sys.excepthook and `at_start_up`, set by ampzoo.entry in a command's own process). Training itself stops more gently:
-ampzoo.engine.callbacks.GracefulStop finishes the step and saves first.
+the one line through `hook` (sys.excepthook and `at_start_up`, set by ampzoo.entry in a command's own process).
+Training itself stops more gently: ampzoo.engine.callbacks.GracefulStop finishes the step and saves first.
 
 An exception raised at any bytecode is not safe everywhere, so two places are guarded:
 - inside `deferred()` (the TensorBoard writer's calls) a signal waits for the block's end: raised between a
