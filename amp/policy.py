@@ -84,7 +84,7 @@ def cpu_cost_note(device: str, amp_cfg) -> str:
     """The line a run at a low-precision level logs first on the CPU ("" elsewhere): what its fp16 costs here.
     The project's kernels (cpu_kernels) store fp16 and compute in fp32, so a step does fp32's arithmetic plus the
     conversions, and MindSpore's own fp16 CPU kernels (ops outside the project's kernels) run slower than their
-    fp32 ones. AMP_ZOO_CONV_COMPUTE=bf16 multiplies the convolutions in bf16 instead (cpu_kernels.conv_compute):
+    fp32 ones. runtime.cpu_conv_compute=bf16 multiplies the convolutions in bf16 instead (cpu_kernels.conv_compute):
     faster than O0, but not yet shown to hold a recipe's accuracy. The measurements: docs/benchmarks.md."""
     low_precision_used = LEVELS[str(amp_cfg.level)].low != "none" or bool(amp_cfg.force_fp16)
     if device != "CPU" or not low_precision_used:
@@ -96,10 +96,10 @@ def cpu_cost_note(device: str, amp_cfg) -> str:
                 f"MindSpore's fp16 CPU kernels run everywhere, 2.5-8x slower than fp32 ({where}); on Ascend and "
                 f"GPU fp16 runs natively")
     if conv_compute() != "fp32":
-        return (f"amp.level={amp_cfg.level} on the CPU with AMP_ZOO_CONV_COMPUTE={conv_compute()}: {fp16_path()}; "
+        return (f"amp.level={amp_cfg.level} on the CPU with runtime.cpu_conv_compute={conv_compute()}: {fp16_path()}; "
                 f"with bf16 in every pass a ResNet-34 step ran 1.3x O0's on an AMD EPYC, but no full run has yet "
                 f"shown that it holds a recipe's accuracy ({where}): check its accuracy")
-    bf16 = ("; AMP_ZOO_CONV_COMPUTE=bf16 multiplies the convolutions in bf16 on this CPU (faster than O0, its "
+    bf16 = ("; runtime.cpu_conv_compute=bf16 multiplies the convolutions in bf16 on this CPU (faster than O0, its "
             "accuracy not yet shown)" if "avx512_bf16" in cpu_flags() else "")
     return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step measured on an AVX-512 "
             f"CPU, {where}): {fp16_path()}, so each does fp32's arithmetic plus the conversions{bf16}; on "

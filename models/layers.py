@@ -12,6 +12,7 @@ switch from the config before it builds a network (set_cpu_kernels); a network b
 `auto`.
 """
 import logging
+import os
 from functools import lru_cache
 
 import mindspore as ms
@@ -31,6 +32,31 @@ def set_cpu_kernels(mode: str) -> None:
     if str(mode) not in CHOICES:
         raise ConfigError(f"runtime.cpu_kernels={mode} is not valid; valid: {', '.join(CHOICES)}")
     _cpu_kernels = str(mode)
+
+
+CONV_COMPUTE = "AMP_ZOO_CONV_COMPUTE"  # what conv.cc reads when it builds a convolution's primitives
+_SET_BY = "AMP_ZOO_CONV_COMPUTE_BY"     # the process id that set it from runtime.cpu_conv_compute
+COMPUTE_CHOICES = ("auto", "fp32", "bf16", "bf16_backward")
+AUTO_IN_TRAINING = "fp32"  # runtime.cpu_conv_compute=auto in training: bf16 is opt-in (docs/configuration.md)
+
+
+def set_conv_compute(choice: str, training: bool) -> None:
+    """runtime.cpu_conv_compute for the fp16 convolutions run from now on (cpu_kernels.conv_compute says what
+    runs): a value sets it; auto keeps an AMP_ZOO_CONV_COMPUTE the user set, and otherwise runs AUTO_IN_TRAINING
+    in training and fp32 in evaluation, whose numbers then do not depend on the CPU. bf16 runs only on a CPU with
+    AVX512-BF16; elsewhere a convolution computes in fp32 whatever is asked."""
+    if str(choice) not in COMPUTE_CHOICES:
+        raise ConfigError(f"runtime.cpu_conv_compute={choice} is not valid; valid: {', '.join(COMPUTE_CHOICES)}")
+    by = os.environ.get(_SET_BY)
+    if by and by != str(os.getpid()):  # inherited from an amp-zoo parent process: decide afresh
+        os.environ.pop(_SET_BY)
+        os.environ.pop(CONV_COMPUTE, None)
+        by = None
+    if str(choice) == "auto":
+        if CONV_COMPUTE in os.environ and not by:  # the user's
+            return
+        choice = AUTO_IN_TRAINING if training else "fp32"
+    os.environ[CONV_COMPUTE], os.environ[_SET_BY] = str(choice), str(os.getpid())
 
 
 @lru_cache(maxsize=1)

@@ -295,6 +295,34 @@ def test_conv_compute_says_what_the_library_runs(monkeypatch, setting):
         assert conv_compute(flags, setting) == (setting if setting.startswith("bf16") else "fp32")
 
 
+def test_runtime_cpu_conv_compute_sets_what_the_kernels_read(monkeypatch):
+    """runtime.cpu_conv_compute (models.layers.set_conv_compute, before a train step or an evaluation is built):
+    a value sets AMP_ZOO_CONV_COMPUTE; auto keeps the user's AMP_ZOO_CONV_COMPUTE, runs the training default
+    and evaluates in fp32; one set by a parent amp-zoo process is decided afresh; a bad value names the valid."""
+    from ampzoo.errors import ConfigError
+    from models.layers import AUTO_IN_TRAINING, set_conv_compute
+    monkeypatch.delenv("AMP_ZOO_CONV_COMPUTE", raising=False)
+    monkeypatch.delenv("AMP_ZOO_CONV_COMPUTE_BY", raising=False)
+    set_conv_compute("bf16_backward", training=True)
+    assert os.environ["AMP_ZOO_CONV_COMPUTE"] == "bf16_backward"
+    set_conv_compute("auto", training=False)  # ours, not the user's: evaluation computes in fp32
+    assert os.environ["AMP_ZOO_CONV_COMPUTE"] == "fp32"
+    set_conv_compute("auto", training=True)
+    assert os.environ["AMP_ZOO_CONV_COMPUTE"] == AUTO_IN_TRAINING
+    monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE_BY", "1")  # a parent process's choice, inherited
+    set_conv_compute("auto", training=False)
+    assert os.environ["AMP_ZOO_CONV_COMPUTE"] == "fp32" and os.environ["AMP_ZOO_CONV_COMPUTE_BY"] == str(os.getpid())
+    monkeypatch.delenv("AMP_ZOO_CONV_COMPUTE_BY")
+    monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE", "bf16")  # the user's own
+    for training in (True, False):
+        set_conv_compute("auto", training=training)
+        assert os.environ["AMP_ZOO_CONV_COMPUTE"] == "bf16"
+    set_conv_compute("fp32", training=True)  # the config's value wins over the environment
+    assert os.environ["AMP_ZOO_CONV_COMPUTE"] == "fp32"
+    with pytest.raises(ConfigError, match="runtime.cpu_conv_compute=bf8 is not valid; valid: auto, fp32, bf16"):
+        set_conv_compute("bf8", training=True)
+
+
 @pytest.mark.parametrize("block", [0, 16])
 def test_batchnorm_takes_fp16_and_computes_in_fp32(graph_mode, block):
     """O2 keeps BatchNorm in fp32: on fp16 input its output and input gradient are the fp32 op's rounded to
