@@ -477,7 +477,10 @@ struct MatmulWeights {
   std::vector<float> dw;
 
   MatmulWeights(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, int64_t pad)
-      : n(xd[0]), ic(xd[1]), h(xd[2]), w(xd[3]), oc(wd[0]), oh(yd[2]), ow(yd[3]), kh(wd[2]), kw(wd[3]), p(pad) {
+      : n(xd[0]), ic(xd[1]), h(xd[2]), w(xd[3]), oc(wd[0]), oh(yd[2]), ow(yd[3]), kh(wd[2]), kw(wd[3]), p(pad) {}
+
+  // the matmul and its buffers, at the first backward pass (a shape seen in evaluation alone never needs them)
+  void Init() {
     auto &e = RT().engine;
     const int64_t rows = n * oh * ow, k = kh * kw * ic;
     memory::desc ad({oc, rows}, dt::bf16, memory::dims{1, oc}), bd({rows, k}, dt::bf16, memory::dims{k, 1}),
@@ -494,6 +497,7 @@ struct MatmulWeights {
 
   // x, dy fp16 blocked; dw_out OIHW, fp16 (half) or fp32 holding fp16 values
   void Run(const uint16_t *x, const uint16_t *dy, void *dw_out, bool half) {
+    if (dw.empty()) Init();
     const int64_t icb = ic / 16, ocb = oc / 16, plane = oh * ow, rows = n * plane, k = kh * kw * ic;
     auto threads = [](int64_t count, const std::function<void(int64_t, int64_t)> &f) {
       RT().pool.parallel_for(RT().pool.get_num_threads(),
