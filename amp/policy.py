@@ -97,10 +97,11 @@ def cpu_cost_note(device: str, amp_cfg) -> str:
                 f"GPU fp16 runs natively")
     if conv_compute() != "fp32":
         return (f"amp.level={amp_cfg.level} on the CPU with runtime.cpu_conv_compute={conv_compute()}: {fp16_path()}; "
-                f"with bf16 in every pass a ResNet-34 step ran 1.3x O0's on an AMD EPYC, but no full run has yet "
-                f"shown that it holds a recipe's accuracy ({where}): check its accuracy")
-    bf16 = ("; runtime.cpu_conv_compute=bf16 multiplies the convolutions in bf16 on this CPU (faster than O0, its "
-            "accuracy not yet shown)" if "avx512_bf16" in cpu_flags() else "")
+                f"with bf16 in every pass a ResNet-34 step ran 1.4x O0's on an AMD EPYC, and one ResNet-18 "
+                f"Fashion-MNIST O2 run reached 93.45% top-1 against O0's 93.57% after an evaluation at 20.6% in "
+                f"its first epoch ({where}): check its accuracy")
+    bf16 = ("; runtime.cpu_conv_compute=bf16 multiplies the convolutions in bf16 on this CPU (1.4x O0's step, "
+            "its accuracy shown by one run)" if "avx512_bf16" in cpu_flags() else "")
     return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step measured on an AVX-512 "
             f"CPU, {where}): {fp16_path()}, so each does fp32's arithmetic plus the conversions{bf16}; on "
             f"Ascend and GPU fp16 runs natively")

@@ -146,8 +146,8 @@ def conv_compute(flags: Optional[set] = None, env: Optional[str] = None) -> str:
     when AMP_ZOO_CONV_COMPUTE=bf16 asks for it (runtime.cpu_conv_compute sets it: models.layers.set_conv_compute),
     or "bf16_backward" (the backward passes only) for AMP_ZOO_CONV_COMPUTE=bf16_backward, each only on a CPU
     with AVX512-BF16 and not under an ONEDNN_MAX_CPU_ISA cap below it (AVX2, for MindSpore's own convolutions).
-    bf16 runs oneDNN's bf16 kernels (fp32 sums, each output rounded once to fp16); it is opt-in until a full
-    training run shows it holds a recipe's accuracy (docs/benchmarks.md)."""
+    bf16 runs oneDNN's bf16 kernels (fp32 sums, each output rounded once to fp16); it is opt-in until more than
+    one training run shows that it holds a recipe's accuracy (docs/benchmarks.md)."""
     flags = cpu_flags() if flags is None else flags
     env = os.environ.get("AMP_ZOO_CONV_COMPUTE", "") if env is None else env
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()

@@ -314,9 +314,9 @@ bool OneDnnRunsBf16() {
 
 // How fp16 convolutions multiply here (see the top of this file): 0 fp32; 1 bf16 (AMP_ZOO_CONV_COMPUTE=bf16),
 // 2 bf16 in the backward passes only (AMP_ZOO_CONV_COMPUTE=bf16_backward), each only where the CPU has
-// AVX512-BF16 under oneDNN's ISA cap. bf16 is not the default: it ran ResNet-34's O2 step faster than O0 on an
-// AMD EPYC, but no full training run has yet shown that it holds a recipe's accuracy (docs/benchmarks.md, "Mixed
-// precision on the CPU"). Read at each lookup, so a process (a test) can run each; cpu_kernels.conv_compute()
+// AVX512-BF16 under oneDNN's ISA cap. bf16 is not the default: it runs ResNet-34's O2 step faster than O0, but
+// one full training run with it is not yet enough to show that it holds a recipe's accuracy (docs/benchmarks.md,
+// "Mixed precision on the CPU"). Read at each lookup, so a process (a test) can run each; cpu_kernels.conv_compute()
 // is the same rule.
 int Bf16Compute() {
   static const bool bf16 = [] {
