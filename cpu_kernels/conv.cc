@@ -471,13 +471,15 @@ struct MatmulWeights {
   }
 
   int64_t n, ic, h, w, oc, oh, ow, kh, kw, p;
+  bool half;  // dw in fp16, else fp32 holding fp16 values (an fp32 master weight taken as stored)
   dnnl::matmul mm;
   memory a, b, c;
   std::vector<uint16_t> xb, col, dyt;
   std::vector<float> dw;
 
-  MatmulWeights(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, int64_t pad)
-      : n(xd[0]), ic(xd[1]), h(xd[2]), w(xd[3]), oc(wd[0]), oh(yd[2]), ow(yd[3]), kh(wd[2]), kw(wd[3]), p(pad) {}
+  MatmulWeights(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, int64_t pad, bool w_half)
+      : n(xd[0]), ic(xd[1]), h(xd[2]), w(xd[3]), oc(wd[0]), oh(yd[2]), ow(yd[3]), kh(wd[2]), kw(wd[3]), p(pad),
+        half(w_half) {}
 
   // the matmul and its buffers, at the first backward pass (a shape seen in evaluation alone never needs them)
   void Init() {
@@ -495,8 +497,8 @@ struct MatmulWeights {
     c = memory(cd, e, dw.data());
   }
 
-  // x, dy fp16 blocked; dw_out OIHW, fp16 (half) or fp32 holding fp16 values
-  void Run(const uint16_t *x, const uint16_t *dy, void *dw_out, bool half) {
+  // x, dy fp16 blocked; dw_out OIHW in the weight's dtype
+  void Run(const uint16_t *x, const uint16_t *dy, void *dw_out) {
     if (dw.empty()) Init();
     const int64_t icb = ic / 16, ocb = oc / 16, plane = oh * ow, rows = n * plane, k = kh * kw * ic;
     auto threads = [](int64_t count, const std::function<void(int64_t, int64_t)> &f) {
@@ -576,21 +578,24 @@ struct Conv {
                                                    pad, pad);
     dnnl::convolution_backward_data::primitive_desc bd(e, alg, x_any32, any(wd, b_in), any(yd, b_in), st, pad, pad,
                                                        hint);
-    dnnl::convolution_backward_weights::primitive_desc bw(e, alg, any(xd, b_in), w_any32, any(yd, b_in), st, pad,
-                                                          pad, hint);
     fwd = dnnl::convolution_forward(f);
     bwd_data = dnnl::convolution_backward_data(bd);
-    bwd_weights = dnnl::convolution_backward_weights(bw);
     x.Init(memory::desc(xd, f_in, xl), f.src_desc(), read(xh, bf_fwd));
     w.Init(memory::desc(wd, f_in, tag::oihw), f.weights_desc(), read(wh, bf_fwd));
     y.Init(y_out, f.dst_desc(), wrote(xh));
     dy_d.Init(memory::desc(yd, b_in, yl), bd.diff_dst_desc(), read(xh, bf_bwd));
     w_d.Init(memory::desc(wd, b_in, tag::oihw), bd.weights_desc(), read(wh, bf_bwd));
     dx.Init(x_out, bd.diff_src_desc(), wrote(xh));
+    if (bf_bwd && xh && MatmulWeights::Applies(wd, yd, xl, yl, s)) {  // then no direct backward-weights kernel
+      mm_dw.reset(new MatmulWeights(xd, wd, yd, p, wh));
+      return;
+    }
+    dnnl::convolution_backward_weights::primitive_desc bw(e, alg, any(xd, b_in), w_any32, any(yd, b_in), st, pad,
+                                                          pad, hint);
+    bwd_weights = dnnl::convolution_backward_weights(bw);
     x_w.Init(memory::desc(xd, b_in, xl), bw.src_desc(), read(xh, bf_bwd));
     dy_w.Init(memory::desc(yd, b_in, yl), bw.diff_dst_desc(), read(xh, bf_bwd));
     dw.Init(w_out, bw.diff_weights_desc(), wrote(wh));
-    if (bf_bwd && xh && MatmulWeights::Applies(wd, yd, xl, yl, s)) mm_dw.reset(new MatmulWeights(xd, wd, yd, p));
   }
 
   void Forward(void *xp, void *wp, void *yp) {
@@ -616,9 +621,8 @@ struct Conv {
                             {DNNL_ARG_DIFF_SRC, dx.inner}});
       dx.Out();
     }
-    if (mm_dw) {
-      mm_dw->Run(static_cast<const uint16_t *>(xp), static_cast<const uint16_t *>(dyp), dwp, dw.stage == kHalfFloat);
-      st.wait();
+    if (mm_dw) {  // waits for the stream itself
+      mm_dw->Run(static_cast<const uint16_t *>(xp), static_cast<const uint16_t *>(dyp), dwp);
       return;
     }
     x_w.In(xp);
