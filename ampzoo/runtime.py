@@ -11,6 +11,17 @@ log = logging.getLogger("amp_zoo")
 AUTO_CAP = "AMP_ZOO_ONEDNN_AUTO"  # the process id that set ONEDNN_MAX_CPU_ISA itself (runtime.onednn_isa=auto)
 
 
+def set_here(marker: str, key: str) -> bool:
+    """Whether this process set the environment variable `key` itself (its process id in `marker`). A value an
+    amp-zoo parent process set is dropped with its marker, so this process decides afresh."""
+    by = os.environ.get(marker)
+    if by and by != str(os.getpid()):
+        os.environ.pop(marker)
+        os.environ.pop(key, None)
+        return False
+    return bool(by)
+
+
 def cap_onednn_isa(choice: str, needs_cap: bool, device: str = "CPU") -> Optional[str]:
     """Set oneDNN's ISA cap for a network just built, before its first step, and return the note a run records.
     On x86, MindSpore's own CPU convolutions hand oneDNN plain NCHW tensors, for which oneDNN picks a reference
@@ -25,11 +36,7 @@ def cap_onednn_isa(choice: str, needs_cap: bool, device: str = "CPU") -> Optiona
     note (None)."""
     if device != "CPU":
         return None
-    ours = os.environ.get(AUTO_CAP)
-    if ours and ours != str(os.getpid()):  # inherited from an amp-zoo parent process: decide afresh
-        os.environ.pop(AUTO_CAP)
-        os.environ.pop("ONEDNN_MAX_CPU_ISA", None)
-        ours = None
+    ours = set_here(AUTO_CAP, "ONEDNN_MAX_CPU_ISA")
     if "ONEDNN_MAX_CPU_ISA" in os.environ and not ours:
         return f"ONEDNN_MAX_CPU_ISA={os.environ['ONEDNN_MAX_CPU_ISA']} (set by the user)"
     if platform.machine().lower() not in ("x86_64", "amd64"):

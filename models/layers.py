@@ -19,7 +19,9 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
+from ampzoo.config import ConvCompute
 from ampzoo.errors import ConfigError
+from ampzoo.runtime import set_here
 
 log = logging.getLogger("amp_zoo")
 CHOICES = ("auto", "on", "off")
@@ -36,7 +38,7 @@ def set_cpu_kernels(mode: str) -> None:
 
 CONV_COMPUTE = "AMP_ZOO_CONV_COMPUTE"  # what conv.cc reads when it builds a convolution's primitives
 _SET_BY = "AMP_ZOO_CONV_COMPUTE_BY"     # the process id that set it from runtime.cpu_conv_compute
-COMPUTE_CHOICES = ("auto", "fp32", "bf16", "bf16_backward")
+COMPUTE_CHOICES = tuple(c.value for c in ConvCompute)
 AUTO_IN_TRAINING = "fp32"  # runtime.cpu_conv_compute=auto in training: bf16 is opt-in (docs/configuration.md)
 
 
@@ -47,13 +49,9 @@ def set_conv_compute(choice: str, training: bool) -> None:
     AVX512-BF16; elsewhere a convolution computes in fp32 whatever is asked."""
     if str(choice) not in COMPUTE_CHOICES:
         raise ConfigError(f"runtime.cpu_conv_compute={choice} is not valid; valid: {', '.join(COMPUTE_CHOICES)}")
-    by = os.environ.get(_SET_BY)
-    if by and by != str(os.getpid()):  # inherited from an amp-zoo parent process: decide afresh
-        os.environ.pop(_SET_BY)
-        os.environ.pop(CONV_COMPUTE, None)
-        by = None
+    ours = set_here(_SET_BY, CONV_COMPUTE)
     if str(choice) == "auto":
-        if CONV_COMPUTE in os.environ and not by:  # the user's
+        if CONV_COMPUTE in os.environ and not ours:  # the user's
             return
         choice = AUTO_IN_TRAINING if training else "fp32"
     os.environ[CONV_COMPUTE], os.environ[_SET_BY] = str(choice), str(os.getpid())
