@@ -68,9 +68,9 @@ class CpuKernels(StrEnum):  # models/layers.py
     off = "off"    # MindSpore's own kernels
 
 
-class ConvCompute(StrEnum):  # models/layers.py set_conv_compute; conv.cc's Bf16Compute
-    auto = "auto"                    # AMP_ZOO_CONV_COMPUTE where it is set, else fp32
-    fp32 = "fp32"                    # an fp16 convolution computes in fp32 (what MindSpore's Cast + Conv2D gives)
+class CpuCompute(StrEnum):  # models/layers.py set_cpu_compute; conv.cc's Bf16Compute
+    auto = "auto"                    # AMP_ZOO_CPU_COMPUTE where it is set, else models.layers.AUTO_IN_TRAINING
+    fp32 = "fp32"                    # an fp16 convolution or Dense computes in fp32 (what Cast + Conv2D gives)
     bf16 = "bf16"                    # it multiplies in bf16 on a CPU with AVX512-BF16 (oneDNN's bf16 kernels)
     bf16_backward = "bf16_backward"  # the same in the two backward passes only
 
@@ -219,7 +219,7 @@ class RuntimeConfig:
     seed: int = 1
     deterministic: bool = False
     cpu_kernels: CpuKernels = CpuKernels.auto  # conv, batch norm and max-pool: the cpu_kernels extension or not
-    cpu_conv_compute: ConvCompute = ConvCompute.auto  # how the extension's fp16 convolutions multiply (bf16: faster)
+    cpu_compute: CpuCompute = CpuCompute.auto  # how the extension's fp16 convs and Dense layers multiply
     onednn_isa: str = "auto"          # auto: cap oneDNN at AVX2 on x86 CPUs unless the network has no MindSpore
                                       # convolution (see README); "none": leave it; or an ISA name (AVX2, ...)
     distributed: bool = False

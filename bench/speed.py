@@ -48,7 +48,7 @@ from ampzoo.machine import machine
 from ampzoo.runtime import AUTO_CAP, onednn_note
 from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,
                           train_step)
-from cpu_kernels import conv_compute, has_ops, library, why_not
+from cpu_kernels import cpu_compute, has_ops, library, why_not
 
 
 def shape_of(cfg, batch: int, size: int):
@@ -264,10 +264,10 @@ def main(argv: List[str]) -> dict:
     kernels = f"built: {library().name}" if has_ops() else f"not used: {why_not()}"
     result = {"recipe": cfg.recipe_name, "model": cfg.model.name, "stem": cfg.model.params.get("stem"),
               "shape": list(shape), "rounds": rounds, "steps_per_round": steps, "peer": peer,
-              "onednn": onednn_note(), "cpu_kernels": kernels, "conv_compute": conv_compute() if has_ops() else None,
+              "onednn": onednn_note(), "cpu_kernels": kernels, "cpu_compute": cpu_compute() if has_ops() else None,
               "machine": mach, "rows": rows}
     print(f"{cfg.recipe_name} ({cfg.model.name}, input {'x'.join(map(str, shape))}) on {describe(mach)}; {peer}; "
-          f"CPU kernels (cpu_kernels) {kernels}, fp16 convolutions multiply in {result['conv_compute']}")
+          f"CPU kernels (cpu_kernels) {kernels}, fp16 convolutions multiply in {result['cpu_compute']}")
     for name, row in rows.items():
         print(f"  {name}: {row}")
     if want_profile:  # every level of ours (where O2 loses against O0 is the question), and the peer

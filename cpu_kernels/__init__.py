@@ -6,7 +6,7 @@
     has_ops()    # True: built for this environment, and the oneDNN it links is one its headers fit
     why_not()    # otherwise, why, in one line
     low_precision()  # what the kernels do with fp16 and bf16 on this CPU, in one line
-    conv_compute()   # how an fp16 convolution multiplies here: "bf16" or "fp32"
+    cpu_compute()    # how fp16 convolutions and Dense layers multiply here: "fp32", "bf16", "bf16_backward"
 
 The library links MindSpore's bundled oneDNN (libdnnl.so.3) and is compiled against oneDNN headers of a release
 not newer than it: oneDNN keeps its ABI backward compatible within a major version, so headers newer than the
@@ -141,15 +141,15 @@ def cpu_flags() -> set:
 NO_BF16_ISA = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}  # caps
 
 
-def conv_compute(flags: Optional[set] = None, env: Optional[str] = None) -> str:
-    """How an fp16 convolution multiplies on this CPU (conv.cc's Bf16Compute, the same rule): "fp32"; "bf16"
-    when AMP_ZOO_CONV_COMPUTE=bf16 asks for it (runtime.cpu_conv_compute sets it: models.layers.set_conv_compute),
-    or "bf16_backward" (the backward passes only) for AMP_ZOO_CONV_COMPUTE=bf16_backward, each only on a CPU
+def cpu_compute(flags: Optional[set] = None, env: Optional[str] = None) -> str:
+    """How fp16 convolutions and Dense layers (matmul.cc) multiply on this CPU (conv.cc's Bf16Compute, the same
+    rule): "fp32"; "bf16"
+    when AMP_ZOO_CPU_COMPUTE=bf16 asks for it (runtime.cpu_compute sets it: models.layers.set_cpu_compute),
+    or "bf16_backward" (the backward passes only) for AMP_ZOO_CPU_COMPUTE=bf16_backward, each only on a CPU
     with AVX512-BF16 and not under an ONEDNN_MAX_CPU_ISA cap below it (AVX2, for MindSpore's own convolutions).
-    bf16 runs oneDNN's bf16 kernels (fp32 sums, each output rounded once to fp16); it is opt-in until more than
-    one training run shows that it holds a recipe's accuracy (docs/benchmarks.md)."""
+    bf16 runs oneDNN's bf16 kernels (fp32 sums, each output rounded once to fp16)."""
     flags = cpu_flags() if flags is None else flags
-    env = os.environ.get("AMP_ZOO_CONV_COMPUTE", "") if env is None else env
+    env = os.environ.get("AMP_ZOO_CPU_COMPUTE", "") if env is None else env
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     bf16 = {"avx512_bf16", "avx512f", "f16c"} <= flags and cap not in NO_BF16_ISA
     return env if bf16 and env in ("bf16", "bf16_backward") else "fp32"
@@ -158,7 +158,7 @@ def conv_compute(flags: Optional[set] = None, env: Optional[str] = None) -> str:
 def low_precision(flags: Optional[set] = None) -> str:
     """What the kernels do with low precision on this CPU, in one line: fp16 tensors are stored in fp16 between
     the kernels and computed in fp32 inside them (the conversions: AVX-512, F16C, else portable code), or the
-    convolutions in bf16 where asked (conv_compute); native fp16 arithmetic (AVX512-FP16) is not used, and
+    convolutions and Dense layers in bf16 where asked (cpu_compute); native fp16 arithmetic (AVX512-FP16) is not used, and
     amp.dtype=bfloat16 is refused (MindSpore's CPU build has no bf16 Conv2D or MatMul for the layers around
     them). make doctor measures what this costs against fp32."""
     flags = cpu_flags() if flags is None else flags
@@ -172,7 +172,8 @@ def fp16_path(flags: Optional[set] = None) -> str:
     flags = cpu_flags() if flags is None else flags
     convert = ("AVX-512" if {"avx512f", "f16c"} <= flags else "F16C" if {"avx2", "f16c"} <= flags
                else "portable code")
-    mode = conv_compute(flags)
-    conv = ("" if mode == "fp32" else f"; the convolutions{' backward' if mode == 'bf16_backward' else ''} "
-            f"multiply fp16 rounded to bf16 (AVX512-BF16, oneDNN's bf16 kernels) and sum in fp32")
+    mode = cpu_compute(flags)
+    conv = ("" if mode == "fp32" else f"; the convolutions and Dense layers"
+            f"{' in their backward passes' if mode == 'bf16_backward' else ''} multiply fp16 rounded to bf16 "
+            f"(AVX512-BF16, oneDNN's bf16 kernels) and sum in fp32")
     return f"fp16 stored in fp16 between the kernels and computed in fp32 inside them ({convert} conversions){conv}"

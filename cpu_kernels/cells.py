@@ -83,7 +83,7 @@ def conv_op(stride: int, padding: int, input_grad: bool = True, out_block: int =
 
 class CpuConv2d(nn.Conv2d):
     """nn.Conv2d (pad_mode "pad" or "valid", no bias) whose forward and backward run oneDNN's direct kernels.
-    It computes in fp32 like MindSpore's CPU Conv2D, or multiplies in bf16 (cpu_kernels.conv_compute). Under
+    It computes in fp32 like MindSpore's CPU Conv2D, or multiplies in bf16 (cpu_kernels.cpu_compute). Under
     fp16 it takes fp16 input and returns fp16, converting inside the kernel, so no Cast runs around it
     (MindSpore's Conv2D casts around its own). Its weight it takes as stored (`weights_as_stored`: O2 gives it
     no precision flag, amp.policy): an fp32 master weight is rounded to fp16 values inside the kernel and its
@@ -380,6 +380,35 @@ class CpuSoftmax(nn.Softmax):
 
     def construct(self, x):
         return self.op(x)
+
+
+@lru_cache(maxsize=1)
+def scaled_softmax_op():
+    """softmax.cc's ScaledSoftmaxFwd (x, bias broadcast to x, scale fp32 (1,) -> softmax(x * scale + bias) over
+    the last axis, x's dtype, computed in fp32) with its backward ScaledSoftmaxBwd (y, dy, scale -> dx); the bias
+    and the scale take no gradient."""
+    lib = library()
+    backward = ops.Custom(f"{lib}:ScaledSoftmaxBwd", out_shape=_first, out_dtype=_first, func_type="aot")
+
+    def bprop(x, bias, scale, out, dout):
+        return backward(out, dout, scale), ops.zeros_like(bias), ops.zeros_like(scale)
+    return ops.Custom(f"{lib}:ScaledSoftmaxFwd", out_shape=_first, out_dtype=_first, func_type="aot", bprop=bprop)
+
+
+class CpuAttentionSoftmax(nn.Softmax):
+    """The attention's probabilities, softmax(scores * scale + bias) over the last axis, in one pass of softmax.cc
+    (models.layers.attention_softmax): fp32 or fp16 scores in, the same out, computed in fp32 and rounded once,
+    the bias (an additive mask) broadcast as numpy does. An nn.Softmax, so keep-lists naming Softmax reach it, and
+    `fp32_inside` like CpuSoftmax: at O2 the scaling and the mask ran as MindSpore's fp16 Mul and Add."""
+    fp32_inside = True
+
+    def __init__(self, scale: float):
+        super().__init__(axis=-1)
+        self.op = scaled_softmax_op()
+        self.scale = ms.Tensor([scale], ms.float32)
+
+    def construct(self, x, bias):
+        return self.op(x, bias, self.scale)
 
 
 @lru_cache(maxsize=None)

@@ -13,10 +13,10 @@
 // fp16 tensors (AMP's O2/O3) come in and go out as fp16: this file converts them itself (F16C or AVX-512
 // conversions on the pool's threads), so no MindSpore Cast runs around a convolution. oneDNN's own f16 reorders
 // run a reference loop on a CPU without AVX512-FP16 (docs/benchmarks.md); a conversion here is a pass over memory.
-// How an fp16 convolution multiplies (ConvCompute):
+// How an fp16 convolution multiplies (CpuCompute):
 // - fp32: its inputs are converted to fp32 and it runs oneDNN's fp32 kernel, so it computes what MindSpore's
 //   Cast + fp32 Conv2D computes;
-// - bf16 (AMP_ZOO_CONV_COMPUTE=bf16, on a CPU with AVX512-BF16): its inputs are rounded to bf16 and it runs
+// - bf16 (AMP_ZOO_CPU_COMPUTE=bf16, on a CPU with AVX512-BF16): its inputs are rounded to bf16 and it runs
 //   oneDNN's bf16 kernel, which multiplies pairs of bf16 in hardware (vdpbf16ps) and accumulates in fp32. On an
 //   AMD EPYC (Zen 4) that runs much faster than fp32; the operands keep 8 bits of mantissa, not fp16's 11.
 //   bf16_backward: the same in the backward passes (dx, dw) only, the forward in fp32. On small planes a bf16
@@ -240,7 +240,7 @@ __attribute__((target("avx2,f16c"))) void F2H256(const float *s, uint16_t *d, in
   for (; i < n; ++i) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
-// fp16 or fp32 -> bf16 bits, rounded to nearest even (only where ConvCompute is bf16: the CPU has AVX512-BF16)
+// fp16 or fp32 -> bf16 bits, rounded to nearest even (only where CpuCompute is bf16: the CPU has AVX512-BF16)
 uint16_t FloatToBf16Bits(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
@@ -312,19 +312,17 @@ bool OneDnnRunsBf16() {
   }
 }
 
-// How fp16 convolutions multiply here (see the top of this file): 0 fp32; 1 bf16 (AMP_ZOO_CONV_COMPUTE=bf16),
-// 2 bf16 in the backward passes only (AMP_ZOO_CONV_COMPUTE=bf16_backward), each only where the CPU has
-// AVX512-BF16 under oneDNN's ISA cap. bf16 is not the default: it runs ResNet-34's O2 step faster than O0, but
-// one full training run with it is not yet enough to show that it holds a recipe's accuracy (docs/benchmarks.md,
-// "Mixed precision on the CPU"). Read at each lookup, so a process (a test) can run each; cpu_kernels.conv_compute()
-// is the same rule.
+// How fp16 convolutions and Dense layers (matmul.cc) multiply here (see the top of this file): 0 fp32; 1 bf16
+// (AMP_ZOO_CPU_COMPUTE=bf16), 2 bf16 in the backward passes only (AMP_ZOO_CPU_COMPUTE=bf16_backward), each only
+// where the CPU has AVX512-BF16 under oneDNN's ISA cap (runtime.cpu_compute sets the variable: models/layers.py).
+// Read at each lookup, so a process (a test) can run each; cpu_kernels.cpu_compute() is the same rule.
 int Bf16Compute() {
   static const bool bf16 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("f16c") && OneDnnRunsBf16();
   }();
-  const char *env = std::getenv("AMP_ZOO_CONV_COMPUTE");
+  const char *env = std::getenv("AMP_ZOO_CPU_COMPUTE");
   if (!bf16 || !env) return 0;
   return !std::strcmp(env, "bf16") ? 1 : !std::strcmp(env, "bf16_backward") ? 2 : 0;
 }
@@ -757,8 +755,20 @@ int Reorder(int nparam, void **params, int *ndims, int64_t **shapes, const char 
 void AmpZooParallel(int n, const std::function<void(int, int)> &fn) { RT().pool.parallel_for(n, fn); }
 int AmpZooThreads() { return RT().pool.get_num_threads(); }
 dnnl::threadpool_interop::threadpool_iface *AmpZooPool() { return &RT().pool; }  // matmul.cc's sgemm
+dnnl::engine &AmpZooEngine() { return RT().engine; }  // matmul.cc's bf16 matmuls
+dnnl::stream &AmpZooStream() { return RT().stream; }
+// fp16 (half) or fp32 -> bf16 bits on the pool's threads; fp32 goes through the nearest fp16 first, as an fp32
+// master weight used by an fp16 layer does. Only where the bf16 mode runs (AVX512-BF16)
+void AmpZooToBf16(const void *s, bool half, uint16_t *d, int64_t n) {
+  Split(n, [&](int64_t i, int64_t j) {
+    if (half)
+      H2B512(static_cast<const uint16_t *>(s) + i, d + i, j - i);
+    else
+      F2H2B512(static_cast<const float *>(s) + i, d + i, j - i);
+  });
+}
 // How an fp16 convolution multiplies now (Bf16Compute: 0, 1, 2), for cpu_kernels' tests and make doctor
-extern "C" int AmpZooConvBf16() { return Bf16Compute(); }
+extern "C" int AmpZooBf16Compute() { return Bf16Compute(); }
 
 // MindSpore's graph mode gave two ops of one AOT function name one gradient between them (every 3x3 convolution
 // took the first layer's weight-only backward), so each forward the Python side builds differently has a name of

@@ -14,12 +14,17 @@
 // AffineBwd (x, w, dy -> dx [M,K], dw [N,K], db [N]): dx = dy w, dw = dy^T x, db = the column sums of dy
 // LinearFwd (x, w -> y), LinearBwd (x, w, dy -> dx, dw): the same without a bias; LinearFwd32 returns float32
 // (the logits, which the loss reads in float32: no Cast of a tokens x vocabulary tensor each way)
+#include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 dnnl::threadpool_interop::threadpool_iface *AmpZooPool();  // conv.cc
@@ -30,6 +35,10 @@ void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
 void AmpZooRoundThroughHalf(const float *s, float *d, int64_t n);
 void AmpZooParallel(int n, const std::function<void(int, int)> &fn);
 int AmpZooThreads();
+dnnl::engine &AmpZooEngine();
+dnnl::stream &AmpZooStream();
+void AmpZooToBf16(const void *s, bool half, uint16_t *d, int64_t n);
+extern "C" int AmpZooBf16Compute();
 
 namespace {
 
@@ -74,6 +83,71 @@ bool Gemm(char ta, char tb, int64_t M, int64_t N, int64_t K, const float *A, int
          dnnl::status::success;
 }
 
+// Row-major C [M,N] (fp32) = op(A) op(B) (+ bias [N], fp32) with A and B in bf16: one oneDNN matmul, which
+// multiplies bf16 pairs in hardware (vdpbf16ps) and sums in fp32. Primitives are cached by shape.
+bool GemmBf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t *A, const uint16_t *B,
+              const float *bias, float *C) {
+  using memory = dnnl::memory;
+  using dt = memory::data_type;
+  struct Entry {
+    std::mutex m;
+    dnnl::matmul mm;
+    dnnl::matmul::primitive_desc pd;
+  };
+  static std::mutex m;
+  static std::map<std::vector<int64_t>, std::unique_ptr<Entry>> cache;
+  Entry *e;
+  try {
+    std::lock_guard<std::mutex> lk(m);
+    auto &slot = cache[{ta, tb, M, N, K, bias != nullptr}];
+    if (!slot) {
+      if (cache.size() > 512) {  // token counts vary from batch to batch: keep the cache bounded
+        cache.clear();
+        return GemmBf16(ta, tb, M, N, K, A, B, bias, C);
+      }
+      memory::desc ad({M, K}, dt::bf16, ta == 'N' ? memory::dims{K, 1} : memory::dims{1, M}),
+          bd({K, N}, dt::bf16, tb == 'N' ? memory::dims{N, 1} : memory::dims{1, K}),
+          cd({M, N}, dt::f32, memory::dims{N, 1}), biasd({1, N}, dt::f32, memory::dims{N, 1});
+      auto u = std::make_unique<Entry>();
+      u->pd = bias ? dnnl::matmul::primitive_desc(AmpZooEngine(), ad, bd, biasd, cd)
+                   : dnnl::matmul::primitive_desc(AmpZooEngine(), ad, bd, cd);
+      u->mm = dnnl::matmul(u->pd);
+      slot = std::move(u);
+    }
+    e = slot.get();
+  } catch (const dnnl::error &) {
+    return false;
+  }
+  try {
+    std::lock_guard<std::mutex> lk(e->m);
+    auto &eng = AmpZooEngine();
+    memory a(e->pd.src_desc(), eng, const_cast<uint16_t *>(A)), b(e->pd.weights_desc(), eng, const_cast<uint16_t *>(B)),
+        c(e->pd.dst_desc(), eng, C);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+    if (bias) args[DNNL_ARG_BIAS] = memory(e->pd.bias_desc(), eng, const_cast<float *>(bias));
+    e->mm.execute(AmpZooStream(), args);
+    AmpZooStream().wait();
+  } catch (const dnnl::error &) {
+    return false;
+  }
+  return true;
+}
+
+// Whether an fp16 layer's pass multiplies in bf16 here (runtime.cpu_compute, conv.cc's Bf16Compute: 1 in
+// every pass, 2 in the backward passes only; 0 where the CPU lacks AVX512-BF16)
+bool Bf16(bool half, bool backward) {
+  if (!half) return false;
+  const int mode = AmpZooBf16Compute();
+  return mode == 1 || (mode == 2 && backward);
+}
+
+// A tensor as bf16 bits in `buf`: float16 values, or float32 ones rounded to float16 first
+const uint16_t *AsBf16(const void *p, const char *dtype, int64_t n, std::vector<uint16_t> *buf) {
+  buf->resize(n);
+  AmpZooToBf16(p, IsHalf(dtype), buf->data(), n);
+  return buf->data();
+}
+
 // params: x, w, [b], y. 0 on success. The output may be float32 with float16 activations (the logits, which
 // the loss takes in float32): it then holds float16 values, as a Cast after a float16 MatMul would
 int Forward(bool bias, int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
@@ -86,6 +160,16 @@ int Forward(bool bias, int nparam, void **params, int *ndims, int64_t **shapes, 
   const int64_t M = shapes[0][0], K = shapes[0][1], N = shapes[1][0];
   const bool half = IsHalf(dtypes[0]);  // float16 activations: every value in and out is a float16 value
   thread_local std::vector<float> xb, wb, bb, yb;
+  if (Bf16(half, false)) {
+    thread_local std::vector<uint16_t> x16, w16;
+    float *y = Target(params[out], dtypes[out], M * N, &yb);
+    const float *b = bias ? AsFloat(params[2], dtypes[2], N, true, &bb) : nullptr;
+    if (!GemmBf16('N', 'T', M, N, K, AsBf16(params[0], dtypes[0], M * K, &x16),
+                  AsBf16(params[1], dtypes[1], N * K, &w16), b, y))
+      return 2;
+    Store(y, params[out], dtypes[out], M * N, true);
+    return 0;
+  }
   const float *x = AsFloat(params[0], dtypes[0], M * K, false, &xb);
   const float *w = AsFloat(params[1], dtypes[1], N * K, half, &wb);
   float *y = Target(params[out], dtypes[out], M * N, &yb);
@@ -111,6 +195,23 @@ int Backward(bool bias, int nparam, void **params, int *ndims, int64_t **shapes,
     return 1;
   const bool half = IsHalf(dtypes[0]);
   thread_local std::vector<float> xb, wb, gb, dxb, dwb, dbb, ones;
+  if (Bf16(half, true)) {
+    thread_local std::vector<uint16_t> x16, w16, g16, ones16;
+    const uint16_t *x = AsBf16(params[0], dtypes[0], M * K, &x16), *w = AsBf16(params[1], dtypes[1], N * K, &w16),
+                   *dy = AsBf16(params[2], dtypes[2], M * N, &g16);
+    float *dx = Target(params[3], dtypes[3], M * K, &dxb), *dw = Target(params[4], dtypes[4], N * K, &dwb);
+    if (!GemmBf16('N', 'N', M, K, N, dy, w, nullptr, dx) || !GemmBf16('T', 'N', N, K, M, dy, x, nullptr, dw))
+      return 2;
+    Store(dx, params[3], dtypes[3], M * K, true);
+    Store(dw, params[4], dtypes[4], N * K, true);
+    if (bias) {
+      float *db = Target(params[5], dtypes[5], N, &dbb);
+      ones16.assign(M, 0x3f80);  // bf16 1.0
+      if (!GemmBf16('N', 'N', 1, N, M, ones16.data(), dy, nullptr, db)) return 2;
+      Store(db, params[5], dtypes[5], N, true);
+    }
+    return 0;
+  }
   const float *x = AsFloat(params[0], dtypes[0], M * K, false, &xb);
   const float *w = AsFloat(params[1], dtypes[1], N * K, half, &wb);
   const float *dy = AsFloat(params[2], dtypes[2], M * N, half, &gb);

@@ -5,6 +5,11 @@
 // SoftmaxFwd (x [..., D] -> y): exp(x - max) / sum over each row; a NaN or inf in a row makes the row NaN, as
 //   MindSpore's does (the loss scale's overflow check must see it)
 // SoftmaxBwd (y, dy -> dx): y * (dy - sum(dy * y)) over each row
+// ScaledSoftmaxFwd (x, bias, scale -> y): softmax(x * scale + bias), the attention's probabilities in one pass;
+//   bias fp32 or x's dtype, broadcast to x as numpy does (the padding mask (B, 1, 1, S), the causal (T, T)),
+//   scale an fp32 (1,). At O2 MindSpore ran the scaling and the mask's addition as fp16 Mul and Add, and their
+//   gradients as another Mul, all several times slower than in fp32
+// ScaledSoftmaxBwd (y, dy, scale -> dx): scale * y * (dy - sum(dy * y))
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,7 +24,7 @@ void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
 namespace {
 
 // 1 float32, 2 float16, 0 anything else; every tensor of the op alike, all of one shape
-int Kind(int nparam, int *ndims, int64_t **shapes, const char **dtypes) {
+int Kind(int nparam, int *ndims, int64_t **shapes, const char **dtypes) {  // the first nparam tensors
   const int kind = !std::strcmp(dtypes[0], "float32") ? 1 : !std::strcmp(dtypes[0], "float16") ? 2 : 0;
   if (ndims[0] < 1) return 0;
   for (int i = 1; i < nparam; ++i) {
@@ -30,7 +35,7 @@ int Kind(int nparam, int *ndims, int64_t **shapes, const char **dtypes) {
   return kind;
 }
 
-// fn(row, inputs as float32, output as float32) for each row of d values, on the pool's threads when there is
+// fn(row index, inputs as float32, output as float32, d) for each row of d values, on the pool's threads when there is
 // enough work; float16 rows are converted in and out of per-thread buffers
 template <int In, typename F>
 void ForRows(void **params, int *ndims, int64_t **shapes, bool half, F fn) {
@@ -51,7 +56,7 @@ void ForRows(void **params, int *ndims, int64_t **shapes, bool half, F fn) {
         }
       }
       out = half ? buf.data() + In * d : static_cast<float *>(params[In]) + r * d;
-      fn(in, out, d);
+      fn(r, in, out, d);
       if (half) AmpZooFloatToHalfHere(out, static_cast<uint16_t *>(params[In]) + r * d, d);
     }
   };
@@ -63,7 +68,7 @@ void ForRows(void **params, int *ndims, int64_t **shapes, bool half, F fn) {
 int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   const int kind = nparam == 2 ? Kind(nparam, ndims, shapes, dtypes) : 0;
   if (!kind) return 1;
-  ForRows<1>(params, ndims, shapes, kind == 2, [](const float **in, float *y, int64_t d) {
+  ForRows<1>(params, ndims, shapes, kind == 2, [](int64_t, const float **in, float *y, int64_t d) {
     const float *x = in[0];
     float m = x[0];
     for (int64_t i = 1; i < d; ++i)
@@ -79,11 +84,105 @@ int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char 
 int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   const int kind = nparam == 3 ? Kind(nparam, ndims, shapes, dtypes) : 0;
   if (!kind) return 1;
-  ForRows<2>(params, ndims, shapes, kind == 2, [](const float **in, float *dx, int64_t d) {
+  ForRows<2>(params, ndims, shapes, kind == 2, [](int64_t, const float **in, float *dx, int64_t d) {
     const float *y = in[0], *dy = in[1];
     float dot = 0.0f;
     for (int64_t i = 0; i < d; ++i) dot += dy[i] * y[i];
     for (int64_t i = 0; i < d; ++i) dx[i] = y[i] * (dy[i] - dot);
+  });
+  return 0;
+}
+
+// The row-major offset into a bias broadcast to x [..., d] of each of x's rows, numpy's rules (a bias axis of 1,
+// or missing on the left, repeats), and the bias's own step along the last axis (1, or 0 when it is 1 wide);
+// empty when the shapes do not broadcast
+bool BiasRows(int xr, const int64_t *xs, int br, const int64_t *bs, std::vector<int64_t> *rows, int64_t *last) {
+  if (br < 1 || br > xr) return false;
+  std::vector<int64_t> stride(xr, 0);
+  int64_t step = 1;
+  for (int i = br - 1; i >= 0; --i) {
+    const int xi = xr - br + i;
+    if (bs[i] != 1 && bs[i] != xs[xi]) return false;
+    stride[xi] = bs[i] == 1 ? 0 : step;
+    step *= bs[i];
+  }
+  *last = stride[xr - 1];
+  int64_t n = 1;
+  for (int i = 0; i + 1 < xr; ++i) n *= xs[i];
+  rows->resize(n);
+  for (int64_t r = 0; r < n; ++r) {
+    int64_t rest = r, at = 0;
+    for (int i = xr - 2; i >= 0; --i) {
+      at += rest % xs[i] * stride[i];
+      rest /= xs[i];
+    }
+    (*rows)[r] = at;
+  }
+  return true;
+}
+
+// the (1,) scale: fp32, or fp16 where a precision flag cast it (PyNative casts a Cell's tensors); NaN if neither
+float Scale(const char *dtype, int ndim, const int64_t *shape, const void *p) {
+  if (ndim != 1 || shape[0] != 1) return NAN;
+  if (!std::strcmp(dtype, "float32")) return *static_cast<const float *>(p);
+  float f = NAN;
+  if (!std::strcmp(dtype, "float16")) AmpZooHalfToFloatHere(static_cast<const uint16_t *>(p), &f, 1);
+  return f;
+}
+
+// params: x, bias, scale, y
+int ScaledForward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != 4) return 1;
+  int nd[2] = {ndims[0], ndims[3]};
+  int64_t *sh[2] = {shapes[0], shapes[3]};
+  const char *ty[2] = {dtypes[0], dtypes[3]};
+  const int kind = Kind(2, nd, sh, ty);
+  const float scale = Scale(dtypes[2], ndims[2], shapes[2], params[2]);
+  const bool bias_half = !std::strcmp(dtypes[1], "float16");
+  std::vector<int64_t> rows;
+  int64_t last = 0;
+  if (!kind || scale != scale || (!bias_half && std::strcmp(dtypes[1], "float32")) ||
+      !BiasRows(ndims[0], shapes[0], ndims[1], shapes[1], &rows, &last))
+    return 1;
+  std::vector<float> bias32;  // an fp16 bias (small: a mask) converted once
+  const float *bias = static_cast<const float *>(params[1]);
+  if (bias_half) {
+    int64_t n = 1;
+    for (int i = 0; i < ndims[1]; ++i) n *= shapes[1][i];
+    bias32.resize(n);
+    AmpZooHalfToFloatHere(static_cast<const uint16_t *>(params[1]), bias32.data(), n);
+    bias = bias32.data();
+  }
+  void *io[2] = {params[0], params[3]};
+  ForRows<1>(io, nd, sh, kind == 2, [&](int64_t r, const float **in, float *y, int64_t d) {
+    const float *x = in[0], *b = bias + rows[r];
+    for (int64_t i = 0; i < d; ++i) y[i] = x[i] * scale + b[i * last];  // then the softmax in place
+    float m = y[0];
+    for (int64_t i = 1; i < d; ++i)
+      if (y[i] > m || y[i] != y[i]) m = y[i];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < d; ++i) sum += (y[i] = std::exp(y[i] - m));
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < d; ++i) y[i] *= inv;
+  });
+  return 0;
+}
+
+// params: y, dy, scale, dx
+int ScaledBackward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != 4) return 1;
+  int nd[3] = {ndims[0], ndims[1], ndims[3]};
+  int64_t *sh[3] = {shapes[0], shapes[1], shapes[3]};
+  const char *ty[3] = {dtypes[0], dtypes[1], dtypes[3]};
+  const int kind = Kind(3, nd, sh, ty);
+  const float scale = Scale(dtypes[2], ndims[2], shapes[2], params[2]);
+  if (!kind || scale != scale) return 1;
+  void *io[3] = {params[0], params[1], params[3]};
+  ForRows<2>(io, nd, sh, kind == 2, [scale](int64_t, const float **in, float *dx, int64_t d) {
+    const float *y = in[0], *dy = in[1];
+    float dot = 0.0f;
+    for (int64_t i = 0; i < d; ++i) dot += dy[i] * y[i];
+    for (int64_t i = 0; i < d; ++i) dx[i] = scale * y[i] * (dy[i] - dot);
   });
   return 0;
 }
@@ -96,4 +195,12 @@ extern "C" int SoftmaxFwd(int n, void **params, int *ndims, int64_t **shapes, co
 }
 extern "C" int SoftmaxBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
   return Backward(n, params, ndims, shapes, dtypes);
+}
+extern "C" int ScaledSoftmaxFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                                void *) {
+  return ScaledForward(n, params, ndims, shapes, dtypes);
+}
+extern "C" int ScaledSoftmaxBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                                void *) {
+  return ScaledBackward(n, params, ndims, shapes, dtypes);
 }

@@ -19,7 +19,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from ampzoo.config import ConvCompute
+from ampzoo.config import CpuCompute
 from ampzoo.errors import ConfigError
 from ampzoo.runtime import set_here
 
@@ -36,25 +36,25 @@ def set_cpu_kernels(mode: str) -> None:
     _cpu_kernels = str(mode)
 
 
-CONV_COMPUTE = "AMP_ZOO_CONV_COMPUTE"  # what conv.cc reads when it builds a convolution's primitives
-_SET_BY = "AMP_ZOO_CONV_COMPUTE_BY"     # the process id that set it from runtime.cpu_conv_compute
-COMPUTE_CHOICES = tuple(c.value for c in ConvCompute)
-AUTO_IN_TRAINING = "fp32"  # runtime.cpu_conv_compute=auto in training: bf16 is opt-in (docs/configuration.md)
+CPU_COMPUTE = "AMP_ZOO_CPU_COMPUTE"  # what conv.cc and matmul.cc read when an fp16 layer runs
+_SET_BY = "AMP_ZOO_CPU_COMPUTE_BY"   # the process id that set it from runtime.cpu_compute
+COMPUTE_CHOICES = tuple(c.value for c in CpuCompute)
+AUTO_IN_TRAINING = "fp32"  # runtime.cpu_compute=auto in training: bf16 is opt-in (docs/configuration.md)
 
 
-def set_conv_compute(choice: str, training: bool) -> None:
-    """runtime.cpu_conv_compute for the fp16 convolutions run from now on (cpu_kernels.conv_compute says what
-    runs): a value sets it; auto keeps an AMP_ZOO_CONV_COMPUTE the user set, and otherwise runs AUTO_IN_TRAINING
+def set_cpu_compute(choice: str, training: bool) -> None:
+    """runtime.cpu_compute for the fp16 convolutions and Dense layers run from now on (cpu_kernels.cpu_compute
+    says what runs): a value sets it; auto keeps an AMP_ZOO_CPU_COMPUTE the user set, and otherwise runs AUTO_IN_TRAINING
     in training and fp32 in evaluation, whose numbers then do not depend on the CPU. bf16 runs only on a CPU with
-    AVX512-BF16; elsewhere a convolution computes in fp32 whatever is asked."""
+    AVX512-BF16; elsewhere the kernels compute in fp32 whatever is asked."""
     if str(choice) not in COMPUTE_CHOICES:
-        raise ConfigError(f"runtime.cpu_conv_compute={choice} is not valid; valid: {', '.join(COMPUTE_CHOICES)}")
-    ours = set_here(_SET_BY, CONV_COMPUTE)
+        raise ConfigError(f"runtime.cpu_compute={choice} is not valid; valid: {', '.join(COMPUTE_CHOICES)}")
+    ours = set_here(_SET_BY, CPU_COMPUTE)
     if str(choice) == "auto":
-        if CONV_COMPUTE in os.environ and not ours:  # the user's
+        if CPU_COMPUTE in os.environ and not ours:  # the user's
             return
         choice = AUTO_IN_TRAINING if training else "fp32"
-    os.environ[CONV_COMPUTE], os.environ[_SET_BY] = str(choice), str(os.getpid())
+    os.environ[CPU_COMPUTE], os.environ[_SET_BY] = str(choice), str(os.getpid())
 
 
 @lru_cache(maxsize=1)
@@ -153,13 +153,25 @@ def dropout(p: float) -> nn.Dropout:
     return nn.Dropout(p=p)
 
 
-def softmax() -> nn.Softmax:
-    """nn.Softmax over the last axis, or where the CPU kernels run, CpuSoftmax (computed in fp32 whatever comes in,
-    so O2's keep-list casts nothing around it)."""
+class AttentionSoftmax(nn.Softmax):
+    """softmax(x * scale + bias) over the last axis: an attention's probabilities from its scores and additive mask.
+    An nn.Softmax, so a keep-list naming Softmax runs the scaling and the mask in fp32 with it."""
+
+    def __init__(self, scale: float):
+        super().__init__(axis=-1)
+        self.scale = scale
+
+    def construct(self, x, bias):
+        return super().construct(x * self.scale + ops.cast(bias, x.dtype))
+
+
+def attention_softmax(scale: float) -> nn.Softmax:
+    """AttentionSoftmax, or where the CPU kernels run, CpuAttentionSoftmax (the same in one pass, computed in fp32
+    whatever comes in)."""
     if use_cpu_kernels():
-        from cpu_kernels.cells import CpuSoftmax
-        return CpuSoftmax()
-    return nn.Softmax(axis=-1)
+        from cpu_kernels.cells import CpuAttentionSoftmax
+        return CpuAttentionSoftmax(scale)
+    return AttentionSoftmax(scale)
 
 
 class Add(nn.Cell):

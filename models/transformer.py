@@ -30,7 +30,7 @@ from mindspore.common.initializer import Normal, XavierUniform
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import CELLS, MODELS
-from models.layers import add, affine_kernel, bmm_kernel, dropout, layer_norm_kernel, relu, softmax
+from models.layers import add, affine_kernel, attention_softmax, bmm_kernel, dropout, layer_norm_kernel, relu
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
@@ -157,7 +157,6 @@ class MultiHeadAttention(nn.Cell):
     def __init__(self, d_model: int, heads: int, dropout: float, self_attention: bool = True):
         super().__init__()
         self.h, self.dh, self.self_attention = heads, d_model // heads, self_attention
-        self.scale = 1.0 / math.sqrt(self.dh)
         if self_attention:
             self.qkv = Dense(d_model, 3 * d_model)
         else:
@@ -165,7 +164,7 @@ class MultiHeadAttention(nn.Cell):
         self.o = Dense(d_model, d_model)
         self.scores = BatchMatMul(transpose_b=True)
         self.context = BatchMatMul()
-        self.softmax = softmax()
+        self.softmax = attention_softmax(1.0 / math.sqrt(self.dh))
         self.dropout = Dropout(dropout)
 
     def heads(self, x, parts):
@@ -177,8 +176,7 @@ class MultiHeadAttention(nn.Cell):
         return out if parts > 1 else out[0]
 
     def attend(self, q, k, v, bias):
-        scores = self.scores(q, k) * self.scale + ops.cast(bias, q.dtype)
-        probs = self.dropout(self.softmax(scores))
+        probs = self.dropout(self.softmax(self.scores(q, k), bias))  # softmax(scores / sqrt(dh) + bias)
         b, _, t, _ = q.shape
         out = self.context(ops.cast(probs, v.dtype), v).transpose(0, 2, 1, 3).reshape(b, t, self.h * self.dh)
         return self.o(out)

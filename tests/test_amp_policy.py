@@ -122,15 +122,15 @@ def test_a_low_precision_run_on_the_cpu_says_first_what_it_costs():
 
 
 def test_a_run_with_bf16_convolutions_says_first_that_they_cost_accuracy(monkeypatch):
-    """runtime.cpu_conv_compute=bf16 where it runs: the first line says what it gained and what it lost."""
+    """runtime.cpu_compute=bf16 where it runs: the first line says what it gained and what it lost."""
     from omegaconf import OmegaConf
 
     import cpu_kernels
     from amp.policy import cpu_cost_note
     if not cpu_kernels.has_ops():
         pytest.skip(cpu_kernels.why_not())
-    monkeypatch.setattr(cpu_kernels, "conv_compute", lambda flags=None, env=None: "bf16")
+    monkeypatch.setattr(cpu_kernels, "cpu_compute", lambda flags=None, env=None: "bf16")
     monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: {"avx512f", "f16c", "avx512_bf16"})
     note = cpu_cost_note("CPU", OmegaConf.create({"level": "O2", "force_fp16": []}))
-    assert "runtime.cpu_conv_compute=bf16" in note and "multiply fp16 rounded to bf16" in note
+    assert "runtime.cpu_compute=bf16" in note and "multiply fp16 rounded to bf16" in note
     assert "check its accuracy" in note and "\n" not in note

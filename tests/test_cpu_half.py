@@ -16,7 +16,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from cpu_kernels import conv_compute, cpu_flags, has_ops, library, why_not
+from cpu_kernels import cpu_compute, cpu_flags, has_ops, library, why_not
 from cpu_kernels.cells import CpuAddReLU, CpuBatchNorm2d, CpuConv2d, CpuReLU, relayout_ops
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
@@ -124,7 +124,7 @@ def ulps(a, b) -> float:
 def test_conv_in_fp16_is_fp32_rounded_once(graph_mode, monkeypatch, stride, padding):
     """fp16 input and weights in, fp16 out, computed in fp32: the output and both gradients are the fp32
     kernel's on the same (fp16) values, rounded to fp16, within an ulp."""
-    monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE", "fp32")
+    monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE", "fp32")
     rng = np.random.RandomState(3)
     k = 3 if padding else 1
     x, w = rng.randn(2, 16, 8, 8).astype(np.float32), (rng.randn(32, 16, k, k) * 0.2).astype(np.float32)
@@ -173,10 +173,10 @@ def bf16_conv_check(stride: int, padding: int) -> None:
     for name, got, want in (("y", y16, y32), ("dx", dx16, dx32), ("dw", dw16, dw32)):
         assert ulps(got.asnumpy(), want.asnumpy()) <= 1.01, name
     as_stored_check()  # the fp32 weight rounded to fp16, then to bf16, inside the kernel
-    os.environ["AMP_ZOO_CONV_COMPUTE"] = "fp32"  # and the fp32 path differs from it
+    os.environ["AMP_ZOO_CPU_COMPUTE"] = "fp32"  # and the fp32 path differs from it
     y16_fp32, dx16_fp32, _ = run(np.float16, x, w)
     assert not np.array_equal(y16_fp32.asnumpy(), y16.asnumpy())
-    os.environ["AMP_ZOO_CONV_COMPUTE"] = "bf16_backward"  # the forward of fp32 compute, the gradients of bf16
+    os.environ["AMP_ZOO_CPU_COMPUTE"] = "bf16_backward"  # the forward of fp32 compute, the gradients of bf16
     y16_b, dx16_b, dw16_b = run(np.float16, x, w)
     np.testing.assert_array_equal(y16_b.asnumpy(), y16_fp32.asnumpy())
     np.testing.assert_array_equal(dx16_b.asnumpy(), dx16.asnumpy())
@@ -257,9 +257,9 @@ def test_o2_hands_the_conv_its_fp32_weight_as_stored_and_changes_no_number(graph
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
 @pytest.mark.parametrize("stride,padding", [(1, 1), (2, 0)])
 def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride, padding):
-    """AMP_ZOO_CONV_COMPUTE=bf16 (opt-in, a CPU with AVX512-BF16): the output, dx and dw are the fp32 kernel's on
+    """AMP_ZOO_CPU_COMPUTE=bf16 (opt-in, a CPU with AVX512-BF16): the output, dx and dw are the fp32 kernel's on
     x, w and dy rounded to bf16, summed in fp32 and rounded once to fp16, within an ulp of fp16."""
-    env = {**os.environ, "AMP_ZOO_CONV_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3"}
+    env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3"}
     env.pop("AMP_ZOO_ONEDNN_AUTO", None)
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_conv_check; "
             f"bf16_conv_check({stride}, {padding}); print('ok')")
@@ -272,7 +272,7 @@ def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride
 def test_bf16_weight_gradient_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw):
     """The weight gradient of a bf16 convolution between blocked layers, as one matmul (conv.cc's MatmulWeights)
     or as oneDNN's direct kernel (AMP_ZOO_CONV_MATMUL_DW=0): each within an ulp of the fp32 kernel's."""
-    env = {**os.environ, "AMP_ZOO_CONV_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3",
+    env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3",
            "AMP_ZOO_CONV_MATMUL_DW": matmul_dw}
     env.pop("AMP_ZOO_ONEDNN_AUTO", None)
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_blocked_check; "
@@ -282,45 +282,45 @@ def test_bf16_weight_gradient_between_blocked_layers_is_fp32_on_bf16_operands(ma
 
 
 @pytest.mark.parametrize("setting", ["", "fp32", "bf16", "bf16_backward"])
-def test_conv_compute_says_what_the_library_runs(monkeypatch, setting):
-    """cpu_kernels.conv_compute() (make doctor, a run's first lines) and conv.cc choose alike for every
-    AMP_ZOO_CONV_COMPUTE: bf16 only when asked for, on a CPU with AVX512-BF16 and oneDNN not capped below it."""
-    monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE", setting)
+def test_cpu_compute_says_what_the_library_runs(monkeypatch, setting):
+    """cpu_kernels.cpu_compute() (make doctor, a run's first lines) and conv.cc choose alike for every
+    AMP_ZOO_CPU_COMPUTE: bf16 only when asked for, on a CPU with AVX512-BF16 and oneDNN not capped below it."""
+    monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE", setting)
     lib = ctypes.CDLL(str(library()))
-    assert conv_compute() == ["fp32", "bf16", "bf16_backward"][lib.AmpZooConvBf16()]
-    assert conv_compute({"avx512f", "f16c", "avx512_bf16"}, "bf16") == "fp32"  # under this process's AVX2 cap
+    assert cpu_compute() == ["fp32", "bf16", "bf16_backward"][lib.AmpZooBf16Compute()]
+    assert cpu_compute({"avx512f", "f16c", "avx512_bf16"}, "bf16") == "fp32"  # under this process's AVX2 cap
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
-    assert conv_compute({"avx2", "f16c"}, setting) == "fp32"
+    assert cpu_compute({"avx2", "f16c"}, setting) == "fp32"
     for flags in ({"avx512f", "f16c", "avx512_bf16"}, {"avx512f", "f16c", "avx512_bf16", "avx512_fp16"}):
-        assert conv_compute(flags, setting) == (setting if setting.startswith("bf16") else "fp32")
+        assert cpu_compute(flags, setting) == (setting if setting.startswith("bf16") else "fp32")
 
 
-def test_runtime_cpu_conv_compute_sets_what_the_kernels_read(monkeypatch):
-    """runtime.cpu_conv_compute (models.layers.set_conv_compute, before a train step or an evaluation is built):
-    a value sets AMP_ZOO_CONV_COMPUTE; auto keeps the user's AMP_ZOO_CONV_COMPUTE, runs the training default
+def test_runtime_cpu_compute_sets_what_the_kernels_read(monkeypatch):
+    """runtime.cpu_compute (models.layers.set_cpu_compute, before a train step or an evaluation is built):
+    a value sets AMP_ZOO_CPU_COMPUTE; auto keeps the user's AMP_ZOO_CPU_COMPUTE, runs the training default
     and evaluates in fp32; one set by a parent amp-zoo process is decided afresh; a bad value names the valid."""
     from ampzoo.errors import ConfigError
-    from models.layers import AUTO_IN_TRAINING, set_conv_compute
-    monkeypatch.delenv("AMP_ZOO_CONV_COMPUTE", raising=False)
-    monkeypatch.delenv("AMP_ZOO_CONV_COMPUTE_BY", raising=False)
-    set_conv_compute("bf16_backward", training=True)
-    assert os.environ["AMP_ZOO_CONV_COMPUTE"] == "bf16_backward"
-    set_conv_compute("auto", training=False)  # ours, not the user's: evaluation computes in fp32
-    assert os.environ["AMP_ZOO_CONV_COMPUTE"] == "fp32"
-    set_conv_compute("auto", training=True)
-    assert os.environ["AMP_ZOO_CONV_COMPUTE"] == AUTO_IN_TRAINING
-    monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE_BY", "1")  # a parent process's choice, inherited
-    set_conv_compute("auto", training=False)
-    assert os.environ["AMP_ZOO_CONV_COMPUTE"] == "fp32" and os.environ["AMP_ZOO_CONV_COMPUTE_BY"] == str(os.getpid())
-    monkeypatch.delenv("AMP_ZOO_CONV_COMPUTE_BY")
-    monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE", "bf16")  # the user's own
+    from models.layers import AUTO_IN_TRAINING, set_cpu_compute
+    monkeypatch.delenv("AMP_ZOO_CPU_COMPUTE", raising=False)
+    monkeypatch.delenv("AMP_ZOO_CPU_COMPUTE_BY", raising=False)
+    set_cpu_compute("bf16_backward", training=True)
+    assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "bf16_backward"
+    set_cpu_compute("auto", training=False)  # ours, not the user's: evaluation computes in fp32
+    assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "fp32"
+    set_cpu_compute("auto", training=True)
+    assert os.environ["AMP_ZOO_CPU_COMPUTE"] == AUTO_IN_TRAINING
+    monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE_BY", "1")  # a parent process's choice, inherited
+    set_cpu_compute("auto", training=False)
+    assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "fp32" and os.environ["AMP_ZOO_CPU_COMPUTE_BY"] == str(os.getpid())
+    monkeypatch.delenv("AMP_ZOO_CPU_COMPUTE_BY")
+    monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE", "bf16")  # the user's own
     for training in (True, False):
-        set_conv_compute("auto", training=training)
-        assert os.environ["AMP_ZOO_CONV_COMPUTE"] == "bf16"
-    set_conv_compute("fp32", training=True)  # the config's value wins over the environment
-    assert os.environ["AMP_ZOO_CONV_COMPUTE"] == "fp32"
-    with pytest.raises(ConfigError, match="runtime.cpu_conv_compute=bf8 is not valid; valid: auto, fp32, bf16"):
-        set_conv_compute("bf8", training=True)
+        set_cpu_compute("auto", training=training)
+        assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "bf16"
+    set_cpu_compute("fp32", training=True)  # the config's value wins over the environment
+    assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "fp32"
+    with pytest.raises(ConfigError, match="runtime.cpu_compute=bf8 is not valid; valid: auto, fp32, bf16"):
+        set_cpu_compute("bf8", training=True)
 
 
 @pytest.mark.parametrize("block", [0, 16])

@@ -3,6 +3,10 @@ whatever comes in and rounds its output once, so in fp32 it matches the MindSpor
 gives what O2's casts gave (within an ulp); the weights go in as stored, and an fp32 weight's gradient in an fp16
 step is still an fp16 value (past 65504 it is inf, which the loss scale's check must see). A Transformer with
 the kernels computes the loss and gradients of the one without them."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -10,8 +14,8 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from cpu_kernels import has_ops, why_not
-from cpu_kernels.cells import CpuDropout, CpuSoftmax, affine_op, bmm_op, layer_norm_op, softmax_op
+from cpu_kernels import cpu_flags, has_ops, why_not
+from cpu_kernels.cells import CpuAttentionSoftmax, CpuDropout, affine_op, bmm_op, layer_norm_op, scaled_softmax_op, softmax_op
 from models.layers import set_cpu_kernels
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
@@ -78,6 +82,56 @@ def test_affine_takes_fp32_weights_with_fp16_activations_as_o2s_casts_would(grap
     close_in_fp16(dx, dyf @ as_half(w))
     close_in_fp16(dw, dyf.T @ xf)
     np.testing.assert_array_equal(dw, as_half(dw))  # fp16 values, stored fp32
+
+
+def bf16_dense_check() -> None:
+    """The body of the bf16 Dense test, in a process of its own (oneDNN's bf16 kernels need its full ISA): at O2
+    (fp16 activations, the fp32 weight as stored) y, dx, dw and db are fp32's products of x, dy and the weight
+    rounded to fp16 and then to bf16, summed in fp32 and rounded once to fp16 (the logits: fp32 holding fp16 values,
+    the fp32 gradient rounded to fp16 first). In the bf16_backward mode the forward is fp32 compute's."""
+    from tests.test_cpu_half import to_bf16
+    ms.set_device("CPU")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rng = np.random.RandomState(1)
+    x, dy = rng.randn(40, 24).astype(np.float16), rng.randn(40, 12).astype(np.float16)
+    w, b = rng.randn(12, 24).astype(np.float32) * 0.3, rng.randn(12).astype(np.float32)
+    xb, dyb, wb = to_bf16(x.astype(np.float32)), to_bf16(dy.astype(np.float32)), to_bf16(as_half(w))
+
+    def exact(got, want):  # bit for bit: the same products summed in fp32 (oneDNN's order) within an fp16 ulp
+        close_in_fp16(got, want)
+    y, (dx, dw, db) = run(affine_op(True), [x, w, b], dy)
+    assert y.dtype == ms.float16 and dx.dtype == np.float16 and dw.dtype == np.float32
+    exact(y.asnumpy(), xb @ wb.T + as_half(b))
+    exact(dx, dyb @ wb)
+    exact(dw, dyb.T @ xb)
+    exact(db, dyb.sum(0))
+    np.testing.assert_array_equal(dw, as_half(dw))
+    # bf16 differs from fp32 compute here: the test would pass on an fp32 kernel only by accident
+    assert np.abs(y.asnumpy().astype(np.float32) - (x.astype(np.float32) @ as_half(w).T + as_half(b))).max() > 2e-3
+    dy32 = rng.randn(40, 30).astype(np.float32)
+    w2 = rng.randn(30, 24).astype(np.float32)
+    y, (dx, dw) = run(affine_op(False, float32_out=True), [x, w2], dy32)
+    exact(y.asnumpy(), xb @ to_bf16(as_half(w2)).T)
+    np.testing.assert_array_equal(y.asnumpy(), as_half(y.asnumpy()))
+    exact(dx, to_bf16(as_half(dy32)) @ to_bf16(as_half(w2)))
+    os.environ["AMP_ZOO_CPU_COMPUTE"] = "bf16_backward"
+    y, (dx, dw, db) = run(affine_op(True), [x, w, b], dy)
+    close_in_fp16(y.asnumpy(), x.astype(np.float32) @ as_half(w).T + as_half(b))
+    exact(dw, dyb.T @ xb)
+
+
+@pytest.mark.skipif(not {"avx512_bf16", "avx512f", "f16c"} <= cpu_flags(),
+                    reason="this CPU has no AVX512-BF16: fp16 Dense layers multiply in fp32 here")
+def test_dense_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once():
+    """runtime.cpu_compute=bf16 (AMP_ZOO_CPU_COMPUTE) on a CPU with AVX512-BF16: the Transformer's Dense layers
+    and logits multiply bf16 operands in oneDNN's bf16 matmul and sum in fp32 (bf16_dense_check)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3"}
+    env.pop("AMP_ZOO_ONEDNN_AUTO", None)
+    code = (f"import sys; sys.path.insert(0, {root!r}); from tests.test_cpu_transformer import bf16_dense_check; "
+            f"bf16_dense_check(); print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
 def test_an_fp16_weight_gradient_past_65504_is_inf_for_the_loss_scale(graph_mode):
@@ -202,6 +256,29 @@ def test_softmax_and_its_gradient_against_numpy(graph_mode, dtype):
     assert not y.asnumpy()[..., -3:].any()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("shape,bias_shape", [((3, 2, 5, 7), (3, 1, 1, 7)), ((3, 2, 5, 5), (5, 5)),
+                                              ((2, 2, 1, 6), (1, 6)), ((4, 6), (4, 1))])
+def test_the_attention_softmax_scales_adds_the_broadcast_mask_and_differentiates(graph_mode, dtype, shape, bias_shape):
+    """softmax(x * scale + bias) in one pass: the padding mask (B, 1, 1, S) and the causal (T, T) broadcast as numpy
+    does; dx = scale * y * (dy - sum(dy * y)); the mask and the scale take no gradient."""
+    rng = np.random.RandomState(9)
+    x, dy = (rng.randn(*shape) * 3).astype(dtype), rng.randn(*shape).astype(dtype)
+    bias = rng.randn(*bias_shape).astype(np.float32)
+    if bias_shape[-1] > 1:  # a mask: -1e4 at some keys (never a whole row, whose sum would lose x's digits)
+        bias[rng.rand(*bias_shape) < 0.3] = -1e4
+    y, (dx, dbias, dscale) = run(scaled_softmax_op(), [x, bias, np.array([0.25], np.float32)], dy)
+    z = x.astype(np.float64) * 0.25 + bias
+    want = np.exp(z - z.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    g = dy.astype(np.float64)
+    check = close_in_fp16 if dtype == np.float16 else (lambda a, b: np.testing.assert_allclose(a, b, 1e-5, 1e-6))
+    assert y.dtype == (ms.float16 if dtype == np.float16 else ms.float32)
+    check(y.asnumpy(), want)
+    check(dx, 0.25 * want * (g - (g * want).sum(-1, keepdims=True)))
+    assert not dbias.any() and not dscale.any()
+
+
 def test_softmax_of_a_row_with_nan_or_inf_is_nan_for_the_loss_scale(graph_mode):
     x = np.zeros((3, 8), np.float16)
     x[0, 2], x[1, 5] = np.nan, np.inf
@@ -236,7 +313,7 @@ def test_o2_keeps_the_kernels_layernorm_and_softmax_fp32_without_casts(graph_mod
     amp_cfg = OmegaConf.create({"level": "O2", "dtype": "float16", "keep_fp32": ["LayerNorm", "Softmax"],
                                 "force_fp16": []})
     wrapped, _ = apply_policy(tiny_transformer("on"), amp_cfg)
-    for kind in (LayerNorm, CpuSoftmax):
+    for kind in (LayerNorm, CpuAttentionSoftmax):
         kept = [c for _, c in wrapped.cells_and_names() if isinstance(c, kind)]
         assert kept and all(c.fp32_inside and compute_dtype(c) == "float32" for c in kept)
         assert not any(isinstance(c, CastOutput) and isinstance(c.cell, kind) for _, c in wrapped.cells_and_names())

@@ -18,7 +18,7 @@ from ampzoo.engine.fuse import fuse_conv_bn
 from ampzoo.errors import ConfigError, write_error
 from ampzoo.runtime import set_context
 from models import build_model
-from models.layers import set_conv_compute
+from models.layers import set_cpu_compute
 
 log = logging.getLogger("amp_zoo")
 
@@ -486,7 +486,7 @@ def inference_network(cfg, script: str, cpu_kernels: Optional[str] = None):
         raise ConfigError(f"checkpoint is not set; run: python {script} recipe=NAME checkpoint=PATH/TO/model.ckpt")
     notes = []
     check_device_dtype(set_context(cfg.runtime), cfg.amp)
-    set_conv_compute(cfg.runtime.cpu_conv_compute, training=False)
+    set_cpu_compute(cfg.runtime.cpu_compute, training=False)
     # folding makes Conv2d with a bias, over NCHW: then MindSpore's own layers throughout
     net = build_model(cfg, "off" if cfg.infer.fuse_conv_bn else cpu_kernels)
     averaged = None

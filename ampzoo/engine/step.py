@@ -9,7 +9,7 @@ from amp.policy import apply_policy
 from ampzoo.engine.metrics import NetWithLoss, create_loss
 from ampzoo.engine.optim import create_optimizer
 from models import build_model
-from models.layers import set_conv_compute
+from models.layers import set_cpu_compute
 
 
 class TrainStep(NamedTuple):
@@ -23,7 +23,7 @@ class TrainStep(NamedTuple):
 def build_train_step(cfg, amp_cfg, lr, device: str) -> TrainStep:
     """cfg's model under amp_cfg (the recipe's amp block, or a fallback rung's), trained with learning rate
     `lr` (a number or one per step) on `device` ("CPU", "GPU" or "Ascend")."""
-    set_conv_compute(cfg.runtime.cpu_conv_compute, training=True)
+    set_cpu_compute(cfg.runtime.cpu_compute, training=True)
     net, policy = apply_policy(build_model(cfg), amp_cfg)
     plan = plan_loss_scale(amp_cfg.loss_scale)
     optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
