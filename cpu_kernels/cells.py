@@ -283,6 +283,27 @@ class CpuAdd(nn.Cell):
         return self.op(a, b)
 
 
+class CpuFork(nn.Cell):
+    """x -> n references to x (models.layers.Fork) whose gradients are summed by eltwise.cc's Add, fp32 or fp16,
+    each sum computed in fp32 and rounded once: at O2 MindSpore summed them in its fp16 AddN."""
+
+    def __init__(self, n: int = 2):
+        super().__init__()
+        self.n = n
+        self.add = add_op()
+
+    def construct(self, x):
+        return (x,) * self.n
+
+    def bprop(self, x, out, dout):
+        if self.n == 1:
+            return (dout[0],)
+        grad = self.add(dout[0], dout[1])
+        for i in range(2, self.n):
+            grad = self.add(grad, dout[i])
+        return (grad,)
+
+
 @lru_cache(maxsize=1)
 def mask_mul_op():
     """eltwise.cc's MaskMulFwd (x fp32 or fp16, m fp32 of x's shape -> x * m in x's dtype), its gradient dy * m."""

@@ -189,6 +189,27 @@ def add() -> nn.Cell:
     return Add()
 
 
+class Fork(nn.Cell):
+    """x -> n references to x, one for each reader (a residual branch and its sublayer; the encoder's output and
+    the decoder's cross-attentions). Their gradients meet in MindSpore's AddN."""
+
+    def __init__(self, n: int = 2):
+        super().__init__()
+        self.n = n
+
+    def construct(self, x):
+        return (x,) * self.n
+
+
+def fork(n: int = 2) -> Fork:
+    """Fork, or where the CPU kernels run, CpuFork (the gradients summed by eltwise.cc's Add: MindSpore's AddN
+    runs several times slower in fp16 than in fp32)."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import CpuFork
+        return CpuFork(n)
+    return Fork(n)
+
+
 class AddReLU(nn.Cell):
     """relu(a + b): the end of a residual block."""
 
