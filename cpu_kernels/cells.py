@@ -283,8 +283,8 @@ class CpuAdd(nn.Cell):
         return self.op(a, b)
 
 
-class CpuFork(nn.Cell):
-    """x -> n references to x (models.layers.Fork) whose gradients are summed by eltwise.cc's Add, fp32 or fp16,
+class CpuBranch(nn.Cell):
+    """x -> n references to x (models.layers.Branch) whose gradients are summed by eltwise.cc's Add, fp32 or fp16,
     each sum computed in fp32 and rounded once: at O2 MindSpore summed them in its fp16 AddN."""
 
     def __init__(self, n: int = 2):

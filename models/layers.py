@@ -189,7 +189,7 @@ def add() -> nn.Cell:
     return Add()
 
 
-class Fork(nn.Cell):
+class Branch(nn.Cell):
     """x -> n references to x, one for each reader (a residual branch and its sublayer; the encoder's output and
     the decoder's cross-attentions). Their gradients meet in MindSpore's AddN."""
 
@@ -201,13 +201,13 @@ class Fork(nn.Cell):
         return (x,) * self.n
 
 
-def fork(n: int = 2) -> Fork:
-    """Fork, or where the CPU kernels run, CpuFork (the gradients summed by eltwise.cc's Add: MindSpore's AddN
+def branch(n: int = 2) -> Branch:
+    """Branch, or where the CPU kernels run, CpuBranch (the gradients summed by eltwise.cc's Add: MindSpore's AddN
     runs several times slower in fp16 than in fp32)."""
     if use_cpu_kernels():
-        from cpu_kernels.cells import CpuFork
-        return CpuFork(n)
-    return Fork(n)
+        from cpu_kernels.cells import CpuBranch
+        return CpuBranch(n)
+    return Branch(n)
 
 
 class AddReLU(nn.Cell):

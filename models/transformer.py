@@ -30,7 +30,7 @@ from mindspore.common.initializer import Normal, XavierUniform
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import CELLS, MODELS
-from models.layers import add, affine_kernel, attention_softmax, bmm_kernel, dropout, fork, layer_norm_kernel, relu
+from models.layers import add, affine_kernel, attention_softmax, bmm_kernel, dropout, branch, layer_norm_kernel, relu
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
@@ -209,7 +209,7 @@ class Sublayer(nn.Cell):
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
         self.add = add()
-        self.split = fork(2)
+        self.split = branch(2)
 
     def construct(self, x, fx):
         return self.add(x, self.dropout(fx)) if self.norm_first else self.norm(self.add(x, self.dropout(fx)))
@@ -217,7 +217,7 @@ class Sublayer(nn.Cell):
     def pre(self, x):
         return self.norm(x) if self.norm_first else x
 
-    def fork(self, x):
+    def branches(self, x):
         """(the sublayer's input, the residual): x read twice, its two gradients summed in one kernel."""
         h, x = self.split(x)
         return self.pre(h), x
@@ -231,9 +231,9 @@ class EncoderLayer(nn.Cell):
         self.res1, self.res2 = Sublayer(d_model, dropout, norm_first), Sublayer(d_model, dropout, norm_first)
 
     def construct(self, x, src_bias):
-        h, x = self.res1.fork(x)
+        h, x = self.res1.branches(x)
         x = self.res1(x, self.attn(h, h, src_bias))
-        h, x = self.res2.fork(x)
+        h, x = self.res2.branches(x)
         return self.res2(x, self.ff(h))
 
 
@@ -246,11 +246,11 @@ class DecoderLayer(nn.Cell):
         self.res1, self.res2, self.res3 = (Sublayer(d_model, dropout, norm_first) for _ in range(3))
 
     def construct(self, x, memory, tgt_bias, src_bias):
-        h, x = self.res1.fork(x)
+        h, x = self.res1.branches(x)
         x = self.res1(x, self.self_attn(h, h, tgt_bias))
-        h, x = self.res2.fork(x)
+        h, x = self.res2.branches(x)
         x = self.res2(x, self.cross_attn(h, memory, src_bias))
-        h, x = self.res3.fork(x)
+        h, x = self.res3.branches(x)
         return self.res3(x, self.ff(h))
 
     def step(self, x, keys, values, cross_k, cross_v, self_bias, src_bias, at_t):
@@ -288,7 +288,7 @@ class Transformer(nn.Cell):
         layer_args = (d_model, heads, ffn, dropout, attention_dropout, activation_dropout, norm_first)
         self.encoder = nn.CellList([EncoderLayer(*layer_args) for _ in range(encoder_layers)])
         self.decoder = nn.CellList([DecoderLayer(*layer_args) for _ in range(decoder_layers)])
-        self.memory_fork = fork(decoder_layers)  # the encoder's output, read by every cross-attention
+        self.memory_branch = branch(decoder_layers)  # the encoder's output, read by every cross-attention
         self.norm_first = norm_first
         self.enc_norm = LayerNorm(d_model)  # used with pre-norm only
         self.dec_norm = LayerNorm(d_model)
@@ -324,7 +324,7 @@ class Transformer(nn.Cell):
         t = tgt.shape[1]
         tgt_bias = self.causal[:t, :t]
         x = self.embed_tokens(tgt, self.positions[:t])
-        memories = self.memory_fork(memory)
+        memories = self.memory_branch(memory)
         for i, layer in enumerate(self.decoder):
             x = layer(x, memories[i], tgt_bias, src_bias)
         return self.logits(x)

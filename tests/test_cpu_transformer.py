@@ -15,7 +15,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 
 from cpu_kernels import cpu_flags, has_ops, why_not
-from cpu_kernels.cells import CpuAttentionSoftmax, CpuDropout, affine_op, bmm_op, layer_norm_op, scaled_softmax_op, softmax_op
+from cpu_kernels.cells import CpuAttentionSoftmax, CpuBranch, CpuDropout, affine_op, bmm_op, layer_norm_op, scaled_softmax_op, softmax_op
 from models.layers import set_cpu_kernels
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
@@ -277,6 +277,28 @@ def test_the_attention_softmax_scales_adds_the_broadcast_mask_and_differentiates
     check(y.asnumpy(), want)
     check(dx, 0.25 * want * (g - (g * want).sum(-1, keepdims=True)))
     assert not dbias.any() and not dscale.any()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_a_branch_hands_out_its_input_and_sums_its_readers_gradients(graph_mode, dtype, n):
+    """CpuBranch(n): n references to x forward; backward the sum of the n gradients in x's dtype (no AddN)."""
+    class Readers(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.branch = CpuBranch(n)
+
+        def construct(self, x):
+            out = self.branch(x)
+            total = out[0] * 1.0
+            for i in range(1, n):
+                total = total + out[i] * float(i + 1)
+            return total
+    x, dy = np.arange(12, dtype=dtype).reshape(3, 4), np.full((3, 4), 0.5, dtype)
+    net = Readers()
+    (dx,) = ops.GradOperation(get_all=True, sens_param=True)(net)(ms.Tensor(x), ms.Tensor(dy))
+    assert dx.dtype == (ms.float16 if dtype == np.float16 else ms.float32)
+    np.testing.assert_array_equal(dx.asnumpy(), np.full((3, 4), 0.5 * n * (n + 1) / 2, dtype))
 
 
 def test_softmax_of_a_row_with_nan_or_inf_is_nan_for_the_loss_scale(graph_mode):
