@@ -191,8 +191,10 @@ class MeanOf(nn.Cell):
 
 def check_cpu_kernels(device: str) -> Tuple[str, str]:
     """The CPU kernels' low-precision path on this CPU (cpu_kernels.low_precision) and what an fp16 step of
-    conv + BatchNorm + ReLU costs against fp32, each the median of 7 steps taken in turns."""
-    from cpu_kernels import has_ops, low_precision, why_not
+    conv + BatchNorm + ReLU costs against fp32, each the median of 7 steps taken in turns; on a CPU that runs
+    bf16 (runtime.cpu_compute=bf16: AVX512-BF16, oneDNN not capped below it) the fp16 step with bf16 products too."""
+    from cpu_kernels import cpu_compute, has_ops, low_precision, why_not
+    from models.layers import CPU_COMPUTE
     if device != "CPU":
         return SKIPPED, "the project's CPU kernels run on the CPU only"
     if not has_ops():
@@ -210,15 +212,28 @@ def check_cpu_kernels(device: str) -> Tuple[str, str]:
         grad = ms.value_and_grad(MeanOf(net), None, net.trainable_params())
         grad(x)  # compile
         steps[dtype] = grad
-    times = {dtype: [] for dtype in steps}
-    for _ in range(7):
-        for dtype, step in steps.items():
-            t0 = time.perf_counter()
-            step(x)[0].asnumpy()
-            times[dtype].append(time.perf_counter() - t0)
-    fp32, fp16 = (statistics.median(times[d]) * 1e3 for d in (ms.float32, ms.float16))
-    return OK, (f"{low_precision()}; conv+BatchNorm+ReLU fp16 {fp16:.1f} ms against fp32 {fp32:.1f} ms "
-                f"({fp32 / fp16:.2f}x fp32's speed)")
+    # (name, step, products): the kernels read AMP_ZOO_CPU_COMPUTE at each call
+    variants = [("fp32", steps[ms.float32], "fp32"), ("fp16", steps[ms.float16], "fp32")]
+    if cpu_compute(env="bf16") == "bf16":
+        variants.append(("fp16 with bf16 products", steps[ms.float16], "bf16"))
+    before = os.environ.get(CPU_COMPUTE)
+    times = {name: [] for name, _, _ in variants}
+    try:
+        for _ in range(7):
+            for name, step, products in variants:
+                os.environ[CPU_COMPUTE] = products
+                t0 = time.perf_counter()
+                step(x)[0].asnumpy()
+                times[name].append(time.perf_counter() - t0)
+    finally:
+        if before is None:
+            os.environ.pop(CPU_COMPUTE, None)
+        else:
+            os.environ[CPU_COMPUTE] = before
+    ms_of = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    parts = [f"{name} {ms_of[name]:.1f} ms ({ms_of['fp32'] / ms_of[name]:.2f}x fp32's speed)"
+             for name, _, _ in variants if name != "fp32"]
+    return OK, f"{low_precision()}; conv+BatchNorm+ReLU fp32 {ms_of['fp32']:.1f} ms, {', '.join(parts)}"
 
 
 # ---- a recipe through train.py -------------------------------------------------------------------------------

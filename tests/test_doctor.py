@@ -3,6 +3,7 @@ skipped, and exits 0; a failing check is one `fails:` line with what to do, and 
 import os
 import re
 
+from cpu_kernels import cpu_compute
 from tests.conftest import run_cli
 
 CHECKS = ["device", "overflow", "clean step", "inf forward", "inf backward", "kernels", "cpu kernels", "msrun",
@@ -22,7 +23,9 @@ def test_the_doctor_on_a_cpu_runs_what_applies_and_names_what_it_skipped():
     assert "inf backward ok: step skipped, scale 16,777,216 -> 8,388,608" in result.stdout
     assert "bf16 absent, as expected on CPU" in result.stdout
     assert re.search(r"cpu kernels  ok: fp16 stored in fp16 between the kernels and computed in fp32 .*; "
-                     r"conv\+BatchNorm\+ReLU fp16 [\d.]+ ms against fp32 [\d.]+ ms", result.stdout), lines
+                     r"conv\+BatchNorm\+ReLU fp32 [\d.]+ ms, fp16 [\d.]+ ms \([\d.]+x fp32's speed\)"
+                     + (r", fp16 with bf16 products [\d.]+ ms" if cpu_compute(env="bf16") == "bf16" else r"$"),
+                     result.stdout, re.M), lines
     assert lines[-2].startswith("skipped: no device: the overflow, kernel, sinking and profiler checks ran on the CPU")
     assert lines[-1] == "doctor: 10 checks, none failed" and result.stderr.strip() == ""
 
