@@ -117,6 +117,8 @@ def main(argv) -> dict:
         result["shapes"][key] = rows
         for name, row in rows.items():
             print(f"{key} {name}: {row}", flush=True)
+    from cpu_kernels import cpu_compute, has_ops
+    result["cpu_compute"] = cpu_compute() if has_ops() else None  # how the fp16 Dense layers multiplied
     save_result("transformer_speed" + ("" if len(chosen) == len(SETTINGS) else "_" + "_".join(map(str, chosen))),
                 result)
     return result
