@@ -37,7 +37,7 @@ DEVICE_CELLS = {"CpuConv2d": ("Conv2d", "the CPU build of Conv2d (cpu_kernels)")
                 "CpuBatchNorm2d": ("BatchNorm2d", "the CPU build of BatchNorm2d (cpu_kernels)"),
                 "CpuReLU": ("ReLU", "the CPU build of ReLU (cpu_kernels)"),
                 "CpuSoftmax": ("Softmax", "the CPU build of Softmax (cpu_kernels)"),
-                "CpuAttentionSoftmax": ("Softmax", "the CPU build of the attention's scaled, masked Softmax (cpu_kernels)"),
+                "CpuAttentionSoftmax": ("Softmax", "the CPU build of the attention's masked Softmax (cpu_kernels)"),
                 "AttentionSoftmax": ("Softmax", "the attention's scaled, masked Softmax (models/layers.py)"),
                 "CpuDropout": ("Dropout", "the CPU build of Dropout (cpu_kernels)"),
                 "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (models/layers.py)")}

@@ -158,9 +158,9 @@ def cpu_compute(flags: Optional[set] = None, env: Optional[str] = None) -> str:
 def low_precision(flags: Optional[set] = None) -> str:
     """What the kernels do with low precision on this CPU, in one line: fp16 tensors are stored in fp16 between
     the kernels and computed in fp32 inside them (the conversions: AVX-512, F16C, else portable code), or the
-    convolutions and Dense layers in bf16 where asked (cpu_compute); native fp16 arithmetic (AVX512-FP16) is not used, and
-    amp.dtype=bfloat16 is refused (MindSpore's CPU build has no bf16 Conv2D or MatMul for the layers around
-    them). make doctor measures what this costs against fp32."""
+    convolutions and Dense layers in bf16 where asked (cpu_compute); native fp16 arithmetic (AVX512-FP16) is not
+    used, and amp.dtype=bfloat16 is refused (MindSpore's CPU build has no bf16 Conv2D or MatMul for the layers
+    around them). make doctor measures what this costs against fp32."""
     flags = cpu_flags() if flags is None else flags
     native = ("present, not used: the kernels compute fp32" if "avx512_fp16" in flags
               else "absent (no AVX512-FP16)")

@@ -44,9 +44,9 @@ AUTO_IN_TRAINING = "fp32"  # runtime.cpu_compute=auto in training: bf16 is opt-i
 
 def set_cpu_compute(choice: str, training: bool) -> None:
     """runtime.cpu_compute for the fp16 convolutions and Dense layers run from now on (cpu_kernels.cpu_compute
-    says what runs): a value sets it; auto keeps an AMP_ZOO_CPU_COMPUTE the user set, and otherwise runs AUTO_IN_TRAINING
-    in training and fp32 in evaluation, whose numbers then do not depend on the CPU. bf16 runs only on a CPU with
-    AVX512-BF16; elsewhere the kernels compute in fp32 whatever is asked."""
+    says what runs): a value sets it; auto keeps an AMP_ZOO_CPU_COMPUTE the user set, and otherwise runs
+    AUTO_IN_TRAINING in training and fp32 in evaluation, whose numbers then do not depend on the CPU. bf16 runs
+    only on a CPU with AVX512-BF16; elsewhere the kernels compute in fp32 whatever is asked."""
     if str(choice) not in COMPUTE_CHOICES:
         raise ConfigError(f"runtime.cpu_compute={choice} is not valid; valid: {', '.join(COMPUTE_CHOICES)}")
     ours = set_here(_SET_BY, CPU_COMPUTE)

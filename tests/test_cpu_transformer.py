@@ -15,7 +15,8 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 
 from cpu_kernels import cpu_flags, has_ops, why_not
-from cpu_kernels.cells import CpuAttentionSoftmax, CpuBranch, CpuDropout, affine_op, bmm_op, layer_norm_op, scaled_softmax_op, softmax_op
+from cpu_kernels.cells import (CpuAttentionSoftmax, CpuBranch, CpuDropout, affine_op, bmm_op, layer_norm_op,
+                               scaled_softmax_op, softmax_op)
 from models.layers import set_cpu_kernels
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
