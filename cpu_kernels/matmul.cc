@@ -100,26 +100,23 @@ bool GemmBf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t 
     dnnl::matmul::primitive_desc pd;
   };
   static std::mutex m;
-  static std::map<std::vector<int64_t>, std::unique_ptr<Entry>> cache;
-  Entry *e;
+  static std::map<std::vector<int64_t>, std::shared_ptr<Entry>> cache;  // shared: a clear() frees none in use
+  std::shared_ptr<Entry> e;
   try {
     std::lock_guard<std::mutex> lk(m);
+    if (cache.size() > 512) cache.clear();  // token counts vary from batch to batch: keep the cache bounded
     auto &slot = cache[{ta, tb, M, N, K, bias != nullptr}];
     if (!slot) {
-      if (cache.size() > 512) {  // token counts vary from batch to batch: keep the cache bounded
-        cache.clear();
-        return GemmBf16(ta, tb, M, N, K, A, B, bias, C);
-      }
       memory::desc ad({M, K}, dt::bf16, ta == 'N' ? memory::dims{K, 1} : memory::dims{1, M}),
           bd({K, N}, dt::bf16, tb == 'N' ? memory::dims{N, 1} : memory::dims{1, K}),
           cd({M, N}, dt::f32, memory::dims{N, 1}), biasd({1, N}, dt::f32, memory::dims{N, 1});
-      auto u = std::make_unique<Entry>();
+      auto u = std::make_shared<Entry>();
       u->pd = bias ? dnnl::matmul::primitive_desc(AmpZooEngine(), ad, bd, biasd, cd)
                    : dnnl::matmul::primitive_desc(AmpZooEngine(), ad, bd, cd);
       u->mm = dnnl::matmul(u->pd);
       slot = std::move(u);
     }
-    e = slot.get();
+    e = slot;
   } catch (const dnnl::error &) {
     return false;
   }
