@@ -12,7 +12,7 @@ from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import MODELS
-from models.layers import add_relu, batch_norm2d, conv2d, branch, max_pool2d, relu
+from models.layers import add_relu, batch_norm2d, branch, conv2d, max_pool2d, relu
 
 
 def conv(in_ch, out_ch, k, stride=1, input_grad=True):
@@ -32,13 +32,13 @@ class BasicBlock(nn.Cell):
         self.conv1, self.bn1 = conv(in_ch, ch, 3, stride), bn(ch)
         self.conv2, self.bn2 = conv(ch, ch, 3), bn(ch, zero_init_residual)
         self.relu, self.add_relu = relu(), add_relu()
-        self.split = branch(2)  # x to conv1 and to the shortcut: one kernel sums their gradients
+        self.branch = branch(2)  # x to conv1 and to the shortcut: one kernel sums their gradients
         self.down = None
         if stride != 1 or in_ch != ch:
             self.down = nn.SequentialCell([conv(in_ch, ch, 1, stride), bn(ch)])
 
     def construct(self, x):
-        x, shortcut = self.split(x)
+        x, shortcut = self.branch(x)
         identity = shortcut if self.down is None else self.down(shortcut)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
@@ -55,13 +55,13 @@ class Bottleneck(nn.Cell):
         self.conv2, self.bn2 = conv(ch, ch, 3, stride), bn(ch)
         self.conv3, self.bn3 = conv(ch, out_ch, 1), bn(out_ch, zero_init_residual)
         self.relu, self.add_relu = relu(), add_relu()
-        self.split = branch(2)  # x to conv1 and to the shortcut: one kernel sums their gradients
+        self.branch = branch(2)  # x to conv1 and to the shortcut: one kernel sums their gradients
         self.down = None
         if stride != 1 or in_ch != out_ch:
             self.down = nn.SequentialCell([conv(in_ch, out_ch, 1, stride), bn(out_ch)])
 
     def construct(self, x):
-        x, shortcut = self.split(x)
+        x, shortcut = self.branch(x)
         identity = shortcut if self.down is None else self.down(shortcut)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))

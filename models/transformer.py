@@ -1,9 +1,9 @@
 """Encoder-decoder Transformer (Vaswani et al. 2017), with attention written as Cells.
 
 MindSpore's nn.Transformer computes its attention softmax as a function, so a keep-list cannot reach it
-and under O2 all of its attention runs in fp16. Here Softmax, LayerNorm and the two attention matmuls
-(`BatchMatMul`) are Cells: `amp.keep_fp32: [LayerNorm, Softmax]` keeps them fp32, and `force_fp16:
-[BatchMatMul]` puts the attention matmuls in fp16 at O1.
+and under O2 all of its attention runs in fp16. Here Softmax (which takes the scores and the additive mask and
+scales them itself), LayerNorm and the two attention matmuls (`BatchMatMul`) are Cells: `amp.keep_fp32:
+[LayerNorm, Softmax]` keeps them fp32, and `force_fp16: [BatchMatMul]` puts the attention matmuls in fp16 at O1.
 
 Shared source/target embeddings (a joint subword vocabulary), tied to the output projection; sinusoidal
 positions; post-norm as in the paper, or pre-norm (`norm_first`). Token id 0 is padding. Dropout as in
@@ -30,7 +30,7 @@ from mindspore.common.initializer import Normal, XavierUniform
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import CELLS, MODELS
-from models.layers import add, affine_kernel, attention_softmax, bmm_kernel, dropout, branch, layer_norm_kernel, relu
+from models.layers import add, affine_kernel, attention_softmax, bmm_kernel, branch, dropout, layer_norm_kernel, relu
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
@@ -209,7 +209,7 @@ class Sublayer(nn.Cell):
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
         self.add = add()
-        self.split = branch(2)
+        self.branch = branch(2)
 
     def construct(self, x, fx):
         return self.add(x, self.dropout(fx)) if self.norm_first else self.norm(self.add(x, self.dropout(fx)))
@@ -219,7 +219,7 @@ class Sublayer(nn.Cell):
 
     def branches(self, x):
         """(the sublayer's input, the residual): x read twice, its two gradients summed in one kernel."""
-        h, x = self.split(x)
+        h, x = self.branch(x)
         return self.pre(h), x
 
 
