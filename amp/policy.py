@@ -80,16 +80,19 @@ def check_device_dtype(device: str, amp_cfg) -> None:
                           f"or bfloat16 on Ascend")
 
 
+TRANSFORMER_BF16 = "1.07-1.17x"  # bench.lab.transformer_speed, docs/benchmarks.md
+
+
 def cpu_cost_note(device: str, amp_cfg) -> str:
-    """The line a run at a low-precision level logs first on the CPU ("" elsewhere): what its fp16 costs here.
-    The project's kernels (cpu_kernels) store fp16 and compute in fp32, so a step does fp32's arithmetic plus the
-    conversions, and MindSpore's own fp16 CPU kernels (ops outside the project's kernels) run slower than their
-    fp32 ones. runtime.cpu_compute=bf16 multiplies the convolutions in bf16 instead (cpu_kernels.cpu_compute):
-    faster than O0, but not yet shown to hold a recipe's accuracy. The measurements: docs/benchmarks.md."""
+    """The line a run at a low-precision level logs first on the CPU ("" elsewhere): what its fp16 costs or gains
+    here. The project's kernels (cpu_kernels) store fp16 and compute in fp32, so a step does fp32's arithmetic plus
+    the conversions, unless they multiply in bf16 (runtime.cpu_compute; in training by default on a CPU with
+    AVX512-BF16), which runs faster than fp32. MindSpore's own fp16 CPU kernels (ops outside the project's kernels)
+    run slower than their fp32 ones. The measurements: docs/benchmarks.md."""
     low_precision_used = LEVELS[str(amp_cfg.level)].low != "none" or bool(amp_cfg.force_fp16)
     if device != "CPU" or not low_precision_used:
         return ""
-    from cpu_kernels import cpu_compute, cpu_flags, fp16_path, has_ops
+    from cpu_kernels import cpu_compute, fp16_path, has_ops
     where = "docs/benchmarks.md#mixed-precision-on-the-cpu"
     if not has_ops():
         return (f"amp.level={amp_cfg.level} on the CPU runs slower than O0: the CPU kernels are not built, so "
@@ -97,11 +100,11 @@ def cpu_cost_note(device: str, amp_cfg) -> str:
                 f"GPU fp16 runs natively")
     if cpu_compute() != "fp32":
         return (f"amp.level={amp_cfg.level} on the CPU with runtime.cpu_compute={cpu_compute()}: {fp16_path()}; "
-                f"with bf16 in every pass a ResNet-34 step ran 1.4x O0's on an AMD EPYC, and one ResNet-18 "
-                f"Fashion-MNIST O2 run reached 93.45% top-1 against O0's 93.57% after an evaluation at 20.6% in "
-                f"its first epoch ({where}): check its accuracy")
-    bf16 = ("; runtime.cpu_compute=bf16 multiplies the convolutions in bf16 on this CPU (1.4x O0's step, "
-            "its accuracy shown by one run)" if "avx512_bf16" in cpu_flags() else "")
+                f"on an AMD EPYC this ran ResNet-34's O2 step 1.25-1.5x O0's and Transformer-Tiny's "
+                f"{TRANSFORMER_BF16}, and the ResNet-18 and Multi30k O2 recipes trained so ended within 0.5 of "
+                f"fp32 compute ({where}); runtime.cpu_compute=fp32 computes what MindSpore's casts give")
+    bf16 = ("; runtime.cpu_compute=bf16 (auto's choice in training) multiplies in bf16 on this CPU, 1.25-1.5x "
+            "O0's ResNet-34 step" if cpu_compute(env="bf16") == "bf16" else "")
     return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step measured on an AVX-512 "
             f"CPU, {where}): {fp16_path()}, so each does fp32's arithmetic plus the conversions{bf16}; on "
             f"Ascend and GPU fp16 runs natively")

@@ -69,7 +69,7 @@ class CpuKernels(StrEnum):  # models/layers.py
 
 
 class CpuCompute(StrEnum):  # models/layers.py set_cpu_compute; conv.cc's Bf16Compute
-    auto = "auto"                    # AMP_ZOO_CPU_COMPUTE where it is set, else models.layers.AUTO_IN_TRAINING
+    auto = "auto"                    # AMP_ZOO_CPU_COMPUTE where set, else bf16 in training, fp32 in evaluation
     fp32 = "fp32"                    # an fp16 convolution or Dense computes in fp32 (what Cast + Conv2D gives)
     bf16 = "bf16"                    # it multiplies in bf16 on a CPU with AVX512-BF16 (oneDNN's bf16 kernels)
     bf16_backward = "bf16_backward"  # the same in the two backward passes only

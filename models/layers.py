@@ -39,7 +39,7 @@ def set_cpu_kernels(mode: str) -> None:
 CPU_COMPUTE = "AMP_ZOO_CPU_COMPUTE"  # what conv.cc and matmul.cc read when an fp16 layer runs
 _SET_BY = "AMP_ZOO_CPU_COMPUTE_BY"   # the process id that set it from runtime.cpu_compute
 COMPUTE_CHOICES = tuple(c.value for c in CpuCompute)
-AUTO_IN_TRAINING = "fp32"  # runtime.cpu_compute=auto in training: bf16 is opt-in (docs/configuration.md)
+AUTO_IN_TRAINING = "bf16"  # runtime.cpu_compute=auto in training, where the CPU runs it (docs/configuration.md)
 
 
 def set_cpu_compute(choice: str, training: bool) -> None:

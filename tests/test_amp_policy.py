@@ -133,4 +133,4 @@ def test_a_run_with_bf16_convolutions_says_first_that_they_cost_accuracy(monkeyp
     monkeypatch.setattr(cpu_kernels, "cpu_flags", lambda: {"avx512f", "f16c", "avx512_bf16"})
     note = cpu_cost_note("CPU", OmegaConf.create({"level": "O2", "force_fp16": []}))
     assert "runtime.cpu_compute=bf16" in note and "multiply fp16 rounded to bf16" in note
-    assert "check its accuracy" in note and "\n" not in note
+    assert "runtime.cpu_compute=fp32 computes" in note and "\n" not in note
