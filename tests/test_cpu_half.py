@@ -254,17 +254,23 @@ def test_o2_hands_the_conv_its_fp32_weight_as_stored_and_changes_no_number(graph
     as_stored_check()
 
 
+def run_bf16_check(module: str, call: str, **env) -> None:
+    """tests.<module>.<call> in a process of its own with AMP_ZOO_CPU_COMPUTE=bf16 and oneDNN's full ISA (this
+    process caps it below bf16), asserting it printed ok."""
+    env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3", **env}
+    env.pop("AMP_ZOO_ONEDNN_AUTO", None)
+    name = call.split("(")[0]
+    code = f"import sys; sys.path.insert(0, {ROOT!r}); from tests.{module} import {name}; {call}; print('ok')"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
 @pytest.mark.parametrize("stride,padding", [(1, 1), (2, 0)])
 def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride, padding):
-    """AMP_ZOO_CPU_COMPUTE=bf16 (opt-in, a CPU with AVX512-BF16): the output, dx and dw are the fp32 kernel's on
-    x, w and dy rounded to bf16, summed in fp32 and rounded once to fp16, within an ulp of fp16."""
-    env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3"}
-    env.pop("AMP_ZOO_ONEDNN_AUTO", None)
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_conv_check; "
-            f"bf16_conv_check({stride}, {padding}); print('ok')")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+    """AMP_ZOO_CPU_COMPUTE=bf16 (a CPU with AVX512-BF16): the output, dx and dw are the fp32 kernel's on x, w and
+    dy rounded to bf16, summed in fp32 and rounded once to fp16, within an ulp of fp16."""
+    run_bf16_check("test_cpu_half", f"bf16_conv_check({stride}, {padding})")
 
 
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
@@ -272,13 +278,7 @@ def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride
 def test_bf16_weight_gradient_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw):
     """The weight gradient of a bf16 convolution between blocked layers, as one matmul (conv.cc's MatmulWeights)
     or as oneDNN's direct kernel (AMP_ZOO_CONV_MATMUL_DW=0): each within an ulp of the fp32 kernel's."""
-    env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3",
-           "AMP_ZOO_CONV_MATMUL_DW": matmul_dw}
-    env.pop("AMP_ZOO_ONEDNN_AUTO", None)
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_blocked_check; "
-            f"bf16_blocked_check(); print('ok')")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+    run_bf16_check("test_cpu_half", "bf16_blocked_check()", AMP_ZOO_CONV_MATMUL_DW=matmul_dw)
 
 
 @pytest.mark.parametrize("setting", ["", "fp32", "bf16", "bf16_backward"])

@@ -4,8 +4,6 @@ gives what O2's casts gave (within an ulp); the weights go in as stored, and an 
 step is still an fp16 value (past 65504 it is inf, which the loss scale's check must see). A Transformer with
 the kernels computes the loss and gradients of the one without them."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -126,13 +124,8 @@ def bf16_dense_check() -> None:
 def test_dense_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once():
     """runtime.cpu_compute=bf16 (AMP_ZOO_CPU_COMPUTE) on a CPU with AVX512-BF16: the Transformer's Dense layers
     and logits multiply bf16 operands in oneDNN's bf16 matmul and sum in fp32 (bf16_dense_check)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3"}
-    env.pop("AMP_ZOO_ONEDNN_AUTO", None)
-    code = (f"import sys; sys.path.insert(0, {root!r}); from tests.test_cpu_transformer import bf16_dense_check; "
-            f"bf16_dense_check(); print('ok')")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+    from tests.test_cpu_half import run_bf16_check
+    run_bf16_check("test_cpu_transformer", "bf16_dense_check()")
 
 
 def test_an_fp16_weight_gradient_past_65504_is_inf_for_the_loss_scale(graph_mode):
