@@ -65,19 +65,22 @@ void ForRows(void **params, int *ndims, int64_t **shapes, bool half, F fn) {
   AmpZooParallel(threads, [&](int t, int k) { run(rows * t / k, rows * (t + 1) / k); });
 }
 
+// y = softmax(x) over d values (y may be x); a NaN is kept as the maximum, so its row comes out NaN
+void SoftmaxRow(const float *x, float *y, int64_t d) {
+  float m = x[0];
+  for (int64_t i = 1; i < d; ++i)
+    if (x[i] > m || x[i] != x[i]) m = x[i];
+  float sum = 0.0f;
+  for (int64_t i = 0; i < d; ++i) sum += (y[i] = std::exp(x[i] - m));
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < d; ++i) y[i] *= inv;
+}
+
 int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   const int kind = nparam == 2 ? Kind(nparam, ndims, shapes, dtypes) : 0;
   if (!kind) return 1;
-  ForRows<1>(params, ndims, shapes, kind == 2, [](int64_t, const float **in, float *y, int64_t d) {
-    const float *x = in[0];
-    float m = x[0];
-    for (int64_t i = 1; i < d; ++i)
-      if (x[i] > m || x[i] != x[i]) m = x[i];  // a NaN is kept as the maximum, so the row comes out NaN
-    float sum = 0.0f;
-    for (int64_t i = 0; i < d; ++i) sum += (y[i] = std::exp(x[i] - m));
-    const float inv = 1.0f / sum;
-    for (int64_t i = 0; i < d; ++i) y[i] *= inv;
-  });
+  ForRows<1>(params, ndims, shapes, kind == 2,
+             [](int64_t, const float **in, float *y, int64_t d) { SoftmaxRow(in[0], y, d); });
   return 0;
 }
 
@@ -156,14 +159,8 @@ int ScaledForward(int nparam, void **params, int *ndims, int64_t **shapes, const
   void *io[2] = {params[0], params[3]};
   ForRows<1>(io, nd, sh, kind == 2, [&](int64_t r, const float **in, float *y, int64_t d) {
     const float *x = in[0], *b = bias + rows[r];
-    for (int64_t i = 0; i < d; ++i) y[i] = x[i] * scale + b[i * last];  // then the softmax in place
-    float m = y[0];
-    for (int64_t i = 1; i < d; ++i)
-      if (y[i] > m || y[i] != y[i]) m = y[i];
-    float sum = 0.0f;
-    for (int64_t i = 0; i < d; ++i) sum += (y[i] = std::exp(y[i] - m));
-    const float inv = 1.0f / sum;
-    for (int64_t i = 0; i < d; ++i) y[i] *= inv;
+    for (int64_t i = 0; i < d; ++i) y[i] = x[i] * scale + b[i * last];
+    SoftmaxRow(y, y, d);
   });
   return 0;
 }
