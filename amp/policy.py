@@ -80,7 +80,8 @@ def check_device_dtype(device: str, amp_cfg) -> None:
                           f"or bfloat16 on Ascend")
 
 
-TRANSFORMER_BF16 = "1.07-1.17x"  # bench.lab.transformer_speed, docs/benchmarks.md
+# O2 against O0 with bf16 products, AMD EPYC (bench.speed, bench.lab.transformer_speed; docs/benchmarks.md)
+RESNET_BF16, TRANSFORMER_BF16 = "1.25-1.5x", "1.07-1.17x"
 
 
 def cpu_cost_note(device: str, amp_cfg) -> str:
@@ -100,11 +101,11 @@ def cpu_cost_note(device: str, amp_cfg) -> str:
                 f"GPU fp16 runs natively")
     if cpu_compute() != "fp32":
         return (f"amp.level={amp_cfg.level} on the CPU with runtime.cpu_compute={cpu_compute()}: {fp16_path()}; "
-                f"on an AMD EPYC this ran ResNet-34's O2 step 1.25-1.5x O0's and Transformer-Tiny's "
+                f"on an AMD EPYC this ran ResNet-34's O2 step {RESNET_BF16} O0's and Transformer-Tiny's "
                 f"{TRANSFORMER_BF16}, and ResNet-18 (a full run) and Multi30k (2,064 updates) O2 trained so stayed "
                 f"within 0.5 of fp32 compute ({where}); runtime.cpu_compute=fp32 computes what MindSpore's casts give")
-    bf16 = ("; runtime.cpu_compute=bf16 (auto's choice in training) multiplies in bf16 on this CPU, 1.25-1.5x "
-            "O0's ResNet-34 step" if cpu_compute(env="bf16") == "bf16" else "")
+    bf16 = (f"; runtime.cpu_compute=bf16 (auto's choice in training) multiplies in bf16 on this CPU, {RESNET_BF16} "
+            f"O0's ResNet-34 step" if cpu_compute(env="bf16") == "bf16" else "")
     return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step measured on an AVX-512 "
             f"CPU, {where}): {fp16_path()}, so each does fp32's arithmetic plus the conversions{bf16}; on "
             f"Ascend and GPU fp16 runs natively")

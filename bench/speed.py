@@ -267,7 +267,8 @@ def main(argv: List[str]) -> dict:
               "onednn": onednn_note(), "cpu_kernels": kernels, "cpu_compute": cpu_compute() if has_ops() else None,
               "machine": mach, "rows": rows}
     print(f"{cfg.recipe_name} ({cfg.model.name}, input {'x'.join(map(str, shape))}) on {describe(mach)}; {peer}; "
-          f"CPU kernels (cpu_kernels) {kernels}, fp16 convolutions multiply in {result['cpu_compute']}")
+          f"CPU kernels (cpu_kernels) {kernels}, fp16 convolutions and Dense layers multiply in "
+          f"{result['cpu_compute']}")
     for name, row in rows.items():
         print(f"  {name}: {row}")
     if want_profile:  # every level of ours (where O2 loses against O0 is the question), and the peer

@@ -143,11 +143,11 @@ NO_BF16_ISA = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE"
 
 def cpu_compute(flags: Optional[set] = None, env: Optional[str] = None) -> str:
     """How fp16 convolutions and Dense layers (matmul.cc) multiply on this CPU (conv.cc's Bf16Compute, the same
-    rule): "fp32"; "bf16"
-    when AMP_ZOO_CPU_COMPUTE=bf16 asks for it (runtime.cpu_compute sets it: models.layers.set_cpu_compute),
-    or "bf16_backward" (the backward passes only) for AMP_ZOO_CPU_COMPUTE=bf16_backward, each only on a CPU
-    with AVX512-BF16 and not under an ONEDNN_MAX_CPU_ISA cap below it (AVX2, for MindSpore's own convolutions).
-    bf16 runs oneDNN's bf16 kernels (fp32 sums, each output rounded once to fp16)."""
+    rule): "fp32"; "bf16" when AMP_ZOO_CPU_COMPUTE=bf16 asks for it (runtime.cpu_compute sets it:
+    models.layers.set_cpu_compute), or "bf16_backward" (the backward passes only) for
+    AMP_ZOO_CPU_COMPUTE=bf16_backward, each only on a CPU with AVX512-BF16 and not under an ONEDNN_MAX_CPU_ISA
+    cap below it (AVX2, for MindSpore's own convolutions). bf16 runs oneDNN's bf16 kernels (fp32 sums, each output
+    rounded once to fp16)."""
     flags = cpu_flags() if flags is None else flags
     env = os.environ.get("AMP_ZOO_CPU_COMPUTE", "") if env is None else env
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()

@@ -23,8 +23,8 @@ void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
 
 namespace {
 
-// 1 float32, 2 float16, 0 anything else; every tensor of the op alike, all of one shape
-int Kind(int nparam, int *ndims, int64_t **shapes, const char **dtypes) {  // the first nparam tensors
+// 1 float32, 2 float16, 0 anything else; the first nparam tensors alike, all of one shape
+int Kind(int nparam, int *ndims, int64_t **shapes, const char **dtypes) {
   const int kind = !std::strcmp(dtypes[0], "float32") ? 1 : !std::strcmp(dtypes[0], "float16") ? 2 : 0;
   if (ndims[0] < 1) return 0;
   for (int i = 1; i < nparam; ++i) {
@@ -35,8 +35,8 @@ int Kind(int nparam, int *ndims, int64_t **shapes, const char **dtypes) {  // th
   return kind;
 }
 
-// fn(row index, inputs as float32, output as float32, d) for each row of d values, on the pool's threads when there is
-// enough work; float16 rows are converted in and out of per-thread buffers
+// fn(row index, inputs as float32, output as float32, d) for each row of d values, on the pool's threads when
+// there is enough work; float16 rows are converted in and out of per-thread buffers
 template <int In, typename F>
 void ForRows(void **params, int *ndims, int64_t **shapes, bool half, F fn) {
   const int64_t d = shapes[0][ndims[0] - 1];
@@ -76,6 +76,13 @@ void SoftmaxRow(const float *x, float *y, int64_t d) {
   for (int64_t i = 0; i < d; ++i) y[i] *= inv;
 }
 
+// dx = scale * y * (dy - sum(dy * y)) over d values: softmax's gradient, of scores scaled by `scale`
+void SoftmaxGradRow(const float *y, const float *dy, float *dx, int64_t d, float scale) {
+  float dot = 0.0f;
+  for (int64_t i = 0; i < d; ++i) dot += dy[i] * y[i];
+  for (int64_t i = 0; i < d; ++i) dx[i] = scale * y[i] * (dy[i] - dot);
+}
+
 int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   const int kind = nparam == 2 ? Kind(nparam, ndims, shapes, dtypes) : 0;
   if (!kind) return 1;
@@ -87,18 +94,14 @@ int Forward(int nparam, void **params, int *ndims, int64_t **shapes, const char 
 int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   const int kind = nparam == 3 ? Kind(nparam, ndims, shapes, dtypes) : 0;
   if (!kind) return 1;
-  ForRows<2>(params, ndims, shapes, kind == 2, [](int64_t, const float **in, float *dx, int64_t d) {
-    const float *y = in[0], *dy = in[1];
-    float dot = 0.0f;
-    for (int64_t i = 0; i < d; ++i) dot += dy[i] * y[i];
-    for (int64_t i = 0; i < d; ++i) dx[i] = y[i] * (dy[i] - dot);
-  });
+  ForRows<2>(params, ndims, shapes, kind == 2,
+             [](int64_t, const float **in, float *dx, int64_t d) { SoftmaxGradRow(in[0], in[1], dx, d, 1.0f); });
   return 0;
 }
 
 // The row-major offset into a bias broadcast to x [..., d] of each of x's rows, numpy's rules (a bias axis of 1,
 // or missing on the left, repeats), and the bias's own step along the last axis (1, or 0 when it is 1 wide);
-// empty when the shapes do not broadcast
+// false when the shapes do not broadcast
 bool BiasRows(int xr, const int64_t *xs, int br, const int64_t *bs, std::vector<int64_t> *rows, int64_t *last) {
   if (br < 1 || br > xr) return false;
   std::vector<int64_t> stride(xr, 0);
@@ -176,10 +179,7 @@ int ScaledBackward(int nparam, void **params, int *ndims, int64_t **shapes, cons
   if (!kind || scale != scale) return 1;
   void *io[3] = {params[0], params[1], params[3]};
   ForRows<2>(io, nd, sh, kind == 2, [scale](int64_t, const float **in, float *dx, int64_t d) {
-    const float *y = in[0], *dy = in[1];
-    float dot = 0.0f;
-    for (int64_t i = 0; i < d; ++i) dot += dy[i] * y[i];
-    for (int64_t i = 0; i < d; ++i) dx[i] = scale * y[i] * (dy[i] - dot);
+    SoftmaxGradRow(in[0], in[1], dx, d, scale);
   });
   return 0;
 }
