@@ -2,8 +2,8 @@
 inside them, with no Cast around them. Each kernel's fp16 output and gradients equal its fp32 ones rounded to
 fp16 (within an ulp where fp32 sums of another order round apart); on a CPU with AVX512-BF16 a convolution may
 multiply in bf16 instead (what training runs there by default), and then equals the fp32 kernel on the
-bf16-rounded operands, rounded once to fp16; the fp16 <-> fp32 conversions agree with numpy's on every CPU path (AVX-512, F16C, portable), overflow
-included; and O2's BatchNorm keeps fp32 parameters without a precision flag."""
+bf16-rounded operands, rounded once to fp16; the fp16 <-> fp32 conversions agree with numpy's on every CPU path
+(AVX-512, F16C, portable), overflow included; and O2's BatchNorm keeps fp32 parameters without a precision flag."""
 import ctypes
 import os
 import subprocess
