@@ -1,7 +1,7 @@
 """A recipe's train step against PyTorch's, same model and shapes, same process, taking turns:
 
     python -m bench.speed recipe=NAME [key=value ...] [--batch N] [--size PIXELS] [--rounds 6] [--steps 3]
-                          [--levels O0,O2] [--profile]
+                          [--levels O0,O2] [--compute fp32,bf16] [--profile]
 
 Ours is the driver's own train step (bench.common.train_step: the recipe's network under its precision policy,
 loss scale and optimizer) at O0 and at the recipe's level; the peer is the same architecture in PyTorch eager
@@ -23,6 +23,11 @@ torch.autocast("cpu", torch.bfloat16), in our process. "PyTorch fp32" runs in ou
 "onednn" note): the same kernels' ISA on both sides. "PyTorch fp32, own process" runs in a process of its own at
 its full ISA (AVX-512 where the CPU has it), waiting on a pipe while the others run: the step a PyTorch user
 gets on this machine.
+
+--compute fp32,bf16 times each level but O0 once per runtime.cpu_compute value ("ours O2, bf16"), taking turns in
+the same run: how an fp16 convolution or Dense layer multiplies on this CPU (cpu_kernels.cpu_compute), so
+which one `auto` should train with is decided by a ratio measured side by side. A value the CPU cannot run
+computes in fp32, as it would in training, and says so in the run's `cpu_compute` rows.
 
 PyTorch (and torchvision) are bench-only dependencies: pip install torch==2.14.1 torchvision==0.29.1.
 """
@@ -49,6 +54,7 @@ from ampzoo.runtime import AUTO_CAP, onednn_note
 from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,
                           train_step)
 from cpu_kernels import cpu_compute, has_ops, library, why_not
+from models.layers import CPU_COMPUTE
 
 
 def shape_of(cfg, batch: int, size: int):
@@ -66,6 +72,22 @@ def our_step(cfg, shape) -> Tuple[Callable[[], float], bool]:
     y = ms.Tensor(rng.randint(0, cfg.model.num_classes, shape[0]).astype(np.int32))
     fast = any(type(c).__name__ == "CpuConv2d" for _, c in cell.cells_and_names())
     return (lambda: float(cell(x, y)[0].asnumpy())), fast
+
+
+def under_compute(mode: str, step: Callable[[], float]) -> Callable[[], float]:
+    """The step with the fp16 kernels multiplying as runtime.cpu_compute=mode asks (they read AMP_ZOO_CPU_COMPUTE
+    at each call, so variants built in one process can take turns), the variable as it was afterwards."""
+    def step_in_mode() -> float:
+        before = os.environ.get(CPU_COMPUTE)
+        os.environ[CPU_COMPUTE] = mode
+        try:
+            return step()
+        finally:
+            if before is None:
+                os.environ.pop(CPU_COMPUTE)
+            else:
+                os.environ[CPU_COMPUTE] = before
+    return step_in_mode
 
 
 def torch_model(cfg, channels: int):
@@ -210,6 +232,7 @@ def main(argv: List[str]) -> dict:
     batch, argv = pop_option(argv, "--batch", 0)
     size, argv = pop_option(argv, "--size", 0)
     levels, argv = pop_option(argv, "--levels", None, lambda v: v.split(","))
+    computes, argv = pop_option(argv, "--compute", None, lambda v: v.split(","))
     want_profile = "--profile" in argv
     argv = [a for a in argv if a != "--profile"]
     ms.set_device("CPU")
@@ -227,8 +250,12 @@ def main(argv: List[str]) -> dict:
         return bench_config([*argv, *level_overrides(level)], smoke=False)
 
     fast = False
+    ours: Dict[str, str] = {}  # our variants' names: the level, and the cpu_compute each ran (None: the recipe's)
     for level in levels:
-        variants[f"ours {level}"], fast = our_step(at(level), shape)
+        step, fast = our_step(at(level), shape)
+        for mode in (computes if computes and level != "O0" else [None]):
+            name = f"ours {level}" + (f", {mode}" if mode else "")
+            variants[name], ours[name] = (under_compute(mode, step) if mode else step), level
     own = ["--batch", str(shape[0]), "--size", str(shape[2])]
     if fast:  # the same step with MindSpore's own Conv2D and BatchNorm: what the library gains, side by side
         variants[f"ours {levels[0]}, MindSpore's kernels"] = own_process("mindspore",
@@ -256,9 +283,13 @@ def main(argv: List[str]) -> dict:
                                    ("speed_vs_pytorch_own_process", "PyTorch fp32, own process")):
                 rows[name][key] = ratio(times[peer_name], times[name])
                 rows[name][f"{key}_95ci"] = ratio_ci(times[peer_name], times[name])
-    for level in levels if "O0" in levels else []:  # > 1: faster than our O0 in the same run
-        rows[f"ours {level}"]["speed_vs_ours_O0"] = ratio(times["ours O0"], times[f"ours {level}"])
-        rows[f"ours {level}"]["speed_vs_ours_O0_95ci"] = ratio_ci(times["ours O0"], times[f"ours {level}"])
+    for name, level in ours.items() if "O0" in levels else []:  # > 1: faster than our O0 in the same run
+        if level != "O0":
+            rows[name]["speed_vs_ours_O0"] = ratio(times["ours O0"], times[name])
+            rows[name]["speed_vs_ours_O0_95ci"] = ratio_ci(times["ours O0"], times[name])
+    for name in ours:
+        if ", " in name:  # what the kernels ran for the value asked (fp32 where the CPU cannot run it)
+            rows[name]["cpu_compute"] = cpu_compute(env=name.split(", ")[1]) if has_ops() else None
     mach = machine()
     # a number measured without our CPU kernels (no g++ or headers in this environment) must say so
     kernels = f"built: {library().name}" if has_ops() else f"not used: {why_not()}"
@@ -272,7 +303,7 @@ def main(argv: List[str]) -> dict:
     for name, row in rows.items():
         print(f"  {name}: {row}")
     if want_profile:  # every level of ours (where O2 loses against O0 is the question), and the peer
-        profiles = {f"ours {level}": variants[f"ours {level}"] for level in levels}
+        profiles = {name: variants[name] for name in ours}
         if torch is not None:
             profiles["PyTorch fp32"] = variants["PyTorch fp32"]
         result["profile_ms"] = {name: top_ops(our_profile(fn) if name.startswith("ours") else torch_profile(fn),

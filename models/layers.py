@@ -84,15 +84,16 @@ def use_cpu_kernels() -> bool:
 
 
 def conv2d(in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None,
-           input_grad=True) -> nn.Conv2d:
+           input_grad=True, plain=False) -> nn.Conv2d:
     """A bias-free square convolution. input_grad=False: a network's first layer, whose input is the data and takes
     no gradient (the CPU kernel then computes the weight gradient alone; MindSpore's Conv2D finds that out by
-    itself)."""
+    itself). plain=True: its output in plain NCHW, never the CPU kernels' blocked layout (a layer whose output is
+    flattened next, as LeNet's last convolution)."""
     if use_cpu_kernels():
         from cpu_kernels.cells import CpuConv2d, block_for, supports_conv
         if supports_conv(stride, padding):
             return CpuConv2d(in_channels, out_channels, kernel_size, stride, padding, weight_init, input_grad,
-                             block_for(out_channels))
+                             0 if plain else block_for(out_channels))
     return nn.Conv2d(in_channels, out_channels, kernel_size, stride=stride, pad_mode="pad" if padding else "valid",
                      padding=padding, has_bias=False, weight_init=weight_init)
 
@@ -151,6 +152,23 @@ def dropout(p: float) -> nn.Dropout:
         from cpu_kernels.cells import CpuDropout
         return CpuDropout(p)
     return nn.Dropout(p=p)
+
+
+class Dense(nn.Dense):
+    """nn.Dense (a subclass: the same parameters, and keep-lists naming Dense reach it) on 2-D inputs, whose affine
+    map runs the CPU kernels' AffineFwd where they run: the fp32 weight goes in as it is stored, so O2 casts
+    nothing around it (weights_as_stored, amp.policy), and fp16 activations are multiplied as
+    runtime.cpu_compute says. Elsewhere it is nn.Dense."""
+
+    def __init__(self, in_channels, out_channels, weight_init=None):
+        super().__init__(in_channels, out_channels, weight_init=weight_init)
+        self.kernel = affine_kernel(bias=True)  # None: nn.Dense's own construct
+        self.weights_as_stored = self.kernel is not None
+
+    def construct(self, x):
+        if self.kernel is not None:
+            return self.kernel(x, self.weight, self.bias)
+        return super().construct(x)
 
 
 class AttentionSoftmax(nn.Softmax):

@@ -284,7 +284,7 @@ from ampzoo.runtime import onednn_note
 from models import build_model
 model = {"resnet18": {"stem": "cifar", "in_channels": 1}, "lenet5": {"in_channels": 1}}[sys.argv[1]]
 net = build_model(OmegaConf.create({"model": {"name": sys.argv[1], "num_classes": 10, "params": model},
-                                    "runtime": {"cpu_kernels": "auto", "onednn_isa": "auto"}}))
+                                    "runtime": {"cpu_kernels": sys.argv[2], "onednn_isa": "auto"}}))
 print("isa:", os.environ.get("ONEDNN_MAX_CPU_ISA"))
 print("note:", onednn_note())
 net.set_train(False)
@@ -292,13 +292,14 @@ net(ms.Tensor(np.ones((2, 1, 32, 32), np.float32))).asnumpy()
 """
 
 
-@pytest.mark.parametrize("model, lifted", [("resnet18", True), ("lenet5", False)])
-def test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutions(model, lifted):
+@pytest.mark.parametrize("model, kernels_mode, lifted", [("resnet18", "auto", True), ("lenet5", "auto", True),
+                                                         ("lenet5", "off", False)])
+def test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutions(model, kernels_mode, lifted):
     """build_model sets oneDNN's cap after MindSpore is imported and before the first kernel, and oneDNN obeys
-    it (ONEDNN_VERBOSE names the kernels that ran): LeNet (MindSpore's Conv2D, 20-130x slower above AVX2) gets
-    AVX2 and the gemm kernel, never the reference one; a ResNet, whose convolutions all run CpuConv2d, gets the
-    CPU's full ISA (AVX-512 kernels where the CPU has them). A cap inherited from an amp-zoo parent is decided
-    afresh; one the user set stays."""
+    it (ONEDNN_VERBOSE names the kernels that ran): LeNet with runtime.cpu_kernels=off (MindSpore's Conv2D,
+    20-130x slower above AVX2) gets AVX2 and the gemm kernel, never the reference one; a ResNet or LeNet whose
+    convolutions all run CpuConv2d gets the CPU's full ISA (AVX-512 kernels where the CPU has them). A cap
+    inherited from an amp-zoo parent is decided afresh; one the user set stays."""
     import os
     import platform
     import subprocess
@@ -314,7 +315,7 @@ def test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutio
                                          AUTO_CAP: "1"},
             "user": {**clean, "ONEDNN_MAX_CPU_ISA": "AVX2"}}
     for name, env in runs.items():
-        out = subprocess.run([sys.executable, "-c", LIFT_PROBE, model], cwd=ROOT, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", LIFT_PROBE, model, kernels_mode], cwd=ROOT, capture_output=True, text=True,
                              timeout=600, env={**env, "PYTHONPATH": str(ROOT), "ONEDNN_VERBOSE": "1"})
         assert out.returncode == 0, out.stderr[-2000:]
         isa = next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("isa:"))
