@@ -315,8 +315,8 @@ def test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutio
                                          AUTO_CAP: "1"},
             "user": {**clean, "ONEDNN_MAX_CPU_ISA": "AVX2"}}
     for name, env in runs.items():
-        out = subprocess.run([sys.executable, "-c", LIFT_PROBE, model, kernels_mode], cwd=ROOT, capture_output=True, text=True,
-                             timeout=600, env={**env, "PYTHONPATH": str(ROOT), "ONEDNN_VERBOSE": "1"})
+        out = subprocess.run([sys.executable, "-c", LIFT_PROBE, model, kernels_mode], cwd=ROOT, capture_output=True,
+                             text=True, timeout=600, env={**env, "PYTHONPATH": str(ROOT), "ONEDNN_VERBOSE": "1"})
         assert out.returncode == 0, out.stderr[-2000:]
         isa = next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("isa:"))
         kernels = {line.split(",")[6] for line in out.stdout.splitlines() if ",exec,cpu,convolution," in line}
