@@ -19,6 +19,7 @@ from ampzoo.engine.optim import lr_schedule, scaled_lr
 from ampzoo.engine.step import build_train_step
 from ampzoo.errors import ConfigError, fail
 from ampzoo.machine import machine, machine_kind
+from models.layers import CPU_COMPUTE
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -41,6 +42,22 @@ def train_step(cfg, steps_per_epoch: int, steps: int):
     step = build_train_step(cfg, cfg.amp, lr, ms.get_context("device_target")).cell
     step.set_train()
     return step
+
+
+def under_compute(mode: str, step: Callable[[], float]) -> Callable[[], float]:
+    """The step with the fp16 kernels multiplying as runtime.cpu_compute=mode asks (they read AMP_ZOO_CPU_COMPUTE
+    at each call, so variants built in one process can take turns), the variable as it was afterwards."""
+    def step_in_mode() -> float:
+        before = os.environ.get(CPU_COMPUTE)
+        os.environ[CPU_COMPUTE] = mode
+        try:
+            return step()
+        finally:
+            if before is None:
+                os.environ.pop(CPU_COMPUTE)
+            else:
+                os.environ[CPU_COMPUTE] = before
+    return step_in_mode
 
 
 def trained_network(cfg, checkpoint):

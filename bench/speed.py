@@ -52,9 +52,8 @@ from amp.profile import op_times
 from ampzoo.machine import machine
 from ampzoo.runtime import AUTO_CAP, onednn_note
 from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,
-                          train_step)
+                          train_step, under_compute)
 from cpu_kernels import cpu_compute, has_ops, library, why_not
-from models.layers import CPU_COMPUTE
 
 
 def shape_of(cfg, batch: int, size: int):
@@ -72,22 +71,6 @@ def our_step(cfg, shape) -> Tuple[Callable[[], float], bool]:
     y = ms.Tensor(rng.randint(0, cfg.model.num_classes, shape[0]).astype(np.int32))
     fast = any(type(c).__name__ == "CpuConv2d" for _, c in cell.cells_and_names())
     return (lambda: float(cell(x, y)[0].asnumpy())), fast
-
-
-def under_compute(mode: str, step: Callable[[], float]) -> Callable[[], float]:
-    """The step with the fp16 kernels multiplying as runtime.cpu_compute=mode asks (they read AMP_ZOO_CPU_COMPUTE
-    at each call, so variants built in one process can take turns), the variable as it was afterwards."""
-    def step_in_mode() -> float:
-        before = os.environ.get(CPU_COMPUTE)
-        os.environ[CPU_COMPUTE] = mode
-        try:
-            return step()
-        finally:
-            if before is None:
-                os.environ.pop(CPU_COMPUTE)
-            else:
-                os.environ[CPU_COMPUTE] = before
-    return step_in_mode
 
 
 def torch_model(cfg, channels: int):

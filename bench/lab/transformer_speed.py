@@ -1,6 +1,7 @@
 """Transformer-Tiny train step: ours against PyTorch eager's nn.Transformer, same shapes, same machine.
 
     python -m bench.lab.transformer_speed [--rounds 8] [--steps 3] [--settings 0,1,2,3,4] [--shapes 16,32]
+                                          [--compute fp32,bf16]
 
 Both sides: 4+4 layers, d_model 128, 4 heads, FFN 256, post-norm (no final LayerNorm), vocabulary 8,000 with tied
 embeddings, sinusoidal positions, dropout 0.3 on embeddings and sublayer outputs (none on attention weights or
@@ -12,7 +13,9 @@ of 8,000 and one batch an update, as its recorded figures were taken. Ours is th
 `steps` steps each per round; a ratio is the median of per-round ratios, so drift on a shared machine cancels.
 Each of our settings keeps its compiled graphs (about 3 GB each at 128 x 32), so a run with every setting holds
 some 18 GB: measure O0 against PyTorch alone (`--settings 0`) for the headline ratio, then the AMP settings.
-PyTorch is a bench-only dependency (`pip install torch`); without it the peer rows say so.
+--compute fp32,bf16 times each AMP setting once per runtime.cpu_compute value (how its fp16 Dense layers
+multiply; bench.speed's option), side by side. PyTorch is a bench-only dependency (`pip install torch`);
+without it the peer rows say so.
 """
 from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
@@ -24,7 +27,8 @@ import numpy as np
 
 from ampzoo.errors import fail
 from ampzoo.runtime import onednn_note
-from bench.common import alternate, bench_config, pop_option, ratio, ratio_ci, save_result, train_step
+from bench.common import (alternate, bench_config, pop_option, ratio, ratio_ci, save_result, train_step,
+                          under_compute)
 from bench.lab.torch_multi30k import build_peer
 
 SHAPES = [(128, 16), (128, 32)]
@@ -83,6 +87,7 @@ def main(argv) -> dict:
     steps, argv = pop_option(argv, "--steps", 3)
     chosen, argv = pop_option(argv, "--settings", list(range(len(SETTINGS))),
                               lambda v: [int(i) for i in v.split(",")])
+    computes, argv = pop_option(argv, "--compute", None, lambda v: v.split(","))
     lengths, argv = pop_option(argv, "--shapes", [t for _, t in SHAPES], lambda v: [int(i) for i in v.split(",")])
     if 0 not in chosen or any(i not in range(len(SETTINGS)) for i in chosen):
         fail(f"--settings takes indices of {[name for name, _, _ in SETTINGS]} and must include 0 (O0, the base)")
@@ -95,7 +100,11 @@ def main(argv) -> dict:
         torch, peer_note = None, "PyTorch is not installed (pip install torch): no peer measured"
     result = {"rounds": rounds, "steps_per_round": steps, "peer": peer_note, "onednn": onednn_note(), "shapes": {}}
     for batch, length in [(128, t) for t in lengths]:
-        variants = {SETTINGS[i][0]: our_step(SETTINGS[i][1], SETTINGS[i][2], batch, length) for i in chosen}
+        variants = {}
+        for i in chosen:
+            step = our_step(SETTINGS[i][1], SETTINGS[i][2], batch, length)
+            for mode in (computes if computes and i else [None]):
+                variants[SETTINGS[i][0] + (f", {mode}" if mode else "")] = under_compute(mode, step) if mode else step
         if torch is not None:
             variants["PyTorch nn.Transformer fp32"] = torch_step(batch, length)
         compile_s = {}
