@@ -96,3 +96,26 @@ def test_cpu_maxpool_picks_the_first_maximum_bit_for_bit(graph_mode, dtype, shap
     bits = np.uint32 if dtype == np.float32 else np.uint16
     np.testing.assert_array_equal(y.view(bits), want_y.view(bits))
     np.testing.assert_array_equal(dx.view(bits), want_dx.view(bits))
+
+
+@built
+def test_lenet_on_the_cpu_kernels_computes_what_mindspores_layers_compute(graph_mode):
+    """LeNet-5 on the CPU kernels (CpuConv2d, the Dense layers' AffineFwd, CpuReLU, CpuMaxPool2x2) and on
+    MindSpore's own layers (runtime.cpu_kernels=off, as export.py builds it): the same parameter names and
+    shapes, so a checkpoint of one loads into the other, and in fp32 the same outputs and weight gradients."""
+    from models import create_model
+    ours = create_model("lenet5", num_classes=10)
+    theirs = built_with("off", lambda: create_model("lenet5", num_classes=10))
+    assert type(ours.conv1).__name__ == "CpuConv2d" and ours.fc1.kernel is not None
+    assert [(p.name, p.shape) for p in ours.trainable_params()] == [(p.name, p.shape)
+                                                                    for p in theirs.trainable_params()]
+    ms.load_param_into_net(theirs, {p.name: ms.Parameter(p.value().copy(), p.name) for p in ours.get_parameters()})
+    x = ms.Tensor(np.random.RandomState(2).randn(8, 1, 32, 32).astype(np.float32))
+
+    def outputs_and_grads(net):
+        def loss(x):
+            return (net(x) ** 2).sum()
+        grads = ms.grad(loss, None, net.trainable_params())(x)
+        return [net(x).asnumpy()] + [g.asnumpy() for g in grads]
+    for a, b in zip(outputs_and_grads(ours), outputs_and_grads(theirs)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
