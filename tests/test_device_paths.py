@@ -300,8 +300,9 @@ def test_only_rank_0_removes_checkpoints_from_a_shared_folder(tmp_path):
 @pytest.mark.parametrize("device", ["Ascend", "GPU"])
 def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
     """The CPU kernels (cpu_kernels/) are custom ops built for the CPU: on Ascend and GPU, ResNet must get
-    nn.Conv2d, nn.BatchNorm2d (and nn.MaxPool2d in the ImageNet stem) and LeNet its written-out MaxPool2x2,
-    whatever the extension does here (runtime.cpu_kernels=auto); `on` there is one error naming the device."""
+    nn.Conv2d, nn.BatchNorm2d (and nn.MaxPool2d in the ImageNet stem), and LeNet nn.Conv2d, its written-out
+    MaxPool2x2 and Dense layers that run nn.Dense's own construct, whatever the extension does here
+    (runtime.cpu_kernels=auto); `on` there is one error naming the device."""
     from models import create_model, layers
     from tests.conftest import built_with
     from ampzoo.errors import ConfigError
@@ -315,6 +316,7 @@ def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
         built_with("on", lambda: create_model("lenet5", num_classes=10))
     assert type(resnet.stem[3]) is ms.nn.MaxPool2d
     assert type(lenet.pool).__name__ == "MaxPool2x2"
+    assert type(lenet.conv1) is ms.nn.Conv2d and lenet.fc1.kernel is None  # models.layers.Dense: nn.Dense's own
 
 
 def tokenizer_data(cache_dir):
