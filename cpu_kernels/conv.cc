@@ -21,7 +21,9 @@
 //   AMD EPYC (Zen 4) that runs much faster than fp32; the operands keep 8 bits of mantissa, not fp16's 11.
 //   bf16_backward: the same in the backward passes (dx, dw) only, the forward in fp32. On small planes a bf16
 //   weight gradient is one oneDNN matmul over an im2col of x instead (MatmulWeights).
-// Either way each output (y, dx, dw) is accumulated in fp32 and rounded once to fp16.
+// Either way each output (y, dx, dw) is accumulated in fp32 and rounded once to fp16. oneDNN's AMX kernels (a
+// Xeon with AMX) take and give channels-last tensors: there an fp16 activation in the blocked layout is converted
+// and reordered in one pass each way (Arg's `fused`), not a conversion and then a reorder.
 #include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
@@ -269,6 +271,36 @@ __attribute__((target("avx512f,avx512bf16,avx2,f16c"))) void F2H2B512(const floa
   for (; i < n; ++i) d[i] = FloatToBf16Bits(_cvtsh_ss(_cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT)));
 }
 
+// The fp16 activations of a bf16 convolution between its blocked neighbours and oneDNN's AMX kernels, which
+// take and give channels-last (nhwc) tensors: one pass each way instead of a conversion and a reorder. Rows
+// [r0, r1) of the n*hw positions; c channels in c/16 blocks of 16 lanes. The values are H2B512's and F2H512's.
+__attribute__((target("avx512f,avx512bf16,avx2,f16c"))) void BlockedHalfToNhwcBf16(const uint16_t *x, uint16_t *d,
+                                                                                  int64_t hw, int64_t c, int64_t r0,
+                                                                                  int64_t r1) {
+  const int64_t blocks = c / 16;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint16_t *from = x + ((r / hw) * blocks * hw + r % hw) * 16;
+    for (int64_t cb = 0; cb < blocks; ++cb) {
+      const __m512 f =
+          _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(from + cb * hw * 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + r * c + cb * 16),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(f)));
+    }
+  }
+}
+
+__attribute__((target("avx512f,avx2,f16c"))) void NhwcFloatToBlockedHalf(const float *y, uint16_t *d, int64_t hw,
+                                                                         int64_t c, int64_t r0, int64_t r1) {
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const int64_t blocks = c / 16;
+  for (int64_t r = r0; r < r1; ++r) {
+    uint16_t *to = d + ((r / hw) * blocks * hw + r % hw) * 16;
+    for (int64_t cb = 0; cb < blocks; ++cb)
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(to + cb * hw * 16),
+                          _mm512_maskz_cvtps_ph(0xffff, _mm512_loadu_ps(y + r * c + cb * 16), kRound));
+  }
+}
+
 // s rounded to the nearest fp16 values into d (d may be s), on this thread
 void RoundThroughHalf(const float *s, float *d, int64_t n) {
   constexpr int64_t kChunk = 1024;
@@ -384,26 +416,44 @@ struct Arg {
   memory user, inner;
   dnnl::reorder to_inner, to_user;
   bool reorder = false;
+  bool fused = false;  // fp16 nChw16c <-> the kernel's nhwc in one pass (a bf16 pass: BlockedHalfToNhwcBf16)
   Stage stage = kNone;
   std::vector<char> staged;
   void *out = nullptr;
-  // plain: the user's layout in the kernel's dtype; want: the kernel's layout
-  void Init(const memory::desc &plain, const memory::desc &want, Stage how) {
+  // plain: the user's layout in the kernel's dtype; want: the kernel's layout; bf16: a pass of a bf16 mode
+  void Init(const memory::desc &plain, const memory::desc &want, Stage how, bool bf16 = false) {
     auto &e = RT().engine;
     stage = how;
-    if (stage != kNone) staged.resize(plain.get_size());
+    const memory::dims d = plain.get_dims();
+    fused = bf16 && (stage == kHalfBf16 || stage == kHalfFloat) && d.size() == 4 && d[1] % 16 == 0 &&
+            plain == memory::desc(d, plain.get_data_type(), tag::nChw16c) &&
+            want == memory::desc(d, plain.get_data_type(), tag::nhwc);
+    if (stage != kNone && !fused) staged.resize(plain.get_size());
     user = memory(plain, e, DNNL_MEMORY_NONE);
     reorder = plain != want;
     inner = reorder ? memory(want, e) : user;
-    if (reorder) {
+    if (reorder && !fused) {
       to_inner = dnnl::reorder(user, inner);
       to_user = dnnl::reorder(inner, user);
     }
+  }
+  // the fused pass over the n*hw positions, split between the pool's threads
+  void Fused(const std::function<void(int64_t, int64_t, int64_t, int64_t)> &f) {
+    const memory::dims d = user.get_desc().get_dims();
+    const int64_t rows = d[0] * d[2] * d[3], hw = d[2] * d[3], c = d[1];
+    const int threads = rows * c >= (1 << 15) ? RT().pool.get_num_threads() : 1;
+    if (threads == 1) return f(hw, c, 0, rows);
+    RT().pool.parallel_for(threads, [&](int t, int k) { f(hw, c, rows * t / k, rows * (t + 1) / k); });
   }
   int64_t Count() const {
     return static_cast<int64_t>(staged.size()) / (stage == kHalfFloat || stage == kFloatHalfFloat ? 4 : 2);
   }
   void In(void *p) {  // user data into the kernel's layout
+    if (fused) {
+      const auto *h = static_cast<const uint16_t *>(p);
+      auto *to = static_cast<uint16_t *>(inner.get_data_handle());
+      return Fused([&](int64_t hw, int64_t c, int64_t a, int64_t b) { BlockedHalfToNhwcBf16(h, to, hw, c, a, b); });
+    }
     if (stage != kNone) {
       const int64_t n = Count();
       auto *to16 = reinterpret_cast<uint16_t *>(staged.data());
@@ -425,9 +475,15 @@ struct Arg {
   }
   void Bind(void *p) {  // an output (fp32 in the kernel): it writes here, or into `inner` and Out() reorders
     out = p;
-    user.set_data_handle(stage == kNone ? p : static_cast<void *>(staged.data()));
+    if (!fused) user.set_data_handle(stage == kNone ? p : static_cast<void *>(staged.data()));
   }
   void Out() {
+    if (fused) {
+      RT().stream.wait();
+      const auto *f = static_cast<const float *>(inner.get_data_handle());
+      auto *to = static_cast<uint16_t *>(out);
+      return Fused([&](int64_t hw, int64_t c, int64_t a, int64_t b) { NhwcFloatToBlockedHalf(f, to, hw, c, a, b); });
+    }
     if (reorder) to_user.execute(RT().stream, inner, user);
     if (stage == kNone) return;
     RT().stream.wait();
@@ -578,12 +634,12 @@ struct Conv {
                                                        hint);
     fwd = dnnl::convolution_forward(f);
     bwd_data = dnnl::convolution_backward_data(bd);
-    x.Init(memory::desc(xd, f_in, xl), f.src_desc(), read(xh, bf_fwd));
+    x.Init(memory::desc(xd, f_in, xl), f.src_desc(), read(xh, bf_fwd), bf_fwd);
     w.Init(memory::desc(wd, f_in, tag::oihw), f.weights_desc(), read(wh, bf_fwd));
-    y.Init(y_out, f.dst_desc(), wrote(xh));
-    dy_d.Init(memory::desc(yd, b_in, yl), bd.diff_dst_desc(), read(xh, bf_bwd));
+    y.Init(y_out, f.dst_desc(), wrote(xh), bf_fwd);
+    dy_d.Init(memory::desc(yd, b_in, yl), bd.diff_dst_desc(), read(xh, bf_bwd), bf_bwd);
     w_d.Init(memory::desc(wd, b_in, tag::oihw), bd.weights_desc(), read(wh, bf_bwd));
-    dx.Init(x_out, bd.diff_src_desc(), wrote(xh));
+    dx.Init(x_out, bd.diff_src_desc(), wrote(xh), bf_bwd);
     if (bf_bwd && xh && MatmulWeights::Applies(wd, yd, xl, yl, s)) {  // then no direct backward-weights kernel
       mm_dw.reset(new MatmulWeights(xd, wd, yd, p, wh));
       return;
@@ -591,8 +647,8 @@ struct Conv {
     dnnl::convolution_backward_weights::primitive_desc bw(e, alg, any(xd, b_in), w_any32, any(yd, b_in), st, pad,
                                                           pad, hint);
     bwd_weights = dnnl::convolution_backward_weights(bw);
-    x_w.Init(memory::desc(xd, b_in, xl), bw.src_desc(), read(xh, bf_bwd));
-    dy_w.Init(memory::desc(yd, b_in, yl), bw.diff_dst_desc(), read(xh, bf_bwd));
+    x_w.Init(memory::desc(xd, b_in, xl), bw.src_desc(), read(xh, bf_bwd), bf_bwd);
+    dy_w.Init(memory::desc(yd, b_in, yl), bw.diff_dst_desc(), read(xh, bf_bwd), bf_bwd);
     dw.Init(w_out, bw.diff_weights_desc(), wrote(wh));
   }
 

@@ -49,12 +49,23 @@ def set_cpu_compute(choice: str, training: bool) -> None:
     only on a CPU with AVX512-BF16; elsewhere the kernels compute in fp32 whatever is asked."""
     if str(choice) not in COMPUTE_CHOICES:
         raise ConfigError(f"runtime.cpu_compute={choice} is not valid; valid: {', '.join(COMPUTE_CHOICES)}")
+    if _OLD_CPU_COMPUTE in os.environ:
+        _warn_old_variable(os.environ[_OLD_CPU_COMPUTE])
     ours = set_here(_SET_BY, CPU_COMPUTE)
     if str(choice) == "auto":
         if CPU_COMPUTE in os.environ and not ours:  # the user's
             return
         choice = AUTO_IN_TRAINING if training else "fp32"
     os.environ[CPU_COMPUTE], os.environ[_SET_BY] = str(choice), str(os.getpid())
+
+
+_OLD_CPU_COMPUTE = "AMP_ZOO_CONV_COMPUTE"  # its name until 2026-11-28, when it came to cover Dense layers too
+
+
+@lru_cache(maxsize=1)
+def _warn_old_variable(value: str) -> None:  # cached: the warning comes once a process
+    log.warning("%s=%s is no longer read: set runtime.cpu_compute=%s (or %s=%s)", _OLD_CPU_COMPUTE, value, value,
+                CPU_COMPUTE, value)
 
 
 @lru_cache(maxsize=1)

@@ -183,17 +183,20 @@ def bf16_conv_check(stride: int, padding: int) -> None:
     np.testing.assert_array_equal(dw16_b.asnumpy(), dw16.asnumpy())
 
 
-def bf16_blocked_check() -> None:
-    """A stride-1 convolution between blocked layers on a small plane (ResNet's 8x8 and 4x4 stages), whose bf16
-    weight gradient conv.cc computes as one matmul over an im2col of x (MatmulWeights, unless
-    AMP_ZOO_CONV_MATMUL_DW=0): y, dx and dw are the fp32 kernel's on bf16-rounded operands within an ulp of
-    fp16, the padding's zeros included, for an fp16 weight and for an fp32 master weight taken as stored."""
+def bf16_blocked_check(size: int = 8) -> None:
+    """A stride-1 convolution between blocked layers. On a small plane (ResNet's 8x8 and 4x4 stages) conv.cc
+    computes its bf16 weight gradient as one matmul over an im2col of x (MatmulWeights, unless
+    AMP_ZOO_CONV_MATMUL_DW=0); where oneDNN's bf16 kernels take channels-last tensors (AMX), the fp16 blocked
+    activations go to and from them in one pass each (conv.cc's fused Arg), on the pool's threads at 16x16.
+    y, dx and dw are the fp32 kernel's on bf16-rounded operands within an ulp of fp16, the padding's zeros
+    included, for an fp16 weight and for an fp32 master weight taken as stored."""
     ms.set_context(mode=ms.GRAPH_MODE)
     to_blocked, to_plain = relayout_ops(16)
     rng = np.random.RandomState(6)
-    x = rng.randn(4, 32, 8, 8).astype(np.float16).astype(np.float32)
+    x = rng.randn(4, 32, size, size).astype(np.float16).astype(np.float32)
     w = (rng.randn(64, 32, 3, 3) * 0.1).astype(np.float16).astype(np.float32)
-    dy = ms.Tensor(((np.arange(4 * 64 * 64) % 7 - 3) / 4).astype(np.float32).reshape(4, 64, 64))
+    plane = size * size
+    dy = ms.Tensor(((np.arange(4 * 64 * plane) % 7 - 3) / 4).astype(np.float32).reshape(4, 64, plane))
 
     def run(x_dtype, w_dtype, x_values, w_values):
         conv = CpuConv2d(32, 64, 3, 1, 1, weight_init=ms.Tensor(w_values.astype(w_dtype)), out_block=16)
@@ -274,11 +277,12 @@ def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride
 
 
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
-@pytest.mark.parametrize("matmul_dw", ["1", "0"])
-def test_bf16_weight_gradient_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw):
-    """The weight gradient of a bf16 convolution between blocked layers, as one matmul (conv.cc's MatmulWeights)
-    or as oneDNN's direct kernel (AMP_ZOO_CONV_MATMUL_DW=0): each within an ulp of the fp32 kernel's."""
-    run_bf16_check("test_cpu_half", "bf16_blocked_check()", AMP_ZOO_CONV_MATMUL_DW=matmul_dw)
+@pytest.mark.parametrize("matmul_dw, size", [("1", 8), ("0", 8), ("1", 16)])
+def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw, size):
+    """A bf16 convolution between blocked layers, its weight gradient as one matmul (conv.cc's MatmulWeights, 8x8)
+    or as oneDNN's direct kernel (AMP_ZOO_CONV_MATMUL_DW=0, or 16x16): y, dx and dw each within an ulp of the
+    fp32 kernel's."""
+    run_bf16_check("test_cpu_half", f"bf16_blocked_check({size})", AMP_ZOO_CONV_MATMUL_DW=matmul_dw)
 
 
 @pytest.mark.parametrize("setting", ["", "fp32", "bf16", "bf16_backward"])
@@ -321,6 +325,21 @@ def test_runtime_cpu_compute_sets_what_the_kernels_read(monkeypatch):
     assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "fp32"
     with pytest.raises(ConfigError, match="runtime.cpu_compute=bf8 is not valid; valid: auto, fp32, bf16"):
         set_cpu_compute("bf8", training=True)
+
+
+def test_the_old_variable_is_named_not_silently_ignored(monkeypatch, caplog):
+    """AMP_ZOO_CONV_COMPUTE (the variable's name before it covered Dense layers) is no longer read: a run that
+    sets it is told once what to set instead."""
+    from models import layers
+    layers._warn_old_variable.cache_clear()
+    monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE", "bf16")
+    monkeypatch.delenv("AMP_ZOO_CPU_COMPUTE", raising=False)
+    with caplog.at_level("WARNING", logger="amp_zoo"):
+        layers.set_cpu_compute("fp32", training=True)
+        layers.set_cpu_compute("fp32", training=False)
+    said = [r.getMessage() for r in caplog.records if "AMP_ZOO_CONV_COMPUTE" in r.getMessage()]
+    assert said == ["AMP_ZOO_CONV_COMPUTE=bf16 is no longer read: set runtime.cpu_compute=bf16 "
+                    "(or AMP_ZOO_CPU_COMPUTE=bf16)"]
 
 
 @pytest.mark.parametrize("block", [0, 16])
