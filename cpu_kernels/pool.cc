@@ -14,10 +14,16 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <vector>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
+
+void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
+int AmpZooThreads();
+void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
+void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
 
 namespace {
 
@@ -197,27 +203,7 @@ template <typename U>
 void PoolFast(const U *, U *, const U *, U *, int64_t, int64_t, int64_t) {}
 #endif
 
-// float to the element's bits: float32 as is, float16 rounded to nearest even (Max3x3's maxima, exact, and
-// Grad3x3's sums of gradients)
-uint16_t ToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  x &= 0x7fffffffu;
-  if (x >= 0x7f800000u) return sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0);  // inf, NaN
-  if (x >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504: inf
-  if (x < 0x38800000u) {  // a float16 subnormal or zero: scale by 2^24 and round
-    float a;
-    std::memcpy(&a, &x, 4);
-    const float scaled = a * 16777216.0f;  // exact
-    uint32_t m = static_cast<uint32_t>(scaled);
-    const float rest = scaled - static_cast<float>(m);
-    if (rest > 0.5f || (rest == 0.5f && (m & 1))) ++m;
-    return sign | m;
-  }
-  const uint32_t r = x + 0xfffu + ((x >> 13) & 1u);  // round to nearest even at bit 13
-  return sign | static_cast<uint16_t>((r - 0x38000000u) >> 13);
-}
+// float to a float32 element's bits (the 3x3 loops run on float32: Pool3x3)
 template <typename U>
 U Bits(float f);
 template <>
@@ -226,8 +212,6 @@ uint32_t Bits<uint32_t>(float f) {
   std::memcpy(&b, &f, 4);
   return b;
 }
-template <>
-uint16_t Bits<uint16_t>(float f) { return ToHalf(f); }
 
 // 3x3 max-pooling, stride 2, padding 1 (the ResNet ImageNet stem's; torchvision's nn.MaxPool2d(3, 2, 1)).
 // MindSpore 2.10 runs it as MaxPool3DWithArgmax: 70 ms of a ResNet-34 224x224 batch-8 step, where PyTorch
@@ -308,20 +292,49 @@ void Grad3x3(const U *x, const U *y, const U *dy, U *dx, float *acc, int64_t pla
   }
 }
 
-// One op on buffers of element type U: params are x, y (forward); x, dy, dx (2x2 backward); x, y, dy, dx (3x3)
+// The 2x2 op on buffers of element type U: params are x, y (forward); x, dy, dx (backward)
 template <typename U>
-void Dispatch(int nparam, void **params, bool backward, bool k3, int64_t planes, int64_t h, int64_t w,
-              float *scratch) {
+void Dispatch(int nparam, void **params, bool backward, int64_t planes, int64_t h, int64_t w) {
   U *x = static_cast<U *>(params[0]), *out = static_cast<U *>(params[nparam - 1]), *none = nullptr;
   U *dy = backward ? static_cast<U *>(params[nparam - 2]) : nullptr;
-  if (!k3 && kAvx2 && w / 2 >= 8)  // rows of 8 windows or more: LeNet's first pooling, not its second
+  if (kAvx2 && w / 2 >= 8)  // rows of 8 windows or more: LeNet's first pooling, not its second
     PoolFast(x, backward ? none : out, dy, backward ? out : none, planes, h, w);
-  else if (!k3)
-    Pool(x, backward ? none : out, dy, backward ? out : none, planes, h, w);
-  else if (backward)
-    Grad3x3(x, static_cast<U *>(params[1]), dy, out, scratch, planes, h, w);
   else
-    Max3x3(x, out, scratch, planes, h, w);
+    Pool(x, backward ? none : out, dy, backward ? out : none, planes, h, w);
+}
+
+// 3x3 over planes [p0, p1), split between the pool's threads by the caller. In float16 each plane is converted
+// to float32 first (F16C or AVX-512, conv.cc) and its result back (maxima exact; dx rounded once, as Bits
+// would), so the loops above run on float32: reading float16 bits through Half() a value at a time cost the
+// ResNet-34 224x224 stem's pooling 5-15x its float32 time.
+void Pool3x3(void **params, bool backward, bool f32, int64_t p0, int64_t p1, int64_t h, int64_t w) {
+  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1, in = h * w, out = oh * ow;
+  std::vector<float> scratch(backward ? in : w);
+  if (f32) {
+    const auto at = [&](int k, int64_t p, int64_t n) { return static_cast<uint32_t *>(params[k]) + p * n; };
+    for (int64_t p = p0; p < p1; ++p) {
+      if (backward)
+        Grad3x3(at(0, p, in), at(1, p, out), at(2, p, out), at(3, p, in), scratch.data(), 1, h, w);
+      else
+        Max3x3(at(0, p, in), at(1, p, out), scratch.data(), 1, h, w);
+    }
+    return;
+  }
+  const auto at = [&](int k, int64_t p, int64_t n) { return static_cast<uint16_t *>(params[k]) + p * n; };
+  std::vector<float> x(in), y(out), dy(backward ? out : 0), result(backward ? in : out);
+  const auto bits = [](std::vector<float> &v) { return reinterpret_cast<uint32_t *>(v.data()); };
+  for (int64_t p = p0; p < p1; ++p) {
+    AmpZooHalfToFloatHere(at(0, p, in), x.data(), in);
+    if (backward) {
+      AmpZooHalfToFloatHere(at(1, p, out), y.data(), out);
+      AmpZooHalfToFloatHere(at(2, p, out), dy.data(), out);
+      Grad3x3(bits(x), bits(y), bits(dy), bits(result), scratch.data(), 1, h, w);
+      AmpZooFloatToHalfHere(result.data(), at(3, p, in), in);
+    } else {
+      Max3x3(bits(x), bits(result), scratch.data(), 1, h, w);
+      AmpZooFloatToHalfHere(result.data(), at(1, p, out), out);
+    }
+  }
 }
 
 // Return codes (MindSpore reports them): 1 a rank or dtype these ops do not take (shapes come from the
@@ -333,11 +346,17 @@ int Run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
   const int64_t *s = shapes[0], planes = s[0] * s[1];
   const bool f32 = !std::strcmp(dtypes[0], "float32");
   if (!f32 && std::strcmp(dtypes[0], "float16")) return 1;
-  std::vector<float> scratch(k3 ? s[3] * (backward ? s[2] : 1) : 0);  // a row (forward) or a plane (backward)
+  if (k3) {  // the stem's pooling: planes split between the pool's threads
+    const int threads = planes > 1 && planes * s[2] * s[3] >= (1 << 15) ? AmpZooThreads() : 1;
+    AmpZooParallel(threads, [&](int t, int k) {
+      Pool3x3(params, backward, f32, planes * t / k, planes * (t + 1) / k, s[2], s[3]);
+    });
+    return 0;
+  }
   if (f32)
-    Dispatch<uint32_t>(nparam, params, backward, k3, planes, s[2], s[3], scratch.data());
+    Dispatch<uint32_t>(nparam, params, backward, planes, s[2], s[3]);
   else
-    Dispatch<uint16_t>(nparam, params, backward, k3, planes, s[2], s[3], scratch.data());
+    Dispatch<uint16_t>(nparam, params, backward, planes, s[2], s[3]);
   return 0;
 }
 
