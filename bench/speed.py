@@ -263,7 +263,8 @@ def main(argv: List[str]) -> dict:
     if torch is not None:
         for name in rows:  # > 1: we are faster
             for key, peer_name in (("speed_vs_pytorch", "PyTorch fp32"),
-                                   ("speed_vs_pytorch_own_process", "PyTorch fp32, own process")):
+                                   ("speed_vs_pytorch_own_process", "PyTorch fp32, own process"),
+                                   ("speed_vs_pytorch_bf16_autocast", "PyTorch bf16 autocast")):
                 rows[name][key] = ratio(times[peer_name], times[name])
                 rows[name][f"{key}_95ci"] = ratio_ci(times[peer_name], times[name])
     for name, level in ours.items() if "O0" in levels else []:  # > 1: faster than our O0 in the same run
