@@ -80,7 +80,8 @@ def check_device_dtype(device: str, amp_cfg) -> None:
                           f"or bfloat16 on Ascend")
 
 
-# O2 against O0 with bf16 products, AMD EPYC (bench.speed, bench.lab.transformer_speed; docs/benchmarks.md)
+# O2 against O0 with bf16 products, AMD EPYC and Intel Xeon with AMX (bench.speed, bench.lab.transformer_speed;
+# docs/benchmarks.md)
 RESNET_BF16, TRANSFORMER_BF16 = "1.25-1.7x", "1.07-1.17x"
 
 

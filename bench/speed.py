@@ -233,12 +233,12 @@ def main(argv: List[str]) -> dict:
         return bench_config([*argv, *level_overrides(level)], smoke=False)
 
     fast = False
-    ours: Dict[str, str] = {}  # our variants' names: the level, and the cpu_compute each ran (None: the recipe's)
+    ours: Dict[str, Tuple[str, str]] = {}  # our variants: name -> level, cpu_compute asked (None: the recipe's)
     for level in levels:
         step, fast = our_step(at(level), shape)
         for mode in (computes if computes and level != "O0" else [None]):
             name = f"ours {level}" + (f", {mode}" if mode else "")
-            variants[name], ours[name] = (under_compute(mode, step) if mode else step), level
+            variants[name], ours[name] = (under_compute(mode, step) if mode else step), (level, mode)
     own = ["--batch", str(shape[0]), "--size", str(shape[2])]
     if fast:  # the same step with MindSpore's own Conv2D and BatchNorm: what the library gains, side by side
         variants[f"ours {levels[0]}, MindSpore's kernels"] = own_process("mindspore",
@@ -267,13 +267,12 @@ def main(argv: List[str]) -> dict:
                                    ("speed_vs_pytorch_bf16_autocast", "PyTorch bf16 autocast")):
                 rows[name][key] = ratio(times[peer_name], times[name])
                 rows[name][f"{key}_95ci"] = ratio_ci(times[peer_name], times[name])
-    for name, level in ours.items() if "O0" in levels else []:  # > 1: faster than our O0 in the same run
-        if level != "O0":
+    for name, (level, mode) in ours.items():
+        if level != "O0" and "O0" in levels:  # > 1: faster than our O0 in the same run
             rows[name]["speed_vs_ours_O0"] = ratio(times["ours O0"], times[name])
             rows[name]["speed_vs_ours_O0_95ci"] = ratio_ci(times["ours O0"], times[name])
-    for name in ours:
-        if ", " in name:  # what the kernels ran for the value asked (fp32 where the CPU cannot run it)
-            rows[name]["cpu_compute"] = cpu_compute(env=name.split(", ")[1]) if has_ops() else None
+        if mode:  # what the kernels ran for the value asked (fp32 where the CPU cannot run it)
+            rows[name]["cpu_compute"] = cpu_compute(env=mode) if has_ops() else None
     mach = machine()
     # a number measured without our CPU kernels (no g++ or headers in this environment) must say so
     kernels = f"built: {library().name}" if has_ops() else f"not used: {why_not()}"
