@@ -2,7 +2,8 @@
 of the MindSpore Cell it replaces (the same parameters, so the same checkpoint), and CpuAddReLU (a residual block's
 relu(a + b)), whose forward and backward are AOT custom ops from the extension's library (cpu_kernels.library()).
 The Transformer's ops come as functions returning the op (affine_op, bmm_op, layer_norm_op, add_op in CpuAdd,
-mask_mul_op in CpuDropout, log_softmax_top_k_op for decoding), which its Cells call with their own parameters.
+mask_mul_op in CpuDropout, log_softmax_top_k_op and cached_attention_op for decoding), which its Cells call with
+their own parameters.
 models.layers builds them where runtime.cpu_kernels lets it; nothing else should.
 
 MindSpore 2.10 hands oneDNN plain NCHW tensors for Conv2D and its two gradients, which leaves oneDNN only its
@@ -442,6 +443,24 @@ def log_softmax_top_k_op(k: int):
     def dtype(logits, specials):
         return ms.float32, ms.int32
     return ops.Custom(f"{library()}:LogSoftmaxTopK", out_shape=shape, out_dtype=dtype, func_type="aot")
+
+
+@lru_cache(maxsize=1)
+def cached_attention_op():
+    """decode.cc's CachedSelfAttention: a decoding step's self-attention against the cache. (qkv (R, 1, 3 h dh),
+    keys and values (R, h, L, dh), reorder (R,) int32, t (1,) int32, scale (1,)) -> the context (R, 1, h dh), and
+    the cache with row r continuing row reorder[r] and this step's key and value at position t (positions after t
+    unwritten). fp32, or fp16 with the unfused graph's roundings."""
+    return ops.Custom(f"{library()}:CachedSelfAttention", out_shape=_cached_shape, out_dtype=_cached_dtype,
+                      func_type="aot")
+
+
+def _cached_shape(qkv, keys, values, reorder, t, scale):
+    return [qkv[0], 1, qkv[2] // 3], keys, values
+
+
+def _cached_dtype(qkv, keys, values, reorder, t, scale):
+    return qkv, keys, values
 
 
 @lru_cache(maxsize=1)

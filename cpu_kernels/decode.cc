@@ -1,5 +1,7 @@
-// A beam-search step's last ops in one pass over each row (models/decoding.py, IncrementalDecoder), as an AOT
-// custom op (cpu_kernels/cells.py: log_softmax_top_k_op). Over a vocabulary of 10,000, MindSpore's CPU graph ran
+// A decoding step's own ops (models/decoding.py, IncrementalDecoder) as AOT custom ops (cpu_kernels/cells.py:
+// log_softmax_top_k_op, cached_attention_op).
+//
+// A beam-search step's last ops in one pass over each row: over a vocabulary of 10,000, MindSpore's CPU graph ran
 // LogSoftmax, the Add of the special tokens' -inf, two max reductions, two gathers and two TopKs, a third of the
 // decoding time.
 //
@@ -8,9 +10,24 @@
 //   equal values, as a stable sort); k is the outputs' width. log_softmax is taken over the logits alone, as
 //   ops.log_softmax(logits) + specials gives it; the order is that of logits + specials (the same order but
 //   where the subtraction of the log-sum-exp rounds two values together).
+//
+// The self-attention of one position against the cache of the earlier ones, with the cache's reorder and write:
+// MindSpore's graph gathered the whole (rows, heads, max_len, dh) cache for the reorder, scattered the new key
+// and value into a copy of it, and multiplied over all max_len positions, masked: more than half the step.
+// This copies and reads positions 0..t only.
+//
+// CachedSelfAttention (qkv [R, 1, 3 h dh], keys and values [R, h, L, dh], reorder [R] int32, t [1] int32,
+//   scale [1] float32 or float16 -> context [R, 1, h dh], keys' and values' [R, h, L, dh]): row r continues the
+//   hypothesis of row reorder[r], so its positions 0..t-1 are that row's, and position t is this step's key and
+//   value (qkv's second and third thirds, head-major as the Dense makes them). The query (the first third)
+//   attends to positions 0..t: softmax(q k^T x scale) v, which is what the causal mask leaves of the full
+//   product. Positions after t are not written: the next step copies 0..t. float32, or float16 throughout, with
+//   the unfused graph's roundings: the scores and the probabilities rounded to float16, the sums in float32.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -18,6 +35,7 @@
 void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
 int AmpZooThreads();
 void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
+void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
 
 namespace {
 
@@ -135,10 +153,109 @@ int TopK(int nparam, void **params, int *ndims, int64_t **shapes, const char **d
   return 0;
 }
 
+// x rounded to float16 and back, as a float16 tensor between two ops holds it
+void RoundHalf(float *x, int64_t n) {
+  std::vector<uint16_t> h(n);
+  AmpZooFloatToHalfHere(x, h.data(), n);
+  AmpZooHalfToFloatHere(h.data(), x, n);
+}
+
+// n values of a float32 or float16 tensor, as float32 (into buf, or in place)
+const float *AsFloat(const void *p, int64_t at, int64_t n, bool half, float *buf) {
+  if (!half) return static_cast<const float *>(p) + at;
+  AmpZooHalfToFloatHere(static_cast<const uint16_t *>(p) + at, buf, n);
+  return buf;
+}
+
+bool Shape(int ndim, const int64_t *shape, std::initializer_list<int64_t> want) {
+  if (ndim != static_cast<int>(want.size())) return false;
+  for (int64_t w : want)
+    if (*shape++ != w) return false;
+  return true;
+}
+
+// params: qkv, keys, values, reorder, t, scale, context, keys', values'
+int CachedAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam != 9 || ndims[1] != 4) return 1;
+  const int64_t R = shapes[1][0], H = shapes[1][1], L = shapes[1][2], D = shapes[1][3];
+  const bool half = !std::strcmp(dtypes[0], "float16");
+  if (!half && std::strcmp(dtypes[0], "float32")) return 1;
+  for (int i : {1, 2, 6, 7, 8})
+    if (std::strcmp(dtypes[i], dtypes[0])) return 1;
+  if (!Shape(ndims[0], shapes[0], {R, 1, 3 * H * D}) || !Shape(ndims[2], shapes[2], {R, H, L, D}) ||
+      !Shape(ndims[3], shapes[3], {R}) || !Shape(ndims[4], shapes[4], {1}) || !Shape(ndims[5], shapes[5], {1}) ||
+      !Shape(ndims[6], shapes[6], {R, 1, H * D}) || !Shape(ndims[7], shapes[7], {R, H, L, D}) ||
+      !Shape(ndims[8], shapes[8], {R, H, L, D}) || std::strcmp(dtypes[3], "int32") || std::strcmp(dtypes[4], "int32"))
+    return 1;
+  float scale = NAN;
+  if (!std::strcmp(dtypes[5], "float32")) scale = *static_cast<const float *>(params[5]);
+  if (!std::strcmp(dtypes[5], "float16")) AmpZooHalfToFloatHere(static_cast<const uint16_t *>(params[5]), &scale, 1);
+  const int32_t *reorder = static_cast<const int32_t *>(params[3]);
+  const int64_t t = *static_cast<const int32_t *>(params[4]);
+  if (scale != scale || t < 0 || t >= L) return 1;
+  for (int64_t r = 0; r < R; ++r)
+    if (reorder[r] < 0 || reorder[r] >= R) return 1;
+  const int64_t es = half ? 2 : 4, HD = H * D;
+  const char *qkv = static_cast<const char *>(params[0]);
+  auto run = [&](int64_t a, int64_t b) {
+    std::vector<float> q(D), kbuf(half ? (t + 1) * D : 0), vbuf(half ? (t + 1) * D : 0), p(t + 1), ctx(D);
+    for (int64_t r = a; r < b; ++r) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t from = ((reorder[r] * H + h) * L) * D * es, to = ((r * H + h) * L) * D * es;
+        const char *here = qkv + (r * 3 * HD + h * D) * es;  // this row's query of head h; HD on: its key, value
+        char *keys = static_cast<char *>(params[7]) + to, *values = static_cast<char *>(params[8]) + to;
+        std::memcpy(keys, static_cast<const char *>(params[1]) + from, t * D * es);
+        std::memcpy(values, static_cast<const char *>(params[2]) + from, t * D * es);
+        std::memcpy(keys + t * D * es, here + HD * es, D * es);
+        std::memcpy(values + t * D * es, here + 2 * HD * es, D * es);
+        const float *qf = AsFloat(here, 0, D, half, q.data());
+        const float *kf = AsFloat(keys, 0, (t + 1) * D, half, kbuf.data());
+        const float *vf = AsFloat(values, 0, (t + 1) * D, half, vbuf.data());
+        for (int64_t i = 0; i <= t; ++i) {
+          float dot = 0.0f;
+          for (int64_t j = 0; j < D; ++j) dot += qf[j] * kf[i * D + j];
+          p[i] = dot;
+        }
+        if (half) RoundHalf(p.data(), t + 1);
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i <= t; ++i) {  // a NaN is kept as the maximum: its row comes out NaN, as Softmax's
+          p[i] *= scale;
+          if (p[i] > m || p[i] != p[i]) m = p[i];
+        }
+        float sum = 0.0f;
+        for (int64_t i = 0; i <= t; ++i) sum += (p[i] = std::exp(p[i] - m));
+        const float inv = 1.0f / sum;
+        for (int64_t i = 0; i <= t; ++i) p[i] *= inv;
+        if (half) RoundHalf(p.data(), t + 1);
+        std::fill(ctx.begin(), ctx.end(), 0.0f);
+        for (int64_t i = 0; i <= t; ++i)
+          for (int64_t j = 0; j < D; ++j) ctx[j] += p[i] * vf[i * D + j];
+        char *out = static_cast<char *>(params[6]) + (r * HD + h * D) * es;
+        if (half) {
+          AmpZooFloatToHalfHere(ctx.data(), reinterpret_cast<uint16_t *>(out), D);
+        } else {
+          std::memcpy(out, ctx.data(), D * es);
+        }
+      }
+    }
+  };
+  const int threads = R * H * (t + 1) * D >= (1 << 14) ? AmpZooThreads() : 1;
+  if (threads == 1) {
+    run(0, R);
+  } else {
+    AmpZooParallel(threads, [&](int i, int n) { run(R * i / n, R * (i + 1) / n); });
+  }
+  return 0;
+}
+
 }  // namespace
 
-// Return codes (MindSpore reports them): 1 a count, shape or dtype this op does not take
+// Return codes (MindSpore reports them): 1 a count, shape, dtype or index these ops do not take
 extern "C" int LogSoftmaxTopK(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                               void *) {
   return TopK(n, params, ndims, shapes, dtypes);
+}
+extern "C" int CachedSelfAttention(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                                   void *) {
+  return CachedAttention(n, params, ndims, shapes, dtypes);
 }

@@ -186,13 +186,12 @@ class IncrementalDecoder:
                 self.fused = log_softmax_top_k_kernel(2 * beam)  # the CPU kernels' one pass, or None
 
             def construct(self, token, t, reorder, cache, cross, src_bias):
-                if self.reorders:  # a Python constant: the greedy graph holds no gather
-                    cache = tuple(ops.gather(c, reorder, 0) for c in cache)
+                reorder = reorder if self.reorders else None  # a Python constant: greedy never reorders
                 if self.fused is not None:
-                    logits, cache = self.model.decode_step_logits(token, t, cache, cross, src_bias)
+                    logits, cache = self.model.decode_step_logits(token, t, cache, cross, src_bias, reorder)
                     values, ids = self.fused(logits, self.specials)
                 else:
-                    logp, cache = self.model.decode_step(token, t, cache, cross, src_bias)
+                    logp, cache = self.model.decode_step(token, t, cache, cross, src_bias, reorder)
                     values, ids = top_k(logp + self.specials, self.k)
                 return values, ids, cache
 

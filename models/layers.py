@@ -283,6 +283,16 @@ def log_softmax_top_k_kernel(k: int):
     return None
 
 
+def cached_attention_kernel():
+    """Where the CPU kernels run, cpu_kernels' decoding self-attention against the cache, with the cache's reorder
+    and this position's write, over the positions so far only; elsewhere None (the caller gathers, scatters and
+    multiplies over the whole cache)."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import cached_attention_op
+        return cached_attention_op()
+    return None
+
+
 def layer_norm_kernel():
     """Where the CPU kernels run, cpu_kernels' LayerNorm op over the last axis (x, gamma, beta, eps -> y, mean,
     rstd) with its backward, computing in fp32 whatever the dtypes of x and gamma; elsewhere None."""

@@ -30,7 +30,8 @@ from mindspore.common.initializer import Normal, XavierUniform
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import CELLS, MODELS
-from models.layers import add, affine_kernel, attention_softmax, bmm_kernel, branch, dropout, layer_norm_kernel, relu
+from models.layers import (add, affine_kernel, attention_softmax, bmm_kernel, branch, cached_attention_kernel, dropout,
+                           layer_norm_kernel, relu)
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
@@ -166,6 +167,9 @@ class MultiHeadAttention(nn.Cell):
         self.context = BatchMatMul()
         self.softmax = attention_softmax(1.0 / math.sqrt(self.dh))
         self.dropout = Dropout(dropout)
+        # decoding: the CPU kernels' self-attention against the cache (DecoderLayer.step), or None
+        self.cached = cached_attention_kernel() if self_attention else None
+        self.scale = Tensor([1.0 / math.sqrt(self.dh)], ms.float32)
 
     def heads(self, x, parts):
         """(B, T, parts*d) -> parts x (B, h, T, dh). ops.split, not slicing a head-major tensor: MindSpore's
@@ -253,15 +257,23 @@ class DecoderLayer(nn.Cell):
         h, x = self.res3.branches(x)
         return self.res3(x, self.ff(h))
 
-    def step(self, x, keys, values, cross_k, cross_v, self_bias, src_bias, at_t):
-        """One position x (B, 1, d) against the cached keys/values (B, h, max_len, dh) of earlier positions;
-        at_t (B, h, 3) indexes (row, head, this position). Returns x and the updated keys and values."""
-        h = self.res1.pre(x)
-        q, k, v = self.self_attn.heads(self.self_attn.qkv(h), 3)
-        # write this position: a scatter (a masked blend of the whole cache broadcasts it every step)
-        keys = ops.tensor_scatter_update(keys, at_t, k.squeeze(2))
-        values = ops.tensor_scatter_update(values, at_t, v.squeeze(2))
-        x = self.res1(x, self.self_attn.attend(q, keys, values, self_bias))
+    def step(self, x, keys, values, cross_k, cross_v, src_bias, reorder, t, at_t, self_bias):
+        """One position x (B, 1, d) against the cached keys/values (B, h, max_len, dh) of earlier positions, row b
+        continuing the hypothesis of row reorder[b] (None: its own). t (1,) is this position; at_t (B, h, 3)
+        indexes (row, head, t) and self_bias masks the positions after t. Returns x and the updated cache."""
+        attn = self.self_attn
+        qkv = attn.qkv(self.res1.pre(x))
+        if attn.cached is not None:  # the CPU kernels: positions 0..t only, reordered and written in one op
+            context, keys, values = attn.cached(qkv, keys, values, reorder, t, attn.scale)
+            x = self.res1(x, attn.o(context))
+        else:
+            if reorder is not None:
+                keys, values = ops.gather(keys, reorder, 0), ops.gather(values, reorder, 0)
+            q, k, v = attn.heads(qkv, 3)
+            # write this position: a scatter (a masked blend of the whole cache broadcasts it every step)
+            keys = ops.tensor_scatter_update(keys, at_t, k.squeeze(2))
+            values = ops.tensor_scatter_update(values, at_t, v.squeeze(2))
+            x = self.res1(x, attn.attend(q, keys, values, self_bias))
         q = self.cross_attn.heads(self.cross_attn.q(self.res2.pre(x)), 1)
         x = self.res2(x, self.cross_attn.attend(q, cross_k, cross_v, src_bias))
         return self.res3(x, self.ff(self.res3.pre(x))), keys, values
@@ -350,14 +362,17 @@ class Transformer(nn.Cell):
         empty = ops.zeros((src.shape[0] * beam, self.heads, self.max_len, self.d_model // self.heads), cross[0].dtype)
         return cross, src_bias, tuple(empty for _ in cross)
 
-    def decode_step(self, token, t, cache, cross, src_bias):
-        """token (B,) at position t (a 0-d int32 tensor) -> log-probabilities (B, vocab) and the new cache."""
-        logits, new_cache = self.decode_step_logits(token, t, cache, cross, src_bias)
+    def decode_step(self, token, t, cache, cross, src_bias, reorder=None):
+        """token (B,) at position t (a 0-d int32 tensor) -> log-probabilities (B, vocab) and the new cache; row b
+        continues the hypothesis of row reorder[b] (None: each its own, as greedy decoding)."""
+        logits, new_cache = self.decode_step_logits(token, t, cache, cross, src_bias, reorder)
         return ops.log_softmax(logits, -1), new_cache
 
-    def decode_step_logits(self, token, t, cache, cross, src_bias):
+    def decode_step_logits(self, token, t, cache, cross, src_bias, reorder=None):
         """decode_step's logits (B, vocab), fp32, before the log-softmax (the CPU kernels fuse it with the top-k)."""
         b = token.shape[0]
+        if reorder is None and self.decoder[0].self_attn.cached is not None:
+            reorder = ops.arange(b, dtype=ms.int32)  # the kernel copies the cache's rows as it writes them
         rows = ops.broadcast_to(ops.arange(b, dtype=ms.int32).reshape(b, 1, 1), (b, self.heads, 1))
         heads = ops.broadcast_to(ops.arange(self.heads, dtype=ms.int32).reshape(1, -1, 1), (b, self.heads, 1))
         at_t = ops.concat([rows, heads, ops.broadcast_to(t.reshape(1, 1, 1), (b, self.heads, 1))], -1)
@@ -366,7 +381,7 @@ class Transformer(nn.Cell):
         new_cache = ()
         for i, layer in enumerate(self.decoder):
             x, keys, values = layer.step(x, cache[2 * i], cache[2 * i + 1], cross[2 * i], cross[2 * i + 1],
-                                         self_bias, src_bias, at_t)
+                                         src_bias, reorder, t.reshape(1), at_t, self_bias)
             new_cache = new_cache + (keys, values)
         return ops.cast(self.logits(x), ms.float32), new_cache
 

@@ -358,6 +358,41 @@ def test_the_fused_beam_step_is_log_softmax_plus_specials_then_top_k(graph_mode,
         assert not np.isin(ids.asnumpy(), [0, 2]).any()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_the_cached_self_attention_is_the_masked_attention_over_the_reordered_cache(graph_mode, dtype):
+    """decode.cc's CachedSelfAttention against numpy: row r's cache is row reorder[r]'s for positions before t and
+    this step's key and value at t, and the context is softmax(q k^T x scale) v over positions 0..t (what the
+    causal mask leaves); in fp16 with the graph's roundings (scores and probabilities rounded to fp16)."""
+    from cpu_kernels.cells import cached_attention_op
+    rng = np.random.RandomState(3)
+    rows, heads, length, dh = 6, 2, 7, 8
+    cache_k = rng.randn(rows, heads, length, dh).astype(dtype)
+    cache_v = rng.randn(rows, heads, length, dh).astype(dtype)
+    qkv = rng.randn(rows, 1, 3 * heads * dh).astype(dtype)
+    reorder = np.array([2, 2, 0, 5, 1, 3], np.int32)
+    scale = np.float32(1 / np.sqrt(dh))
+    fp16 = dtype == np.float16
+    for t in (0, 4, length - 1):
+        context, keys, values = Call(cached_attention_op())(
+            ms.Tensor(qkv), ms.Tensor(cache_k), ms.Tensor(cache_v), ms.Tensor(reorder), ms.Tensor([t], ms.int32),
+            ms.Tensor([scale]))
+        q, k, v = (a.reshape(rows, heads, dh).astype(np.float32) for a in np.split(qkv[:, 0], 3, -1))
+        want_k, want_v = cache_k[reorder].astype(np.float32), cache_v[reorder].astype(np.float32)
+        want_k[:, :, t], want_v[:, :, t] = k, v
+        np.testing.assert_array_equal(keys.asnumpy()[:, :, :t + 1], want_k[:, :, :t + 1])
+        np.testing.assert_array_equal(values.asnumpy()[:, :, :t + 1], want_v[:, :, :t + 1])
+        scores = np.einsum("rhd,rhpd->rhp", q, want_k[:, :, :t + 1])
+        scores = (as_half(scores) if fp16 else scores) * scale
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        want = np.einsum("rhp,rhpd->rhd", as_half(probs) if fp16 else probs, want_v[:, :, :t + 1])
+        got = context.asnumpy().reshape(rows, heads, dh)
+        if fp16:
+            close_in_fp16(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_o2_hands_dense_its_fp32_weights_as_stored_and_changes_no_number(graph_mode):
     """At O2 the Transformer's Dense takes its fp32 weight and bias as stored (no precision flag, so MindSpore
     casts neither): the loss and every gradient are bit for bit those of the Dense whose parameters MindSpore

@@ -254,14 +254,24 @@ def copy_model():
     return net, src
 
 
-@pytest.mark.parametrize("beam", [1, 4])
-def test_incremental_decoding_equals_full_recompute(copy_model, beam):
+@pytest.mark.parametrize("beam, cache_kernel", [(1, True), (4, True), (4, False)])
+def test_incremental_decoding_equals_full_recompute(copy_model, beam, cache_kernel):
     """The cached step (keys/values in a fixed buffer, reordered on the device as beams swap) gives the same
-    hypotheses as re-running the whole decoder at every step, greedy and with beams."""
-    from models.decoding import IncrementalDecoder, full_recompute_step
+    hypotheses as re-running the whole decoder at every step, greedy and with beams; with the CPU kernels'
+    self-attention against the cache and with the gather and scatter that run where they do not (Ascend, GPU)."""
+    from models.decoding import IncrementalDecoder, full_recompute_step, unwrap
     net, src = copy_model
     max_len = 14
-    got = IncrementalDecoder(net, beam).search(src, 1.0, "fairseq", max_len)
+    attention = [layer.self_attn for layer in unwrap(net).decoder]
+    kernels = [a.cached for a in attention]
+    if not cache_kernel or kernels[0] is None:
+        for a in attention:
+            a.cached = None
+    try:
+        got = IncrementalDecoder(net, beam).search(src, 1.0, "fairseq", max_len)
+    finally:
+        for a, k in zip(attention, kernels):
+            a.cached = k
     ms.set_context(mode=ms.PYNATIVE_MODE)  # the reference grows by a token a step: a graph would compile each length
     try:
         step = full_recompute_step(net, src, beam, max_len, 2 * beam)
