@@ -388,6 +388,8 @@ void AmpZooRoundThroughHalf(const float *s, float *d, int64_t n) {
 }
 
 // the same on the pool's threads (norm.cc uses them)
+int AmpZooHalfIsa() { return HalfIsa(); }
+
 void AmpZooHalfToFloat(const uint16_t *s, float *d, int64_t n) {
   const int isa = HalfIsa();
   Split(n, [&](int64_t a, int64_t b) { (isa == 2 ? H2F512 : isa == 1 ? H2F256 : H2FPortable)(s + a, d + a, b - a); });

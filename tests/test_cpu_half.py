@@ -379,6 +379,40 @@ def test_batchnorm_takes_fp16_and_computes_in_fp32(graph_mode, block):
     np.testing.assert_allclose(mv16, mv32, rtol=1e-6)
 
 
+def test_blocked_fp16_batchnorm_is_the_fp32_ops_rounded_once(graph_mode):
+    """In the blocked layout of 16 channels, fp16 BatchNorm reads and writes fp16 itself on an AVX-512 CPU: its
+    output and input gradient are the fp32 op's on the same values rounded to fp16, bit for bit, and its batch
+    statistics and parameter gradients the fp32 op's exactly (planes longer than its 256-position sums, and two
+    blocks, one a thread)."""
+    rng = np.random.RandomState(5)
+    x = (rng.randn(3, 32, 20, 20) * 2 - 1).astype(np.float16).reshape(3, 2, 16, 20, 20).transpose(0, 1, 3, 4, 2).copy()
+    outs = []
+    for v in (x, x.astype(np.float32)):
+        norm = CpuBatchNorm2d(32, block=16)
+        norm.set_train()
+        weights = ms.ParameterTuple(norm.trainable_params())
+
+        class Loss(nn.Cell):
+            def __init__(self, n):
+                super().__init__()
+                self.n = n
+
+            def construct(self, t):
+                y = self.n(t)
+                w = ops.arange(y.size).reshape(y.shape).astype(ms.float32).sin().astype(ms.float16)
+                return (y.astype(ms.float32) * w.astype(ms.float32)).sum()
+        y = norm(ms.Tensor(v)).asnumpy()
+        (dx,), (dgamma, dbeta) = ops.GradOperation(get_all=True, get_by_list=True)(Loss(norm), weights)(ms.Tensor(v))
+        outs.append((y, dx.asnumpy(), dgamma.asnumpy(), dbeta.asnumpy(), norm.moving_mean.asnumpy(),
+                     norm.moving_variance.asnumpy()))
+    half, single = outs
+    assert half[0].dtype == half[1].dtype == np.float16
+    for got, want in zip(half[:2], single[:2]):
+        np.testing.assert_array_equal(got.view(np.uint16), want.astype(np.float16).view(np.uint16))
+    for got, want in zip(half[2:], single[2:]):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_o2_keeps_cpu_batchnorm_fp32_without_casts():
     """amp.level=O2: the CPU BatchNorm gets no precision flag and no CastOutput (its kernel widens and rounds
     itself), its parameters stay fp32, and the precision report says it computes in fp32."""
