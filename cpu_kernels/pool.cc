@@ -292,15 +292,47 @@ void Grad3x3(const U *x, const U *y, const U *dy, U *dx, float *acc, int64_t pla
   }
 }
 
-// The 2x2 op on buffers of element type U: params are x, y (forward); x, dy, dx (backward)
+// The 2x2 op on buffers of element type U: x -> y (forward, dx null); x, dy -> dx (backward, y null)
 template <typename U>
-void Dispatch(int nparam, void **params, bool backward, int64_t planes, int64_t h, int64_t w) {
-  U *x = static_cast<U *>(params[0]), *out = static_cast<U *>(params[nparam - 1]), *none = nullptr;
-  U *dy = backward ? static_cast<U *>(params[nparam - 2]) : nullptr;
+void Dispatch(const U *x, U *y, const U *dy, U *dx, int64_t planes, int64_t h, int64_t w) {
   if (kAvx2 && w / 2 >= 8)  // rows of 8 windows or more: LeNet's first pooling, not its second
-    PoolFast(x, backward ? none : out, dy, backward ? out : none, planes, h, w);
+    PoolFast(x, y, dy, dx, planes, h, w);
   else
-    Pool(x, backward ? none : out, dy, backward ? out : none, planes, h, w);
+    Pool(x, y, dy, dx, planes, h, w);
+}
+
+// 2x2 over planes [p0, p1), split between the pool's threads by the caller. float16 rows too short for the AVX2
+// loop (LeNet's second pooling) are converted a plane at a time to float32 (F16C or AVX-512, conv.cc) and back,
+// as Pool3x3 does: the selections are of values that round-trip exactly, so the results are the same bits,
+// where Windows' Half() a value at a time cost 3x the float32 loop.
+void Pool2x2(void **params, bool backward, bool f32, int64_t p0, int64_t p1, int64_t h, int64_t w) {
+  const int64_t in = h * w, out = (h / 2) * (w / 2);
+  const int k = backward ? 2 : 1;  // the output's index: y, or dx after dy
+  if (f32 || (kAvx2 && w / 2 >= 8)) {
+    if (f32) {
+      const auto at = [&](int i, int64_t n) { return static_cast<uint32_t *>(params[i]) + p0 * n; };
+      Dispatch<uint32_t>(at(0, in), backward ? nullptr : at(1, out), backward ? at(1, out) : nullptr,
+                         backward ? at(2, in) : nullptr, p1 - p0, h, w);
+    } else {
+      const auto at = [&](int i, int64_t n) { return static_cast<uint16_t *>(params[i]) + p0 * n; };
+      Dispatch<uint16_t>(at(0, in), backward ? nullptr : at(1, out), backward ? at(1, out) : nullptr,
+                         backward ? at(2, in) : nullptr, p1 - p0, h, w);
+    }
+    return;
+  }
+  const auto at = [&](int i, int64_t p, int64_t n) { return static_cast<uint16_t *>(params[i]) + p * n; };
+  std::vector<float> x(in), dy(backward ? out : 0), result(backward ? in : out);
+  const auto bits = [](std::vector<float> &v) { return reinterpret_cast<uint32_t *>(v.data()); };
+  for (int64_t p = p0; p < p1; ++p) {
+    AmpZooHalfToFloatHere(at(0, p, in), x.data(), in);
+    if (backward) {
+      AmpZooHalfToFloatHere(at(1, p, out), dy.data(), out);
+      Pool(bits(x), static_cast<uint32_t *>(nullptr), bits(dy), bits(result), 1, h, w);
+    } else {
+      Pool(bits(x), bits(result), static_cast<const uint32_t *>(nullptr), static_cast<uint32_t *>(nullptr), 1, h, w);
+    }
+    AmpZooFloatToHalfHere(result.data(), at(k, p, backward ? in : out), backward ? in : out);
+  }
 }
 
 // 3x3 over planes [p0, p1), split between the pool's threads by the caller. In float16 each plane is converted
@@ -351,10 +383,11 @@ int Run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
     });
     return 0;
   }
-  if (f32)
-    Dispatch<uint32_t>(nparam, params, backward, planes, s[2], s[3]);
-  else
-    Dispatch<uint16_t>(nparam, params, backward, planes, s[2], s[3]);
+  // 2x2: planes split between the pool's threads likewise
+  const int threads = planes > 1 && planes * s[2] * s[3] >= (1 << 15) ? AmpZooThreads() : 1;
+  AmpZooParallel(threads, [&](int t, int k) {
+    Pool2x2(params, backward, f32, planes * t / k, planes * (t + 1) / k, s[2], s[3]);
+  });
   return 0;
 }
 

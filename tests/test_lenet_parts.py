@@ -19,12 +19,13 @@ POOLS = [MaxPool2x2, pytest.param(CpuMaxPool2x2, marks=built)]
 @pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("ties", [False, True])
-def test_maxpool_backward_matches_mindspores(graph_mode, pool, dtype, ties):
+@pytest.mark.parametrize("size", [28, 10])  # LeNet's two poolings: rows of 14 windows (AVX2) and of 5
+def test_maxpool_backward_matches_mindspores(graph_mode, pool, dtype, ties, size):
     rng = np.random.RandomState(0)
-    x = rng.randn(4, 6, 28, 28).astype(np.float32)
+    x = rng.randn(4, 6, size, size).astype(np.float32)
     if ties:  # ReLU outputs: zeros everywhere, and equal values inside windows
         x = np.maximum(np.round(x), 0).astype(np.float32)
-    x, g = ms.Tensor(x.astype(dtype)), ms.Tensor(rng.randn(4, 6, 14, 14).astype(dtype))
+    x, g = ms.Tensor(x.astype(dtype)), ms.Tensor(rng.randn(4, 6, size // 2, size // 2).astype(dtype))
     ours, theirs = pool(), nn.MaxPool2d(kernel_size=2, stride=2)
     np.testing.assert_array_equal(ours(x).asnumpy(), theirs(x).asnumpy())
     assert ours(x).dtype == x.dtype
@@ -33,13 +34,14 @@ def test_maxpool_backward_matches_mindspores(graph_mode, pool, dtype, ties):
 
 
 @built
-def test_cpu_maxpool_odd_sizes_and_nan(graph_mode):
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_cpu_maxpool_odd_sizes_and_nan(graph_mode, dtype):
     """An odd last row and column are dropped, as MindSpore's "valid" pooling does. A NaN stays the window's
     maximum and takes its gradient, as in PyTorch (MindSpore's CPU kernel drops it), so the loss turns NaN
     and the loss scaler counts the step as overflowed instead of training on."""
     rng = np.random.RandomState(1)
-    x = rng.randn(2, 3, 7, 9).astype(np.float32)
-    g = ms.Tensor(rng.randn(2, 3, 3, 4).astype(np.float32))
+    x = rng.randn(2, 3, 7, 9).astype(dtype)
+    g = ms.Tensor(rng.randn(2, 3, 3, 4).astype(dtype))
     ours, theirs = CpuMaxPool2x2(), nn.MaxPool2d(kernel_size=2, stride=2)
     np.testing.assert_array_equal(ours(ms.Tensor(x)).asnumpy(), theirs(ms.Tensor(x)).asnumpy())
     np.testing.assert_array_equal(pool_grad(ours, ms.Tensor(x), g), pool_grad(theirs, ms.Tensor(x), g))
