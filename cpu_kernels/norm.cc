@@ -126,6 +126,31 @@ void LaneSums(int64_t batch, int64_t blocks, int64_t plane, int64_t cb, double *
   }
 }
 
+// From here to the AVX-512 loops' end: no fused multiply-add (fp-contract=off), so that the float32 loops and the
+// float16 ones below, which AVX-512 could fuse, round alike.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+
+// A block's statistics from its mean m and lane sums q of (x - m)^2: the output's scale and shift, the batch's
+// mean and invstd, and the new moving statistics
+template <int B>
+void BlockStats(const double *q, double count, const float *gamma, const float *beta,
+                const float *mm, const float *mv, float momentum, float eps, int64_t cb, const float *m, float *scale,
+                float *shift, float *mean, float *invstd, float *nm, float *nv) {
+  for (int l = 0; l < B; ++l) {
+    const int64_t c = cb * B + l;
+    const double var = q[l] / count;
+    const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+    scale[l] = gamma[c] * inv;
+    shift[l] = beta[c] - m[l] * scale[l];
+    mean[c] = m[l];
+    invstd[c] = inv;
+    const double unbiased = count > 1 ? q[l] / (count - 1) : var;
+    nm[c] = momentum * mm[c] + (1 - momentum) * m[l];
+    nv[c] = momentum * mv[c] + (1 - momentum) * static_cast<float>(unbiased);
+  }
+}
+
 template <int B>
 void ForwardBlocked(const float *x, const float *gamma, const float *beta, const float *mm, const float *mv,
                     float momentum, float eps, float *y, float *mean, float *invstd, float *nm, float *nv,
@@ -137,18 +162,7 @@ void ForwardBlocked(const float *x, const float *gamma, const float *beta, const
     float m[B], scale[B], shift[B];
     for (int l = 0; l < B; ++l) m[l] = static_cast<float>(s[l] / count);
     LaneSums<B>(batch, blocks, plane, cb, q, [x, &m](int64_t at, int l) { return (x[at] - m[l]) * (x[at] - m[l]); });
-    for (int l = 0; l < B; ++l) {
-      const int64_t c = cb * B + l;
-      const double var = q[l] / count;
-      const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
-      scale[l] = gamma[c] * inv;
-      shift[l] = beta[c] - m[l] * scale[l];
-      mean[c] = m[l];
-      invstd[c] = inv;
-      const double unbiased = count > 1 ? q[l] / (count - 1) : var;
-      nm[c] = momentum * mm[c] + (1 - momentum) * m[l];
-      nv[c] = momentum * mv[c] + (1 - momentum) * static_cast<float>(unbiased);
-    }
+    BlockStats<B>(q, count, gamma, beta, mm, mv, momentum, eps, cb, m, scale, shift, mean, invstd, nm, nv);
     for (int64_t n = 0; n < batch; ++n) {
       const int64_t row = (n * blocks + cb) * plane * B;
       for (int64_t i = 0; i < plane; ++i)
@@ -190,10 +204,8 @@ void BackwardBlocked(const float *x, const float *gamma, const float *mean, cons
 // ForwardBlocked<16> and BackwardBlocked<16> on float16 x, y, dy and dx, read and written as they are: each
 // position's 16 lanes convert in one instruction. The arithmetic is theirs, operation for operation (a product
 // and a sum are rounded apart, as the scalar code compiles without FMA), so the results are bit for bit those of
-// the float32 loops on the converted tensors, rounded once to float16. (AVX-512 has FMA, which g++ would
-// otherwise fuse a product and a sum into, with one rounding fewer than the float32 loops.)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
+// the float32 loops on the converted tensors, rounded once to float16 (the pragma above keeps g++ from fusing
+// a product and a sum into one FMA, which AVX-512 has).
 #define AMP_ZOO_AVX512 __attribute__((target("avx512f,avx2,f16c")))
 
 AMP_ZOO_AVX512 inline __m512 Load16(const uint16_t *p) {
@@ -245,18 +257,7 @@ AMP_ZOO_AVX512 void ForwardHalf16(const uint16_t *x, const float *gamma, const f
     float m[16], scale[16], shift[16];
     for (int l = 0; l < 16; ++l) m[l] = static_cast<float>(s[l] / count);
     HalfLaneSums(x, m, batch, blocks, plane, cb, q);
-    for (int l = 0; l < 16; ++l) {
-      const int64_t c = cb * 16 + l;
-      const double var = q[l] / count;
-      const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
-      scale[l] = gamma[c] * inv;
-      shift[l] = beta[c] - m[l] * scale[l];
-      mean[c] = m[l];
-      invstd[c] = inv;
-      const double unbiased = count > 1 ? q[l] / (count - 1) : var;
-      nm[c] = momentum * mm[c] + (1 - momentum) * m[l];
-      nv[c] = momentum * mv[c] + (1 - momentum) * static_cast<float>(unbiased);
-    }
+    BlockStats<16>(q, count, gamma, beta, mm, mv, momentum, eps, cb, m, scale, shift, mean, invstd, nm, nv);
     const __m512 k = _mm512_loadu_ps(scale), b = _mm512_loadu_ps(shift);
     for (int64_t n = 0; n < batch; ++n) {
       const int64_t row = (n * blocks + cb) * plane * 16;

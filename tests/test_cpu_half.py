@@ -342,6 +342,29 @@ def test_the_old_variable_is_named_not_silently_ignored(monkeypatch, caplog):
                     "(or AMP_ZOO_CPU_COMPUTE=bf16)"]
 
 
+def batchnorm_in_training(channels: int, block: int, x: np.ndarray):
+    """A new CpuBatchNorm2d in training on x: its output, then the gradients of a weighted sum of it (weights
+    exact in fp16, so the gradient reaching it is the same in either dtype) for x, gamma and beta, and its moving
+    statistics after those two steps."""
+    norm = CpuBatchNorm2d(channels, block=block)
+    norm.set_train()
+
+    class Loss(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.n = norm
+
+        def construct(self, t):
+            y = self.n(t)
+            w = ops.arange(y.size).reshape(y.shape).astype(ms.float32).cos().astype(ms.float16)
+            return (y.astype(ms.float32) * w.astype(ms.float32)).sum()
+    y = norm(ms.Tensor(x)).asnumpy()
+    grad = ops.GradOperation(get_all=True, get_by_list=True)(Loss(), ms.ParameterTuple(norm.trainable_params()))
+    (dx,), (dgamma, dbeta) = grad(ms.Tensor(x))
+    return (y, dx.asnumpy(), dgamma.asnumpy(), dbeta.asnumpy(), norm.moving_mean.asnumpy(),
+            norm.moving_variance.asnumpy())
+
+
 @pytest.mark.parametrize("block", [0, 16])
 def test_batchnorm_takes_fp16_and_computes_in_fp32(graph_mode, block):
     """O2 keeps BatchNorm in fp32: on fp16 input its output and input gradient are the fp32 op's rounded to
@@ -351,26 +374,8 @@ def test_batchnorm_takes_fp16_and_computes_in_fp32(graph_mode, block):
     xs = [x, x.astype(np.float32)]
     if block:  # the blocked layout between the kernels: (N, C/16, H, W, 16)
         xs = [v.reshape(4, 1, 16, 6, 6).transpose(0, 1, 3, 4, 2).copy() for v in xs]
-    norms = [CpuBatchNorm2d(16, block=block), CpuBatchNorm2d(16, block=block)]
-    outs = []
-    for norm, v in zip(norms, xs):
-        norm.set_train()
-        weights = ms.ParameterTuple(norm.trainable_params())
-
-        class Loss(nn.Cell):
-            def __init__(self, n):
-                super().__init__()
-                self.n = n
-
-            def construct(self, t):
-                y = self.n(t)
-                w = ops.arange(y.size).reshape(y.shape).astype(ms.float32).cos().astype(ms.float16)
-                return (y.astype(ms.float32) * w.astype(ms.float32)).sum()
-        grad = ops.GradOperation(get_all=True, get_by_list=True)(Loss(norm), weights)
-        (dx,), (dgamma, dbeta) = grad(ms.Tensor(v))
-        outs.append((dx.asnumpy(), dgamma.asnumpy(), dbeta.asnumpy(), norm.moving_mean.asnumpy(),
-                     norm.moving_variance.asnumpy()))
-    (dx16, dg16, db16, mm16, mv16), (dx32, dg32, db32, mm32, mv32) = outs
+    (_, dx16, dg16, db16, mm16, mv16), (_, dx32, dg32, db32, mm32, mv32) = (batchnorm_in_training(16, block, v)
+                                                                            for v in xs)
     assert dx16.dtype == np.float16
     assert ulps(dx16, dx32) <= 1.01
     np.testing.assert_allclose(dg16, dg32, rtol=1e-5, atol=1e-5)
@@ -386,26 +391,7 @@ def test_blocked_fp16_batchnorm_is_the_fp32_ops_rounded_once(graph_mode):
     blocks, one a thread)."""
     rng = np.random.RandomState(5)
     x = (rng.randn(3, 32, 20, 20) * 2 - 1).astype(np.float16).reshape(3, 2, 16, 20, 20).transpose(0, 1, 3, 4, 2).copy()
-    outs = []
-    for v in (x, x.astype(np.float32)):
-        norm = CpuBatchNorm2d(32, block=16)
-        norm.set_train()
-        weights = ms.ParameterTuple(norm.trainable_params())
-
-        class Loss(nn.Cell):
-            def __init__(self, n):
-                super().__init__()
-                self.n = n
-
-            def construct(self, t):
-                y = self.n(t)
-                w = ops.arange(y.size).reshape(y.shape).astype(ms.float32).sin().astype(ms.float16)
-                return (y.astype(ms.float32) * w.astype(ms.float32)).sum()
-        y = norm(ms.Tensor(v)).asnumpy()
-        (dx,), (dgamma, dbeta) = ops.GradOperation(get_all=True, get_by_list=True)(Loss(norm), weights)(ms.Tensor(v))
-        outs.append((y, dx.asnumpy(), dgamma.asnumpy(), dbeta.asnumpy(), norm.moving_mean.asnumpy(),
-                     norm.moving_variance.asnumpy()))
-    half, single = outs
+    half, single = (batchnorm_in_training(32, 16, v) for v in (x, x.astype(np.float32)))
     assert half[0].dtype == half[1].dtype == np.float16
     for got, want in zip(half[:2], single[:2]):
         np.testing.assert_array_equal(got.view(np.uint16), want.astype(np.float16).view(np.uint16))
