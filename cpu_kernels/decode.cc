@@ -36,6 +36,8 @@ void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
 int AmpZooThreads();
 void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
 void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
+void AmpZooRoundThroughHalf(const float *s, float *d, int64_t n);
+float AmpZooScale(const char *dtype, int ndim, const int64_t *shape, const void *p);  // softmax.cc
 
 namespace {
 
@@ -153,13 +155,6 @@ int TopK(int nparam, void **params, int *ndims, int64_t **shapes, const char **d
   return 0;
 }
 
-// x rounded to float16 and back, as a float16 tensor between two ops holds it
-void RoundHalf(float *x, int64_t n) {
-  std::vector<uint16_t> h(n);
-  AmpZooFloatToHalfHere(x, h.data(), n);
-  AmpZooHalfToFloatHere(h.data(), x, n);
-}
-
 // n values of a float32 or float16 tensor, as float32 (into buf, or in place)
 const float *AsFloat(const void *p, int64_t at, int64_t n, bool half, float *buf) {
   if (!half) return static_cast<const float *>(p) + at;
@@ -183,13 +178,11 @@ int CachedAttention(int nparam, void **params, int *ndims, int64_t **shapes, con
   for (int i : {1, 2, 6, 7, 8})
     if (std::strcmp(dtypes[i], dtypes[0])) return 1;
   if (!Shape(ndims[0], shapes[0], {R, 1, 3 * H * D}) || !Shape(ndims[2], shapes[2], {R, H, L, D}) ||
-      !Shape(ndims[3], shapes[3], {R}) || !Shape(ndims[4], shapes[4], {1}) || !Shape(ndims[5], shapes[5], {1}) ||
+      !Shape(ndims[3], shapes[3], {R}) || !Shape(ndims[4], shapes[4], {1}) ||
       !Shape(ndims[6], shapes[6], {R, 1, H * D}) || !Shape(ndims[7], shapes[7], {R, H, L, D}) ||
       !Shape(ndims[8], shapes[8], {R, H, L, D}) || std::strcmp(dtypes[3], "int32") || std::strcmp(dtypes[4], "int32"))
     return 1;
-  float scale = NAN;
-  if (!std::strcmp(dtypes[5], "float32")) scale = *static_cast<const float *>(params[5]);
-  if (!std::strcmp(dtypes[5], "float16")) AmpZooHalfToFloatHere(static_cast<const uint16_t *>(params[5]), &scale, 1);
+  const float scale = AmpZooScale(dtypes[5], ndims[5], shapes[5], params[5]);
   const int32_t *reorder = static_cast<const int32_t *>(params[3]);
   const int64_t t = *static_cast<const int32_t *>(params[4]);
   if (scale != scale || t < 0 || t >= L) return 1;
@@ -216,7 +209,7 @@ int CachedAttention(int nparam, void **params, int *ndims, int64_t **shapes, con
           for (int64_t j = 0; j < D; ++j) dot += qf[j] * kf[i * D + j];
           p[i] = dot;
         }
-        if (half) RoundHalf(p.data(), t + 1);
+        if (half) AmpZooRoundThroughHalf(p.data(), p.data(), t + 1);  // as a float16 tensor holds it
         float m = -std::numeric_limits<float>::infinity();
         for (int64_t i = 0; i <= t; ++i) {  // a NaN is kept as the maximum: its row comes out NaN, as Softmax's
           p[i] *= scale;
@@ -226,7 +219,7 @@ int CachedAttention(int nparam, void **params, int *ndims, int64_t **shapes, con
         for (int64_t i = 0; i <= t; ++i) sum += (p[i] = std::exp(p[i] - m));
         const float inv = 1.0f / sum;
         for (int64_t i = 0; i <= t; ++i) p[i] *= inv;
-        if (half) RoundHalf(p.data(), t + 1);
+        if (half) AmpZooRoundThroughHalf(p.data(), p.data(), t + 1);  // as a float16 tensor holds it
         std::fill(ctx.begin(), ctx.end(), 0.0f);
         for (int64_t i = 0; i <= t; ++i)
           for (int64_t j = 0; j < D; ++j) ctx[j] += p[i] * vf[i * D + j];

@@ -151,6 +151,21 @@ void BlockStats(const double *q, double count, const float *gamma, const float *
   }
 }
 
+// A block's backward coefficients from its lane sums of dy and of dy (x - mean): dx = k (dy - mean_dy - (x - mean)
+// slope), and the parameters' gradients
+template <int B>
+void GradStats(const double *sdy, const double *sdyx, double count, const float *gamma, const float *inv, int64_t cb,
+               float *k, float *mean_dy, float *slope, float *dgamma, float *dbeta) {
+  for (int l = 0; l < B; ++l) {
+    const int64_t c = cb * B + l;
+    k[l] = gamma[c] * inv[l];
+    mean_dy[l] = static_cast<float>(sdy[l] / count);
+    slope[l] = static_cast<float>(sdyx[l] / count) * inv[l] * inv[l];
+    dgamma[c] = static_cast<float>(sdyx[l] * inv[l]);
+    dbeta[c] = static_cast<float>(sdy[l]);
+  }
+}
+
 template <int B>
 void ForwardBlocked(const float *x, const float *gamma, const float *beta, const float *mm, const float *mv,
                     float momentum, float eps, float *y, float *mean, float *invstd, float *nm, float *nv,
@@ -182,14 +197,7 @@ void BackwardBlocked(const float *x, const float *gamma, const float *mean, cons
     LaneSums<B>(batch, blocks, plane, cb, sdy, [dy](int64_t at, int) { return dy[at]; });
     LaneSums<B>(batch, blocks, plane, cb, sdyx, [dy, x, m](int64_t at, int l) { return dy[at] * (x[at] - m[l]); });
     float k[B], mean_dy[B], slope[B];
-    for (int l = 0; l < B; ++l) {
-      const int64_t c = cb * B + l;
-      k[l] = gamma[c] * inv[l];
-      mean_dy[l] = static_cast<float>(sdy[l] / count);
-      slope[l] = static_cast<float>(sdyx[l] / count) * inv[l] * inv[l];
-      dgamma[c] = static_cast<float>(sdyx[l] * inv[l]);
-      dbeta[c] = static_cast<float>(sdy[l]);
-    }
+    GradStats<B>(sdy, sdyx, count, gamma, inv, cb, k, mean_dy, slope, dgamma, dbeta);
     for (int64_t n = 0; n < batch; ++n) {
       const int64_t row = (n * blocks + cb) * plane * B;
       for (int64_t i = 0; i < plane; ++i)
@@ -290,14 +298,7 @@ AMP_ZOO_AVX512 void BackwardHalf16(const uint16_t *x, const float *gamma, const 
       }
     }
     float k[16], mean_dy[16], slope[16];
-    for (int l = 0; l < 16; ++l) {
-      const int64_t c = cb * 16 + l;
-      k[l] = gamma[c] * inv[l];
-      mean_dy[l] = static_cast<float>(sdy[l] / count);
-      slope[l] = static_cast<float>(sdyx[l] / count) * inv[l] * inv[l];
-      dgamma[c] = static_cast<float>(sdyx[l] * inv[l]);
-      dbeta[c] = static_cast<float>(sdy[l]);
-    }
+    GradStats<16>(sdy, sdyx, count, gamma, inv, cb, k, mean_dy, slope, dgamma, dbeta);
     const __m512 kv = _mm512_loadu_ps(k), md = _mm512_loadu_ps(mean_dy), sl = _mm512_loadu_ps(slope);
     for (int64_t n = 0; n < batch; ++n) {
       const int64_t row = (n * blocks + cb) * plane * 16;

@@ -292,13 +292,16 @@ void Grad3x3(const U *x, const U *y, const U *dy, U *dx, float *acc, int64_t pla
   }
 }
 
-// The 2x2 op on buffers of element type U: x -> y (forward, dx null); x, dy -> dx (backward, y null)
+// The 2x2 op on planes [p0, p1) of buffers of element type U: params are x, y (forward); x, dy, dx (backward)
 template <typename U>
-void Dispatch(const U *x, U *y, const U *dy, U *dx, int64_t planes, int64_t h, int64_t w) {
+void Dispatch(void **params, bool backward, int64_t p0, int64_t p1, int64_t h, int64_t w) {
+  const auto at = [&](int i, int64_t n) { return static_cast<U *>(params[i]) + p0 * n; };
+  const int64_t in = h * w, out = (h / 2) * (w / 2);
+  U *y = backward ? nullptr : at(1, out), *dy = backward ? at(1, out) : nullptr, *dx = backward ? at(2, in) : nullptr;
   if (kAvx2 && w / 2 >= 8)  // rows of 8 windows or more: LeNet's first pooling, not its second
-    PoolFast(x, y, dy, dx, planes, h, w);
+    PoolFast(at(0, in), y, dy, dx, p1 - p0, h, w);
   else
-    Pool(x, y, dy, dx, planes, h, w);
+    Pool(at(0, in), y, dy, dx, p1 - p0, h, w);
 }
 
 // 2x2 over planes [p0, p1), split between the pool's threads by the caller. float16 rows too short for the AVX2
@@ -306,20 +309,10 @@ void Dispatch(const U *x, U *y, const U *dy, U *dx, int64_t planes, int64_t h, i
 // as Pool3x3 does: the selections are of values that round-trip exactly, so the results are the same bits,
 // where Windows' Half() a value at a time cost 3x the float32 loop.
 void Pool2x2(void **params, bool backward, bool f32, int64_t p0, int64_t p1, int64_t h, int64_t w) {
+  if (f32) return Dispatch<uint32_t>(params, backward, p0, p1, h, w);
+  if (kAvx2 && w / 2 >= 8) return Dispatch<uint16_t>(params, backward, p0, p1, h, w);
   const int64_t in = h * w, out = (h / 2) * (w / 2);
   const int k = backward ? 2 : 1;  // the output's index: y, or dx after dy
-  if (f32 || (kAvx2 && w / 2 >= 8)) {
-    if (f32) {
-      const auto at = [&](int i, int64_t n) { return static_cast<uint32_t *>(params[i]) + p0 * n; };
-      Dispatch<uint32_t>(at(0, in), backward ? nullptr : at(1, out), backward ? at(1, out) : nullptr,
-                         backward ? at(2, in) : nullptr, p1 - p0, h, w);
-    } else {
-      const auto at = [&](int i, int64_t n) { return static_cast<uint16_t *>(params[i]) + p0 * n; };
-      Dispatch<uint16_t>(at(0, in), backward ? nullptr : at(1, out), backward ? at(1, out) : nullptr,
-                         backward ? at(2, in) : nullptr, p1 - p0, h, w);
-    }
-    return;
-  }
   const auto at = [&](int i, int64_t p, int64_t n) { return static_cast<uint16_t *>(params[i]) + p * n; };
   std::vector<float> x(in), dy(backward ? out : 0), result(backward ? in : out);
   const auto bits = [](std::vector<float> &v) { return reinterpret_cast<uint32_t *>(v.data()); };

@@ -20,6 +20,7 @@ void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
 int AmpZooThreads();
 void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
 void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
+float AmpZooScale(const char *dtype, int ndim, const int64_t *shape, const void *p);  // below
 
 namespace {
 
@@ -127,15 +128,6 @@ bool BiasRows(int xr, const int64_t *xs, int br, const int64_t *bs, std::vector<
   return true;
 }
 
-// the (1,) scale: fp32, or fp16 where a precision flag cast it (PyNative casts a Cell's tensors); NaN if neither
-float Scale(const char *dtype, int ndim, const int64_t *shape, const void *p) {
-  if (ndim != 1 || shape[0] != 1) return NAN;
-  if (!std::strcmp(dtype, "float32")) return *static_cast<const float *>(p);
-  float f = NAN;
-  if (!std::strcmp(dtype, "float16")) AmpZooHalfToFloatHere(static_cast<const uint16_t *>(p), &f, 1);
-  return f;
-}
-
 // params: x, bias, scale, y
 int ScaledForward(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   if (nparam != 4) return 1;
@@ -143,7 +135,7 @@ int ScaledForward(int nparam, void **params, int *ndims, int64_t **shapes, const
   int64_t *sh[2] = {shapes[0], shapes[3]};
   const char *ty[2] = {dtypes[0], dtypes[3]};
   const int kind = Kind(2, nd, sh, ty);
-  const float scale = Scale(dtypes[2], ndims[2], shapes[2], params[2]);
+  const float scale = AmpZooScale(dtypes[2], ndims[2], shapes[2], params[2]);
   const bool bias_half = !std::strcmp(dtypes[1], "float16");
   std::vector<int64_t> rows;
   int64_t last = 0;
@@ -175,7 +167,7 @@ int ScaledBackward(int nparam, void **params, int *ndims, int64_t **shapes, cons
   int64_t *sh[3] = {shapes[0], shapes[1], shapes[3]};
   const char *ty[3] = {dtypes[0], dtypes[1], dtypes[3]};
   const int kind = Kind(3, nd, sh, ty);
-  const float scale = Scale(dtypes[2], ndims[2], shapes[2], params[2]);
+  const float scale = AmpZooScale(dtypes[2], ndims[2], shapes[2], params[2]);
   if (!kind || scale != scale) return 1;
   void *io[3] = {params[0], params[1], params[3]};
   ForRows<2>(io, nd, sh, kind == 2, [scale](int64_t, const float **in, float *dx, int64_t d) {
@@ -185,6 +177,16 @@ int ScaledBackward(int nparam, void **params, int *ndims, int64_t **shapes, cons
 }
 
 }  // namespace
+
+// A (1,) scale tensor's value: fp32, or fp16 where a precision flag cast it (PyNative casts a Cell's tensors); NaN
+// if neither (decode.cc reads its scale with it too)
+float AmpZooScale(const char *dtype, int ndim, const int64_t *shape, const void *p) {
+  if (ndim != 1 || shape[0] != 1) return NAN;
+  if (!std::strcmp(dtype, "float32")) return *static_cast<const float *>(p);
+  float f = NAN;
+  if (!std::strcmp(dtype, "float16")) AmpZooHalfToFloatHere(static_cast<const uint16_t *>(p), &f, 1);
+  return f;
+}
 
 // Return codes (MindSpore reports them): 1 a count, shape or dtype these ops do not take
 extern "C" int SoftmaxFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
