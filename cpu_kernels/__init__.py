@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 SOURCES = [Path(__file__).with_name(f"{name}.cc")
-           for name in ("conv", "pool", "norm", "eltwise", "matmul", "layer_norm", "softmax", "decode")]
+           for name in ("conv", "pool", "norm", "eltwise", "matmul", "layer_norm", "softmax", "decode", "optim")]
 LIBRARY, RECORD = "libcpu_kernels.so", "build.json"
 THREADPOOL = 0x8  # dnnl_runtime_threadpool: the CPU runtime MindSpore's oneDNN is built with, and Pool implements
 

@@ -463,6 +463,25 @@ def _cached_dtype(qkv, keys, values, reorder, t, scale):
     return qkv, keys, values
 
 
+@lru_cache(maxsize=None)
+def momentum_op(nesterov: bool = False):
+    """optim.cc's MomentumUpdate: (w, accum, g, lr, momentum, decay, unscale) -> a (1,) float32, writing w and
+    accum in place. A side-effect op, as MindSpore's ApplyMomentum is: MindSpore then passes the Parameters
+    themselves, not copies, and runs the op after every reader of their old values."""
+    op = ops.Custom(f"{library()}:MomentumUpdate{'Nesterov' if nesterov else ''}", out_shape=_done_shape,
+                    out_dtype=_done_dtype, func_type="aot")
+    op.add_prim_attr("side_effect_mem", True)
+    return op
+
+
+def _done_shape(*args):
+    return [1]
+
+
+def _done_dtype(w, *args):
+    return w
+
+
 @lru_cache(maxsize=1)
 def unscale_sum_op():
     """eltwise.cc's UnscaleSum: a float32 gradient and the loss scale -> the gradient unscaled, and its sum as a

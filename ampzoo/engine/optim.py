@@ -6,8 +6,10 @@ position is the optimizer's `global_step`, which every checkpoint saves.
 import math
 from typing import Optional
 
+import mindspore as ms
 import mindspore.nn as nn
 import numpy as np
+from mindspore import Tensor, ops
 
 from ampzoo.errors import ConfigError
 
@@ -71,14 +73,62 @@ def param_groups(params, opt_cfg):
     return [{"params": decay, "weight_decay": opt_cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+class Momentum(nn.Momentum):
+    """nn.Momentum whose weight decay, loss-scale unscale and update run as one op a parameter on the CPU.
+
+    nn.Momentum adds the decay in two ops of its own (w * wd, then AddN), unscales in a third, and reads each
+    decayed weight through a second Load, so MindSpore copies the weight once for each Load (TensorMove: "a
+    parameter loaded more than once"). On the CPU these were a seventh of ResNet-34's O2 step outside its
+    convolutions (docs/benchmarks.md). With the CPU kernels (models.layers.use_cpu_kernels) each parameter
+    takes cpu_kernels' MomentumUpdate instead: the same update (accum = momentum * accum + g + wd * w;
+    w -= lr * accum, or Nesterov's) in one pass, on the same `moments` parameters, so checkpoints and resume
+    are unchanged. Elsewhere (Ascend, GPU, runtime.cpu_kernels=off) the step is nn.Momentum's own."""
+
+    def __init__(self, params, learning_rate, momentum, loss_scale=1.0, use_nesterov=False):
+        super().__init__(params, learning_rate=learning_rate, momentum=momentum, loss_scale=loss_scale,
+                         use_nesterov=use_nesterov)
+        self.fused = fused_momentum_op(use_nesterov)
+        if self.fused is None:
+            return
+        # nn.Optimizer holds the decay times the loss scale, to add before it unscales; the op adds it after
+        decay = self.group_weight_decay if self.is_group else [self.weight_decay] * len(self._parameters)
+        decay = [0.0 if not flag else float(wd) / self.loss_scale for wd, flag in zip(decay, self.decay_flags)]
+        self.decays = tuple(Tensor([wd], ms.float32) for wd in decay)
+        self.unscale = Tensor([1.0 / self.loss_scale], ms.float32)
+
+    def construct(self, gradients):
+        if self.fused is None:
+            return super().construct(gradients)
+        params, moments = self._parameters, self.moments
+        gradients = self.gradients_centralization(gradients)
+        lr = self.get_lr()
+        self.assignadd(self.global_step, self.global_step_increase_tensor)
+        momentum = ops.reshape(self.momentum, (1,))
+        success = True
+        for i in range(len(params) - 1, -1, -1):  # nn.Momentum's order: the last layers' gradients come first
+            rate = ops.reshape(lr[i] if self.is_group_lr else lr, (1,))
+            done = self.fused(params[i], moments[i], gradients[i], rate, momentum, self.decays[i], self.unscale)
+            success = ops.depend(success, done)
+        return success
+
+
+def fused_momentum_op(nesterov: bool):
+    """cpu_kernels' MomentumUpdate where the network runs the CPU kernels, else None."""
+    from models.layers import use_cpu_kernels
+    if ms.get_context("device_target") != "CPU" or not use_cpu_kernels():
+        return None
+    from cpu_kernels.cells import momentum_op
+    return momentum_op(nesterov)
+
+
 def create_optimizer(params, opt_cfg, lr: np.ndarray, loss_scale: float) -> nn.Optimizer:
     """`loss_scale` > 1 only for a fixed scale without overflow skipping: the optimizer unscales then."""
     name = str(opt_cfg.name)
     groups = param_groups(params, opt_cfg)
     lr = list(map(float, lr))
     if name == "momentum":
-        return nn.Momentum(groups, learning_rate=lr, momentum=opt_cfg.momentum, loss_scale=loss_scale,
-                           use_nesterov=opt_cfg.nesterov)
+        return Momentum(groups, learning_rate=lr, momentum=opt_cfg.momentum, loss_scale=loss_scale,
+                        use_nesterov=opt_cfg.nesterov)
     if name == "sgd":
         return nn.SGD(groups, learning_rate=lr, momentum=0.0, loss_scale=loss_scale)
     if name == "adam":
