@@ -2,9 +2,9 @@
 
 Compiles the extension's sources (cpu_kernels.SOURCES) with g++ (or $CXX) against the oneDNN headers of the
 `onednn-devel` package (requirements-data.txt) and links them to MindSpore's bundled libdnnl.so.3. The library
-and build.json (what it was built against) go to cpu_kernels.build_dir(), inside the environment. Warnings are on; under CI=true they
-are errors, and a failed build fails the command. Elsewhere a failed build is one `note:` line and exit 0: the
-kernels are optional, and the networks then run MindSpore's own kernels.
+and build.json (what it was built against) go to cpu_kernels.build_dir(), inside the environment. Warnings are
+on; under CI=true they are errors, and a failed build fails the command. Elsewhere a failed build is one
+`note:` line and exit 0: the kernels are optional, and the networks then run MindSpore's own kernels.
 """
 import json
 import os
