@@ -155,8 +155,10 @@ def max_pool_op(k: int = 2):
         def bprop(x, out, dout):
             return (backward(x, out, dout),)
 
-    return ops.Custom(f"{lib}:MaxPool{k}x{k}Fwd", out_shape=lambda x: [x[0], x[1], _pooled(x[2], k), _pooled(x[3], k)],
-                      out_dtype=lambda x: x, func_type="aot", bprop=bprop)
+    def shape(x):  # NCHW, or (3x3) blocked: N, C/B, H, W, B
+        return [x[0], x[1], _pooled(x[2], k), _pooled(x[3], k), *x[4:]]
+
+    return ops.Custom(f"{lib}:MaxPool{k}x{k}Fwd", out_shape=shape, out_dtype=lambda x: x, func_type="aot", bprop=bprop)
 
 
 class CpuMaxPool2x2(nn.MaxPool2d):
@@ -171,8 +173,9 @@ class CpuMaxPool2x2(nn.MaxPool2d):
 
 
 class CpuMaxPool3x3(nn.MaxPool2d):
-    """nn.MaxPool2d(3, 2, padding 1), the ImageNet stem's, running pool.cc's loops, in fp32 or fp16. Its loops
-    run NCHW: a blocked input (block_for) is reordered to NCHW and the output back to blocks."""
+    """nn.MaxPool2d(3, 2, padding 1), the ImageNet stem's, running pool.cc's loops, in fp32 or fp16. It takes
+    and returns NCHW, or the blocked layout (block_for) its neighbours keep: blocks of 16 channels (AVX-512) as
+    they are, blocks of 8 reordered to NCHW and back."""
 
     def __init__(self):
         super().__init__(kernel_size=3, stride=2, pad_mode="pad", padding=1)
@@ -180,7 +183,7 @@ class CpuMaxPool3x3(nn.MaxPool2d):
         self.to_blocked, self.to_plain = relayout_ops(block())
 
     def construct(self, x):
-        if x.ndim == 5:
+        if x.ndim == 5 and x.shape[4] != 16:
             return self.to_blocked(self.pool(self.to_plain(x)))
         return self.pool(x)
 

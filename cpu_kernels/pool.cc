@@ -1,6 +1,6 @@
 // Max-pooling for MindSpore's CPU backend, forward and backward, as AOT custom ops (cpu_kernels/cells.py;
 // built into one library with conv.cc): LeNet's 2x2 with stride 2, and the ImageNet stem's 3x3 with stride 2
-// and padding 1 (ResNet).
+// and padding 1 (ResNet), the latter also in the blocked layout of 16 channels its neighbours keep.
 //
 // MindSpore 2.10's CPU MaxPoolGrad took 4.4 of a LeNet step's 10 ms of op time, and the gradient written out in
 // MindSpore ops (a reshape, a transpose, an argmax, a one-hot) still 2.2 ms; PyTorch's pooling backward takes
@@ -360,10 +360,119 @@ void Pool3x3(void **params, bool backward, bool f32, int64_t p0, int64_t p1, int
   }
 }
 
+// 3x3 in the blocked layout of 16 channels (N, C/16, H, W, 16: cells.block_for on an AVX-512 CPU), the one the
+// stem's BatchNorm and ReLU hand on, so no reorder runs on either side of the pooling. A position's 16 channels
+// are one AVX-512 register; the windows, the NaN rule and the order of the sums are those of Max3x3 and Grad3x3
+// lane by lane, so the values are the same bits as the NCHW loops'. `xs` is one plane of h x w positions in
+// float32 (an fp16 plane is converted first, as in Pool3x3).
+#if defined(__x86_64__)
+#define AMP_ZOO_AVX512 __attribute__((target("avx512f")))
+AMP_ZOO_AVX512 inline __m512 Max16(__m512 m, __m512 v) {  // Max() on 16 lanes: v where v > m or v is a NaN
+  const __mmask16 take = _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_mask_blend_ps(take, m, v);
+}
+
+// Forward: as Max3x3, the column-wise maximum of a window row's (up to) three rows into `row` (w positions),
+// then the maximum of three neighbours in it.
+AMP_ZOO_AVX512 void MaxBlocked16(const float *xs, float *y, float *row, int64_t h, int64_t w) {
+  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1;
+  for (int64_t i = 0; i < oh; ++i) {
+    const int64_t r0 = std::max<int64_t>(2 * i - 1, 0), r1 = std::min<int64_t>(2 * i + 2, h);
+    for (int64_t c = 0; c < w; ++c) {
+      __m512 m = _mm512_loadu_ps(xs + (r0 * w + c) * 16);
+      for (int64_t r = r0 + 1; r < r1; ++r) m = Max16(m, _mm512_loadu_ps(xs + (r * w + c) * 16));
+      _mm512_storeu_ps(row + c * 16, m);
+    }
+    float *out = y + i * ow * 16;
+    for (int64_t j = 0; j < ow; ++j) {
+      const int64_t c0 = std::max<int64_t>(2 * j - 1, 0), c1 = std::min<int64_t>(2 * j + 2, w);
+      __m512 m = _mm512_loadu_ps(row + c0 * 16);
+      for (int64_t c = c0 + 1; c < c1; ++c) m = Max16(m, _mm512_loadu_ps(row + c * 16));
+      _mm512_storeu_ps(out + j * 16, m);
+    }
+  }
+}
+
+// Backward: acc (h x w positions, zeroed) += dy at each window's first maximum, lane by lane: its first position
+// equal to y, or with y a NaN its first NaN.
+AMP_ZOO_AVX512 void GradBlocked16(const float *xs, const float *ys, const float *gs, float *acc, int64_t h,
+                                  int64_t w) {
+  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1;
+  for (int64_t i = 0; i < oh; ++i) {
+    const int64_t r0 = std::max<int64_t>(2 * i - 1, 0), r1 = std::min<int64_t>(2 * i + 2, h);
+    for (int64_t j = 0; j < ow; ++j) {
+      const int64_t c0 = std::max<int64_t>(2 * j - 1, 0), c1 = std::min<int64_t>(2 * j + 2, w);
+      const __m512 m = _mm512_loadu_ps(ys + (i * ow + j) * 16), g = _mm512_loadu_ps(gs + (i * ow + j) * 16);
+      const __mmask16 nan = _mm512_cmp_ps_mask(m, m, _CMP_UNORD_Q);
+      __mmask16 open = 0xffff;  // lanes whose maximum is not found yet
+      for (int64_t r = r0; r < r1 && open; ++r)
+        for (int64_t c = c0; c < c1 && open; ++c) {
+          const __m512 v = _mm512_loadu_ps(xs + (r * w + c) * 16);
+          const __mmask16 hit = open & (_mm512_cmp_ps_mask(v, m, _CMP_EQ_OQ) |
+                                        (nan & _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)));
+          float *a = acc + (r * w + c) * 16;
+          _mm512_storeu_ps(a, _mm512_mask_add_ps(_mm512_loadu_ps(a), hit, _mm512_loadu_ps(a), g));
+          open &= static_cast<__mmask16>(~hit);
+        }
+    }
+  }
+}
+
+// The blocked 3x3 over planes [p0, p1) of N*C/16: x -> y (forward); x, y, dy -> dx (backward). float16 planes
+// are converted to float32 and the result back (maxima exact, dx rounded once); float32 ones used in place.
+void Pool3x3Blocked(void **params, bool backward, bool f32, int64_t p0, int64_t p1, int64_t h, int64_t w) {
+  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1, in = h * w * 16, out = oh * ow * 16;
+  std::vector<float> x(f32 ? 0 : in), y(f32 || !backward ? 0 : out), dy(f32 || !backward ? 0 : out);
+  std::vector<float> result(f32 ? 0 : backward ? in : out), row(backward ? 0 : w * 16);
+  const auto f = [&](int k, int64_t p, int64_t n) { return static_cast<float *>(params[k]) + p * n; };
+  const auto hf = [&](int k, int64_t p, int64_t n) { return static_cast<uint16_t *>(params[k]) + p * n; };
+  for (int64_t p = p0; p < p1; ++p) {
+    const float *xs = f32 ? f(0, p, in) : x.data();
+    if (!f32) AmpZooHalfToFloatHere(hf(0, p, in), x.data(), in);
+    if (!backward) {
+      MaxBlocked16(xs, f32 ? f(1, p, out) : result.data(), row.data(), h, w);
+      if (!f32) AmpZooFloatToHalfHere(result.data(), hf(1, p, out), out);
+      continue;
+    }
+    const float *ys = f32 ? f(1, p, out) : y.data(), *gs = f32 ? f(2, p, out) : dy.data();
+    if (!f32) {
+      AmpZooHalfToFloatHere(hf(1, p, out), y.data(), out);
+      AmpZooHalfToFloatHere(hf(2, p, out), dy.data(), out);
+    }
+    float *acc = f32 ? f(3, p, in) : result.data();
+    std::fill(acc, acc + in, 0.0f);
+    GradBlocked16(xs, ys, gs, acc, h, w);
+    if (!f32) AmpZooFloatToHalfHere(result.data(), hf(3, p, in), in);
+  }
+}
+#endif
+
+// The blocked 3x3 (rank 5: N, C/16, H, W, 16, on an AVX-512 CPU; cells.CpuMaxPool3x3 reorders other blocks to
+// NCHW), planes split between the pool's threads
+int RunBlocked(int nparam, void **params, int64_t **shapes, const char **dtypes, bool backward) {
+#if defined(__x86_64__)
+  for (int i = 1; i < nparam; ++i)
+    if (std::strcmp(dtypes[i], dtypes[0])) return 1;
+  const int64_t *s = shapes[0], planes = s[0] * s[1];
+  const bool f32 = !std::strcmp(dtypes[0], "float32");
+  if ((!f32 && std::strcmp(dtypes[0], "float16")) || s[4] != 16 || !__builtin_cpu_supports("avx512f")) return 1;
+  const int threads = planes > 1 && planes * s[2] * s[3] * 16 >= (1 << 15) ? AmpZooThreads() : 1;
+  AmpZooParallel(threads, [&](int t, int k) {
+    Pool3x3Blocked(params, backward, f32, planes * t / k, planes * (t + 1) / k, s[2], s[3]);
+  });
+  return 0;
+#else
+  (void)nparam, (void)params, (void)shapes, (void)dtypes, (void)backward;
+  return 1;
+#endif
+}
+
 // Return codes (MindSpore reports them): 1 a rank or dtype these ops do not take (shapes come from the
 // op's shape function, cells.py). Forward x -> y; backward x, dy -> dx (2x2) or x, y, dy -> dx (3x3)
 int Run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, bool backward, bool k3) {
-  if (nparam != (backward ? (k3 ? 4 : 3) : 2) || ndims[0] != 4) return 1;
+  if (nparam != (backward ? (k3 ? 4 : 3) : 2)) return 1;
+  if (k3 && ndims[0] == 5) return RunBlocked(nparam, params, shapes, dtypes, backward);
+  if (ndims[0] != 4) return 1;
   for (int i = 1; i < nparam; ++i)
     if (std::strcmp(dtypes[i], dtypes[0])) return 1;
   const int64_t *s = shapes[0], planes = s[0] * s[1];
