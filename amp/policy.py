@@ -82,7 +82,7 @@ def check_device_dtype(device: str, amp_cfg) -> None:
 
 # O2 against O0 with bf16 products, AMD EPYC and Intel Xeon with AMX (bench.speed, bench.lab.transformer_speed;
 # docs/benchmarks.md)
-RESNET_BF16, TRANSFORMER_BF16 = "1.25-1.8x", "1.07-1.17x"
+RESNET_BF16, TRANSFORMER_BF16 = "1.25-2.2x", "1.07-1.17x"
 
 
 def cpu_cost_note(device: str, amp_cfg) -> str:
