@@ -82,12 +82,14 @@ class Momentum(nn.Momentum):
     convolutions (docs/benchmarks.md). With the CPU kernels (models.layers.use_cpu_kernels) each parameter
     takes cpu_kernels' MomentumUpdate instead: the same update (accum = momentum * accum + g + wd * w;
     w -= lr * accum, or Nesterov's) in one pass, on the same `moments` parameters, so checkpoints and resume
-    are unchanged. Elsewhere (Ascend, GPU, runtime.cpu_kernels=off) the step is nn.Momentum's own."""
+    are unchanged. Elsewhere (Ascend, GPU, runtime.cpu_kernels=off, parameters not in fp32) the step is
+    nn.Momentum's own."""
 
     def __init__(self, params, learning_rate, momentum, loss_scale=1.0, use_nesterov=False):
         super().__init__(params, learning_rate=learning_rate, momentum=momentum, loss_scale=loss_scale,
                          use_nesterov=use_nesterov)
-        self.fused = fused_momentum_op(use_nesterov)
+        fp32 = all(p.dtype == ms.float32 for p in self._parameters)  # the op's dtype (fp32 master weights)
+        self.fused = fused_momentum_op(use_nesterov) if fp32 else None
         if self.fused is None:
             return
         # nn.Optimizer holds the decay times the loss scale, to add before it unscales; the op adds it after
