@@ -25,7 +25,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 
 from ampzoo.runtime import onednn_runs_avx512
-from cpu_kernels import library
+from cpu_kernels import cpu_flags, library
 
 STRIDES, PADDINGS = (1, 2), (0, 1, 2, 3)  # the variants conv.cc exports
 
@@ -174,16 +174,17 @@ class CpuMaxPool2x2(nn.MaxPool2d):
 
 class CpuMaxPool3x3(nn.MaxPool2d):
     """nn.MaxPool2d(3, 2, padding 1), the ImageNet stem's, running pool.cc's loops, in fp32 or fp16. It takes
-    and returns NCHW, or the blocked layout (block_for) its neighbours keep: blocks of 16 channels (AVX-512) as
-    they are, blocks of 8 reordered to NCHW and back."""
+    and returns NCHW, or the blocked layout (block_for) its neighbours keep: blocks of 16 channels as they are on
+    an AVX-512 CPU (pool.cc's blocked loops), other blocks reordered to NCHW and back."""
 
     def __init__(self):
         super().__init__(kernel_size=3, stride=2, pad_mode="pad", padding=1)
         self.pool = max_pool_op(3)
         self.to_blocked, self.to_plain = relayout_ops(block())
+        self.blocked = 16 if "avx512f" in cpu_flags() else 0  # the block the kernel pools as it is
 
     def construct(self, x):
-        if x.ndim == 5 and x.shape[4] != 16:
+        if x.ndim == 5 and x.shape[4] != self.blocked:
             return self.to_blocked(self.pool(self.to_plain(x)))
         return self.pool(x)
 
