@@ -292,6 +292,29 @@ void Grad3x3(const U *x, const U *y, const U *dy, U *dx, float *acc, int64_t pla
   }
 }
 
+// fn(in, out) on planes [p0, p1) of float32 or float16 tensors: params[0..k) the inputs and params[k] the output,
+// a plane of each `sizes[i]` elements. float32 planes are handed over where they are; float16 ones are converted
+// to float32 a plane at a time (F16C or AVX-512, conv.cc) and the output back, so the loops run on float32 (the
+// selections are of values that round-trip exactly; a gradient's sums are rounded once, to nearest even).
+void FloatPlanes(void **params, bool f32, const std::vector<int64_t> &sizes, int64_t p0, int64_t p1,
+                 const std::function<void(float *const *in, float *out)> &fn) {
+  const size_t k = sizes.size() - 1;
+  std::vector<std::vector<float>> buffers(f32 ? 0 : sizes.size());
+  for (size_t i = 0; i < buffers.size(); ++i) buffers[i].resize(sizes[i]);
+  std::vector<float *> in(k);
+  for (int64_t p = p0; p < p1; ++p) {
+    for (size_t i = 0; i < k; ++i) {
+      in[i] = f32 ? static_cast<float *>(params[i]) + p * sizes[i] : buffers[i].data();
+      if (!f32) AmpZooHalfToFloatHere(static_cast<const uint16_t *>(params[i]) + p * sizes[i], in[i], sizes[i]);
+    }
+    float *out = f32 ? static_cast<float *>(params[k]) + p * sizes[k] : buffers[k].data();
+    fn(in.data(), out);
+    if (!f32) AmpZooFloatToHalfHere(out, static_cast<uint16_t *>(params[k]) + p * sizes[k], sizes[k]);
+  }
+}
+
+uint32_t *AsBits(float *v) { return reinterpret_cast<uint32_t *>(v); }  // a float32 buffer as the loops' bits
+
 // The 2x2 op on planes [p0, p1) of buffers of element type U: params are x, y (forward); x, dy, dx (backward)
 template <typename U>
 void Dispatch(void **params, bool backward, int64_t p0, int64_t p1, int64_t h, int64_t w) {
@@ -305,59 +328,33 @@ void Dispatch(void **params, bool backward, int64_t p0, int64_t p1, int64_t h, i
 }
 
 // 2x2 over planes [p0, p1), split between the pool's threads by the caller. float16 rows too short for the AVX2
-// loop (LeNet's second pooling) are converted a plane at a time to float32 (F16C or AVX-512, conv.cc) and back,
-// as Pool3x3 does: the selections are of values that round-trip exactly, so the results are the same bits,
-// where Windows' Half() a value at a time cost 3x the float32 loop.
+// loop (LeNet's second pooling) go through FloatPlanes, as Pool3x3's do: the same bits, where reading each
+// value through Half() cost 3x the float32 loop.
 void Pool2x2(void **params, bool backward, bool f32, int64_t p0, int64_t p1, int64_t h, int64_t w) {
   if (f32) return Dispatch<uint32_t>(params, backward, p0, p1, h, w);
   if (kAvx2 && w / 2 >= 8) return Dispatch<uint16_t>(params, backward, p0, p1, h, w);
   const int64_t in = h * w, out = (h / 2) * (w / 2);
-  const int k = backward ? 2 : 1;  // the output's index: y, or dx after dy
-  const auto at = [&](int i, int64_t p, int64_t n) { return static_cast<uint16_t *>(params[i]) + p * n; };
-  std::vector<float> x(in), dy(backward ? out : 0), result(backward ? in : out);
-  const auto bits = [](std::vector<float> &v) { return reinterpret_cast<uint32_t *>(v.data()); };
-  for (int64_t p = p0; p < p1; ++p) {
-    AmpZooHalfToFloatHere(at(0, p, in), x.data(), in);
-    if (backward) {
-      AmpZooHalfToFloatHere(at(1, p, out), dy.data(), out);
-      Pool(bits(x), static_cast<uint32_t *>(nullptr), bits(dy), bits(result), 1, h, w);
-    } else {
-      Pool(bits(x), bits(result), static_cast<const uint32_t *>(nullptr), static_cast<uint32_t *>(nullptr), 1, h, w);
-    }
-    AmpZooFloatToHalfHere(result.data(), at(k, p, backward ? in : out), backward ? in : out);
-  }
+  uint32_t *none = nullptr;
+  if (backward)
+    FloatPlanes(params, false, {in, out, in}, p0, p1,
+                [&](float *const *v, float *dx) { Pool(AsBits(v[0]), none, AsBits(v[1]), AsBits(dx), 1, h, w); });
+  else
+    FloatPlanes(params, false, {in, out}, p0, p1,
+                [&](float *const *v, float *y) { Pool(AsBits(v[0]), AsBits(y), none, none, 1, h, w); });
 }
 
-// 3x3 over planes [p0, p1), split between the pool's threads by the caller. In float16 each plane is converted
-// to float32 first (F16C or AVX-512, conv.cc) and its result back (maxima exact; dx rounded once to nearest
-// even), so the loops above run on float32: reading float16 bits through Half() a value at a time cost the
-// ResNet-34 224x224 stem's pooling 5-15x its float32 time.
+// 3x3 over planes [p0, p1), split between the pool's threads by the caller, through FloatPlanes: reading float16
+// bits through Half() a value at a time cost the ResNet-34 224x224 stem's pooling 5-15x its float32 time.
 void Pool3x3(void **params, bool backward, bool f32, int64_t p0, int64_t p1, int64_t h, int64_t w) {
-  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1, in = h * w, out = oh * ow;
+  const int64_t in = h * w, out = ((h - 1) / 2 + 1) * ((w - 1) / 2 + 1);
   std::vector<float> scratch(backward ? in : w);
-  if (f32) {  // the planes in place, in one call
-    const auto at = [&](int k, int64_t n) { return static_cast<uint32_t *>(params[k]) + p0 * n; };
-    if (backward)
-      Grad3x3(at(0, in), at(1, out), at(2, out), at(3, in), scratch.data(), p1 - p0, h, w);
-    else
-      Max3x3(at(0, in), at(1, out), scratch.data(), p1 - p0, h, w);
-    return;
-  }
-  const auto at = [&](int k, int64_t p, int64_t n) { return static_cast<uint16_t *>(params[k]) + p * n; };
-  std::vector<float> x(in), y(out), dy(backward ? out : 0), result(backward ? in : out);
-  const auto bits = [](std::vector<float> &v) { return reinterpret_cast<uint32_t *>(v.data()); };
-  for (int64_t p = p0; p < p1; ++p) {
-    AmpZooHalfToFloatHere(at(0, p, in), x.data(), in);
-    if (backward) {
-      AmpZooHalfToFloatHere(at(1, p, out), y.data(), out);
-      AmpZooHalfToFloatHere(at(2, p, out), dy.data(), out);
-      Grad3x3(bits(x), bits(y), bits(dy), bits(result), scratch.data(), 1, h, w);
-      AmpZooFloatToHalfHere(result.data(), at(3, p, in), in);
-    } else {
-      Max3x3(bits(x), bits(result), scratch.data(), 1, h, w);
-      AmpZooFloatToHalfHere(result.data(), at(1, p, out), out);
-    }
-  }
+  if (backward)
+    FloatPlanes(params, f32, {in, out, out, in}, p0, p1, [&](float *const *v, float *dx) {
+      Grad3x3(AsBits(v[0]), AsBits(v[1]), AsBits(v[2]), AsBits(dx), scratch.data(), 1, h, w);
+    });
+  else
+    FloatPlanes(params, f32, {in, out}, p0, p1,
+                [&](float *const *v, float *y) { Max3x3(AsBits(v[0]), AsBits(y), scratch.data(), 1, h, w); });
 }
 
 // 3x3 in the blocked layout of 16 channels (N, C/16, H, W, 16: cells.block_for on an AVX-512 CPU), the one the
@@ -418,32 +415,20 @@ AMP_ZOO_AVX512 void GradBlocked16(const float *xs, const float *ys, const float 
   }
 }
 
-// The blocked 3x3 over planes [p0, p1) of N*C/16: x -> y (forward); x, y, dy -> dx (backward). float16 planes
-// are converted to float32 and the result back (maxima exact, dx rounded once); float32 ones used in place.
+// The blocked 3x3 over planes [p0, p1) of N*C/16, through FloatPlanes: x -> y (forward); x, y, dy -> dx
+// (backward)
 void Pool3x3Blocked(void **params, bool backward, bool f32, int64_t p0, int64_t p1, int64_t h, int64_t w) {
-  const int64_t oh = (h - 1) / 2 + 1, ow = (w - 1) / 2 + 1, in = h * w * 16, out = oh * ow * 16;
-  std::vector<float> x(f32 ? 0 : in), y(f32 || !backward ? 0 : out), dy(f32 || !backward ? 0 : out);
-  std::vector<float> result(f32 ? 0 : backward ? in : out), row(backward ? 0 : w * 16);
-  const auto f = [&](int k, int64_t p, int64_t n) { return static_cast<float *>(params[k]) + p * n; };
-  const auto hf = [&](int k, int64_t p, int64_t n) { return static_cast<uint16_t *>(params[k]) + p * n; };
-  for (int64_t p = p0; p < p1; ++p) {
-    const float *xs = f32 ? f(0, p, in) : x.data();
-    if (!f32) AmpZooHalfToFloatHere(hf(0, p, in), x.data(), in);
-    if (!backward) {
-      MaxBlocked16(xs, f32 ? f(1, p, out) : result.data(), row.data(), h, w);
-      if (!f32) AmpZooFloatToHalfHere(result.data(), hf(1, p, out), out);
-      continue;
-    }
-    const float *ys = f32 ? f(1, p, out) : y.data(), *gs = f32 ? f(2, p, out) : dy.data();
-    if (!f32) {
-      AmpZooHalfToFloatHere(hf(1, p, out), y.data(), out);
-      AmpZooHalfToFloatHere(hf(2, p, out), dy.data(), out);
-    }
-    float *acc = f32 ? f(3, p, in) : result.data();
-    std::fill(acc, acc + in, 0.0f);
-    GradBlocked16(xs, ys, gs, acc, h, w);
-    if (!f32) AmpZooFloatToHalfHere(result.data(), hf(3, p, in), in);
+  const int64_t in = h * w * 16, out = ((h - 1) / 2 + 1) * ((w - 1) / 2 + 1) * 16;
+  if (backward) {
+    FloatPlanes(params, f32, {in, out, out, in}, p0, p1, [&](float *const *v, float *dx) {
+      std::fill(dx, dx + in, 0.0f);
+      GradBlocked16(v[0], v[1], v[2], dx, h, w);
+    });
+    return;
   }
+  std::vector<float> row(w * 16);
+  FloatPlanes(params, f32, {in, out}, p0, p1,
+              [&](float *const *v, float *y) { MaxBlocked16(v[0], y, row.data(), h, w); });
 }
 #endif
 
