@@ -469,9 +469,9 @@ def _cached_dtype(qkv, keys, values, reorder, t, scale):
 
 @lru_cache(maxsize=None)
 def momentum_op(nesterov: bool = False):
-    """optim.cc's MomentumUpdate: (w, accum, g, lr, momentum, decay, unscale) -> a (1,) float32, writing w and
-    accum in place. A side-effect op, as MindSpore's ApplyMomentum is: MindSpore then passes the Parameters
-    themselves, not copies, and runs the op after every reader of their old values."""
+    """optim.cc's MomentumUpdate: (w, accum, g, lr, momentum, decay, unscale; the last four of one element) -> a
+    (1,) float32, writing w and accum in place. A side-effect op, as MindSpore's ApplyMomentum is: MindSpore then
+    passes the Parameters themselves, not copies, and runs the op after every reader of their old values."""
     op = ops.Custom(f"{library()}:MomentumUpdate{'Nesterov' if nesterov else ''}", out_shape=_done_shape,
                     out_dtype=_done_dtype, func_type="aot")
     op.add_prim_attr("side_effect_mem", True)

@@ -9,8 +9,8 @@
 // and it reads the weight through a second Load, which makes MindSpore copy every decayed weight twice a step
 // (TensorMove). This op writes w and accum where they are, as ApplyMomentum does: cells.py declares it a
 // side-effect op, so MindSpore hands it the parameters themselves and orders it after their last reader. Its
-// output is a (1,) float32 that says it ran. w, accum and g are float32; lr, momentum, decay and unscale (1,)
-// float32. Each product is rounded before its sum (no fused multiply-add), so with unscale 1 the numbers are
+// output is a (1,) float32 that says it ran. w, accum and g are float32; lr, momentum, decay and unscale float32
+// tensors of one element (a scalar or (1,)). Each product is rounded before its sum (no fused multiply-add), so with unscale 1 the numbers are
 // nn.Momentum's own.
 #include <cstdint>
 #include <cstring>

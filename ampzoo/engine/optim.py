@@ -105,11 +105,10 @@ class Momentum(nn.Momentum):
         gradients = self.gradients_centralization(gradients)
         lr = self.get_lr()
         self.assignadd(self.global_step, self.global_step_increase_tensor)
-        momentum = ops.reshape(self.momentum, (1,))
         success = True
         for i in range(len(params) - 1, -1, -1):  # nn.Momentum's order: the last layers' gradients come first
-            rate = ops.reshape(lr[i] if self.is_group_lr else lr, (1,))
-            done = self.fused(params[i], moments[i], gradients[i], rate, momentum, self.decays[i], self.unscale)
+            rate = lr[i] if self.is_group_lr else lr
+            done = self.fused(params[i], moments[i], gradients[i], rate, self.momentum, self.decays[i], self.unscale)
             success = ops.depend(success, done)
         return success
 
