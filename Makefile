@@ -18,7 +18,7 @@ $(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt
 
 # the optional CPU kernels (cpu_kernels/), built into the venv with build.json beside them; without g++ this is
 # one note and MindSpore's own kernels run (under CI=true a failed build, or a warning, fails)
-CPU_KERNELS := cpu_kernels/conv.cc cpu_kernels/pool.cc cpu_kernels/norm.cc cpu_kernels/eltwise.cc cpu_kernels/matmul.cc cpu_kernels/layer_norm.cc cpu_kernels/decode.cc cpu_kernels/softmax.cc cpu_kernels/build.py cpu_kernels/__init__.py
+CPU_KERNELS := $(wildcard cpu_kernels/*.cc) cpu_kernels/build.py cpu_kernels/__init__.py
 $(VENV)/.cpu_kernels: $(VENV)/.installed $(CPU_KERNELS)
 	$(PY) -m cpu_kernels.build
 	@touch $@
