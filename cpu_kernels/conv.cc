@@ -517,25 +517,27 @@ using Key = std::vector<int64_t>;
 // P = N*OH*OW, col the im2col of x (a row per output position, (kh, kw, ic) along it). oneDNN's direct bf16
 // backward-weights kernel, under the threadpool runtime MindSpore's libdnnl is built with, cannot share one
 // transposition of x between threads, so it transposes x again for every 16 output channels: on ResNet-34's
-// 8x8 and 4x4 layers it took 1.5 and 2.4 times as long as the same work as a bf16 matmul (docs/benchmarks.md). Used
-// for stride-1 convolutions with blocked (16-channel) x and dy and small planes, in the bf16 modes only.
+// 8x8 and 4x4 layers it took 1.5 and 2.4 times as long as the same work as a bf16 matmul, and its stride-2 3x3
+// layers 1.3-4 times (docs/benchmarks.md). Used for convolutions wider than 1x1 with blocked (16-channel) x and
+// dy, of stride 2 or of a small output plane, in the bf16 modes only.
 struct MatmulWeights {
   static bool Applies(const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s) {
     const char *env = std::getenv("AMP_ZOO_CONV_MATMUL_DW");  // "0": oneDNN's direct kernel (tests compare)
-    return !(env && !std::strcmp(env, "0")) && s == 1 && xl == tag::nChw16c && yl == tag::nChw16c &&
-           wd[2] * wd[3] > 1 && yd[2] * yd[3] <= 64;
+    return !(env && !std::strcmp(env, "0")) && (s == 2 || (s == 1 && yd[2] * yd[3] <= 64)) &&
+           xl == tag::nChw16c && yl == tag::nChw16c && wd[2] * wd[3] > 1;
   }
 
-  int64_t n, ic, h, w, oc, oh, ow, kh, kw, p;
+  int64_t n, ic, h, w, oc, oh, ow, kh, kw, p, st;
   bool half;  // dw in fp16, else fp32 holding fp16 values (an fp32 master weight taken as stored)
   dnnl::matmul mm;
   memory a, b, c;
   std::vector<uint16_t> xb, col, dyt;
   std::vector<float> dw;
 
-  MatmulWeights(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, int64_t pad, bool w_half)
+  MatmulWeights(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, int64_t pad, int64_t stride,
+                bool w_half)
       : n(xd[0]), ic(xd[1]), h(xd[2]), w(xd[3]), oc(wd[0]), oh(yd[2]), ow(yd[3]), kh(wd[2]), kw(wd[3]), p(pad),
-        half(w_half) {}
+        st(stride), half(w_half) {}
 
   // the matmul and its buffers, at the first backward pass (a shape seen in evaluation alone never needs them)
   void Init() {
@@ -569,7 +571,7 @@ struct MatmulWeights {
         for (int64_t i = 0; i < kh; ++i)
           for (int64_t j = 0; j < kw; ++j) {
             uint16_t *to = row + (i * kw + j) * ic;
-            const int64_t iy = y + i - p, ix = x0 + j - p;
+            const int64_t iy = y * st + i - p, ix = x0 * st + j - p;
             if (iy < 0 || iy >= h || ix < 0 || ix >= w) {
               std::memset(to, 0, ic * sizeof(uint16_t));
               continue;
@@ -643,7 +645,7 @@ struct Conv {
     w_d.Init(memory::desc(wd, b_in, tag::oihw), bd.weights_desc(), read(wh, bf_bwd));
     dx.Init(x_out, bd.diff_src_desc(), wrote(xh), bf_bwd);
     if (bf_bwd && xh && MatmulWeights::Applies(wd, yd, xl, yl, s)) {  // then no direct backward-weights kernel
-      mm_dw.reset(new MatmulWeights(xd, wd, yd, p, wh));
+      mm_dw.reset(new MatmulWeights(xd, wd, yd, p, s, wh));
       return;
     }
     dnnl::convolution_backward_weights::primitive_desc bw(e, alg, any(xd, b_in), w_any32, any(yd, b_in), st, pad,

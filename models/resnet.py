@@ -89,7 +89,7 @@ class ResNet(nn.Cell):
             self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2, input_grad=False), bn(width), relu(),
                                            max_pool2d(3, 2, padding=1)])
         else:
-            self.stem = nn.SequentialCell([conv(in_channels, width, 3, input_grad=False), bn(width), nn.ReLU()])
+            self.stem = nn.SequentialCell([conv(in_channels, width, 3, input_grad=False), bn(width), relu()])
         in_ch, stages = width, []
         for i, (ch, n) in enumerate(zip(chans, layers)):
             blocks = []
