@@ -344,6 +344,13 @@ bool OneDnnRunsBf16() {
   }
 }
 
+// Whether oneDNN runs AMX here (its effective ISA holds every feature of avx10_1_512_amx): its bf16 kernels are
+// then brgemm kernels on channels-last tensors, not the AVX512-BF16 direct ones
+bool OneDnnRunsAmx() {
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx10_1_512_amx);
+  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & amx) == amx;
+}
+
 // How fp16 convolutions and Dense layers (matmul.cc) multiply here (see the top of this file): 0 fp32; 1 bf16
 // (AMP_ZOO_CPU_COMPUTE=bf16), 2 bf16 in the backward passes only (AMP_ZOO_CPU_COMPUTE=bf16_backward), each only
 // where the CPU has AVX512-BF16 under oneDNN's ISA cap (runtime.cpu_compute sets the variable: models/layers.py).
@@ -517,14 +524,17 @@ using Key = std::vector<int64_t>;
 // P = N*OH*OW, col the im2col of x (a row per output position, (kh, kw, ic) along it). oneDNN's direct bf16
 // backward-weights kernel, under the threadpool runtime MindSpore's libdnnl is built with, cannot share one
 // transposition of x between threads, so it transposes x again for every 16 output channels: on ResNet-34's
-// 8x8 and 4x4 layers it took 1.5 and 2.4 times as long as the same work as a bf16 matmul, and its stride-2 3x3
-// layers 1.3-4 times (docs/benchmarks.md). Used for convolutions wider than 1x1 with blocked (16-channel) x and
-// dy, of stride 2 or of a small output plane, in the bf16 modes only.
+// 8x8 and 4x4 layers it took 1.5 and 2.4 times as long as the same work as a bf16 matmul (docs/benchmarks.md).
+// Used for convolutions wider than 1x1 with blocked (16-channel) x and dy, in the bf16 modes only: of stride 1
+// and an output plane of 64 positions or fewer; and where oneDNN has no AMX (its AVX512-BF16 kernel: an AMD
+// EPYC), also of stride 2 (1.3-4x) and of planes up to 14x14 (ResNet-34's 224x224 third stage, 1.5x).
 struct MatmulWeights {
   static bool Applies(const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s) {
     const char *env = std::getenv("AMP_ZOO_CONV_MATMUL_DW");  // "0": oneDNN's direct kernel (tests compare)
-    return !(env && !std::strcmp(env, "0")) && (s == 2 || (s == 1 && yd[2] * yd[3] <= 64)) &&
-           xl == tag::nChw16c && yl == tag::nChw16c && wd[2] * wd[3] > 1;
+    const int64_t plane = yd[2] * yd[3];
+    const bool wide = !OneDnnRunsAmx() && (s == 2 || (s == 1 && plane <= 196));
+    return !(env && !std::strcmp(env, "0")) && ((s == 1 && plane <= 64) || wide) && xl == tag::nChw16c &&
+           yl == tag::nChw16c && wd[2] * wd[3] > 1;
   }
 
   int64_t n, ic, h, w, oc, oh, ow, kh, kw, p, st;

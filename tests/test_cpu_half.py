@@ -277,12 +277,12 @@ def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride
 
 
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
-@pytest.mark.parametrize("matmul_dw, size, stride", [("1", 8, 1), ("0", 8, 1), ("1", 16, 1), ("1", 16, 2),
+@pytest.mark.parametrize("matmul_dw, size, stride", [("1", 8, 1), ("0", 8, 1), ("1", 14, 1), ("1", 16, 1), ("1", 16, 2),
                                                       ("0", 16, 2)])
 def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw, size, stride):
     """A bf16 convolution between blocked layers, its weight gradient as one matmul (conv.cc's MatmulWeights: 8x8
-    at stride 1, or stride 2) or as oneDNN's direct kernel (AMP_ZOO_CONV_MATMUL_DW=0, or 16x16 at stride 1): y,
-    dx and dw each within an ulp of the fp32 kernel's."""
+    at stride 1, and stride 2 where oneDNN has no AMX) or as oneDNN's direct kernel (AMP_ZOO_CONV_MATMUL_DW=0, or
+    16x16 at stride 1): y, dx and dw each within an ulp of the fp32 kernel's."""
     run_bf16_check("test_cpu_half", f"bf16_blocked_check({size}, {stride})", AMP_ZOO_CONV_MATMUL_DW=matmul_dw)
 
 
