@@ -82,7 +82,7 @@ def check_device_dtype(device: str, amp_cfg) -> None:
 
 # O2 against O0 with bf16 products, AMD EPYC and Intel Xeon with AMX (bench.speed, bench.lab.transformer_speed;
 # docs/benchmarks.md)
-RESNET_BF16, TRANSFORMER_BF16 = "1.25-2.2x", "1.07-1.17x"
+RESNET_BF16, TRANSFORMER_BF16, LENET_BF16 = "1.7-2.3x", "1.08-1.23x", "0.79-1.07x"
 
 
 def cpu_cost_note(device: str, amp_cfg) -> str:
@@ -102,8 +102,9 @@ def cpu_cost_note(device: str, amp_cfg) -> str:
                 f"GPU fp16 runs natively")
     if cpu_compute() != "fp32":
         return (f"amp.level={amp_cfg.level} on the CPU with runtime.cpu_compute={cpu_compute()}: {fp16_path()}; "
-                f"on an AMD EPYC and an Intel Xeon with AMX this ran ResNet-34's O2 step {RESNET_BF16} O0's and "
-                f"Transformer-Tiny's {TRANSFORMER_BF16}, and ResNet-18 (a full run) and Multi30k (2,064 updates) O2 "
+                f"on an AMD EPYC and an Intel Xeon with AMX this ran ResNet-34's O2 step {RESNET_BF16} as fast as O0's, "
+                f"Transformer-Tiny's {TRANSFORMER_BF16} (LeNet-5's, whose layers are too small to gain, "
+                f"{LENET_BF16}), and ResNet-18 (a full run) and Multi30k (2,064 updates) O2 "
                 f"trained so stayed within 0.5 of fp32 compute ({where}); runtime.cpu_compute=fp32 computes what "
                 f"MindSpore's casts give")
     bf16 = (f"; runtime.cpu_compute=bf16 (auto's choice in training) multiplies in bf16 on this CPU, {RESNET_BF16} "
