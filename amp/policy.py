@@ -102,11 +102,10 @@ def cpu_cost_note(device: str, amp_cfg) -> str:
                 f"GPU fp16 runs natively")
     if cpu_compute() != "fp32":
         return (f"amp.level={amp_cfg.level} on the CPU with runtime.cpu_compute={cpu_compute()}: {fp16_path()}; "
-                f"on an AMD EPYC and an Intel Xeon with AMX this ran ResNet-34's O2 step {RESNET_BF16} as fast as O0's, "
-                f"Transformer-Tiny's {TRANSFORMER_BF16} (LeNet-5's, whose layers are too small to gain, "
-                f"{LENET_BF16}), and ResNet-18 (a full run) and Multi30k (2,064 updates) O2 "
-                f"trained so stayed within 0.5 of fp32 compute ({where}); runtime.cpu_compute=fp32 computes what "
-                f"MindSpore's casts give")
+                f"on an AMD EPYC and an Intel Xeon with AMX this ran ResNet-34's O2 step {RESNET_BF16} as fast as "
+                f"O0's, Transformer-Tiny's {TRANSFORMER_BF16} (LeNet-5's, whose layers are too small to gain, "
+                f"{LENET_BF16}), and ResNet-18 (a full run) and Multi30k (2,064 updates) O2 trained so stayed within "
+                f"0.5 of fp32 compute ({where}); runtime.cpu_compute=fp32 computes what MindSpore's casts give")
     bf16 = (f"; runtime.cpu_compute=bf16 (auto's choice in training) multiplies in bf16 on this CPU, {RESNET_BF16} "
             f"O0's ResNet-34 step" if cpu_compute(env="bf16") == "bf16" else "")
     return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step measured on an AVX-512 "
