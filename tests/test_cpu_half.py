@@ -186,8 +186,9 @@ def bf16_conv_check(stride: int, padding: int) -> None:
 def bf16_blocked_check(size: int = 8, stride: int = 1) -> None:
     """A 3x3 convolution between blocked layers. On a small plane (ResNet's 8x8 and 4x4 stages; where oneDNN has
     no AMX, up to 14x14 and at stride 2) conv.cc computes its bf16 weight gradient as one matmul over an im2col of
-    x (MatmulWeights, unless AMP_ZOO_CONV_MATMUL_DW=0); where oneDNN's bf16 kernels take channels-last tensors (AMX), the fp16 blocked
-    activations go to and from them in one pass each (conv.cc's fused Arg), on the pool's threads at 16x16.
+    x (MatmulWeights, unless AMP_ZOO_CONV_MATMUL_DW=0); where oneDNN's bf16 kernels take channels-last tensors
+    (AMX), the fp16 blocked activations go to and from them in one pass each (conv.cc's fused Arg), on the pool's
+    threads at 16x16.
     y, dx and dw are the fp32 kernel's on bf16-rounded operands within an ulp of fp16, the padding's zeros
     included, for an fp16 weight and for an fp32 master weight taken as stored."""
     ms.set_context(mode=ms.GRAPH_MODE)
