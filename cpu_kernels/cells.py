@@ -1,7 +1,7 @@
 """The Cells of the CPU kernels: CpuConv2d, CpuBatchNorm2d, CpuMaxPool2x2, CpuMaxPool3x3 and CpuReLU, each a subclass
 of the MindSpore Cell it replaces (the same parameters, so the same checkpoint), and CpuAddReLU (a residual block's
 relu(a + b)), whose forward and backward are AOT custom ops from the extension's library (cpu_kernels.library()).
-The Transformer's ops come as functions returning the op (affine_op, bmm_op, layer_norm_op, add_op in CpuAdd,
+The Transformer's ops come as functions returning the op (affine_op, bmm_op, layer_norm_op, embed_op, add_op in CpuAdd,
 mask_mul_op in CpuDropout, log_softmax_top_k_op and cached_attention_op for decoding), which its Cells call with
 their own parameters.
 models.layers builds them where runtime.cpu_kernels lets it; nothing else should.
@@ -269,6 +269,25 @@ def _float32(*args):
 
 
 @lru_cache(maxsize=1)
+@lru_cache(maxsize=None)
+def embed_op(half: bool = False):
+    """eltwise.cc's EmbedFwd (table [V, d], ids int32 [..., T], positions [T, d], scale (1,) -> table[ids] * scale +
+    positions, fp16 with `half`, each value rounded as O2's fp16 ops round it, else fp32) with its backward
+    (EmbedBwd: the table's gradient in fp32; ids, positions and scale take none). The table and positions go in
+    as stored in fp32, so no Cast runs around it."""
+    lib = library()
+    backward = ops.Custom(f"{lib}:EmbedBwd", out_shape=lambda dy, ids, scale, table: table,
+                          out_dtype=lambda dy, ids, scale, table: table, func_type="aot")
+
+    def bprop(table, ids, positions, scale, out, dout):
+        return (backward(dout, ids, scale, table), ops.zeros_like(ids), ops.zeros_like(positions),
+                ops.zeros_like(scale))
+    dtype = ms.float16 if half else ms.float32
+    return ops.Custom(f"{lib}:{'EmbedFwdHalf' if half else 'EmbedFwd'}",
+                      out_shape=lambda table, ids, positions, scale: [*ids, table[1]],
+                      out_dtype=lambda *args: dtype, func_type="aot", bprop=bprop)
+
+
 def add_op():
     """eltwise.cc's AddFwd (a, b -> a + b, one shape, fp32 or fp16); the gradient of each is dy as it is."""
     def bprop(a, b, out, dout):

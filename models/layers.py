@@ -265,6 +265,16 @@ def affine_kernel(bias: bool = True, float32_out: bool = False):
     return None
 
 
+def embed_kernel():
+    """Where the CPU kernels run, cpu_kernels' embed_op (a function of `half`: the token embedding's row scaled and
+    added to its position in one op, the table taken as stored); elsewhere None (nn.Embedding, a Mul and an
+    Add)."""
+    if use_cpu_kernels():
+        from cpu_kernels.cells import embed_op
+        return embed_op
+    return None
+
+
 def bmm_kernel(transpose_b: bool = False):
     """Where the CPU kernels run, cpu_kernels' batched a @ b (or a @ b^T) over equal leading axes, fp32 or fp16
     computed in fp32, with its backward; elsewhere None."""

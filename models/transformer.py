@@ -31,7 +31,7 @@ from mindspore.common.initializer import Normal, XavierUniform
 from ampzoo.errors import ConfigError
 from ampzoo.registry import CELLS, MODELS
 from models.layers import (add, affine_kernel, attention_softmax, bmm_kernel, branch, cached_attention_kernel, dropout,
-                           layer_norm_kernel, relu)
+                           embed_kernel, layer_norm_kernel, relu)
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
@@ -288,12 +288,35 @@ def sinusoids(length: int, d_model: int) -> np.ndarray:
     return table
 
 
+class TokenEmbedding(nn.Embedding):
+    """nn.Embedding (a subclass: the same table, which the tied output projection reads) that also takes the
+    positions: embedding(ids, positions) is the token's row scaled by sqrt(d_model) plus its position. Where the
+    CPU kernels run it is one op (cpu_kernels' embed_op) taking the fp32 table as stored (weights_as_stored: O2
+    casts nothing around it) and rounding as O2's fp16 ops do; elsewhere, and with the ids alone, nn.Embedding's
+    lookup, then a Mul and an Add."""
+
+    def __init__(self, vocab_size, d_model):
+        super().__init__(vocab_size, d_model, embedding_table=Normal(d_model ** -0.5), padding_idx=PAD)
+        self.scale = math.sqrt(d_model)
+        self.kernel = embed_kernel()
+        self.weights_as_stored = self.kernel is not None
+        self.scale_tensor = Tensor([self.scale], ms.float32)
+
+    def construct(self, ids, positions=None):
+        if positions is None:
+            return super().construct(ids)
+        if self.kernel is not None:  # amp_compute: set by the policy at O2 (amp.policy)
+            op = self.kernel(getattr(self, "amp_compute", "float32") == "float16")
+            return op(self.embedding_table, ids, positions, self.scale_tensor)
+        return super().construct(ids) * self.scale + positions
+
+
 class Transformer(nn.Cell):
     def __init__(self, vocab_size, d_model=512, heads=8, ffn=2048, encoder_layers=6, decoder_layers=6,
                  dropout=0.1, norm_first=False, max_len=256, attention_dropout=0.0, activation_dropout=0.0):
         super().__init__()
         self.d_model, self.heads, self.max_len = d_model, heads, max_len
-        self.embed = nn.Embedding(vocab_size, d_model, embedding_table=Normal(d_model ** -0.5), padding_idx=PAD)
+        self.embed = TokenEmbedding(vocab_size, d_model)
         self.positions = Tensor(sinusoids(max_len, d_model))
         self.causal = Tensor(np.triu(np.full((max_len, max_len), NEG, np.float32), 1))  # no peeking ahead
         self.dropout = Dropout(dropout)
@@ -310,6 +333,8 @@ class Transformer(nn.Cell):
         self.project = ops.MatMul(transpose_b=True) if kernel is None else kernel
 
     def embed_tokens(self, tokens, positions):
+        if self.embed.kernel is not None:  # a Python constant: the scale and the positions inside the kernel
+            return self.dropout(self.embed(tokens, positions))
         return self.dropout(self.embed(tokens) * math.sqrt(self.d_model) + positions)
 
     def encode(self, src):

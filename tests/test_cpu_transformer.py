@@ -427,3 +427,56 @@ def test_o2_hands_dense_its_fp32_weights_as_stored_and_changes_no_number(graph_m
         out[as_stored] = [value.asnumpy(), grads[0].asnumpy(), *(g.asnumpy() for g in grads[1])]
     for got, want in zip(out[True], out[False]):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("level", ["O0", "O2"])
+def test_the_token_embedding_kernel_gives_the_numbers_of_the_lookup_mul_and_add(graph_mode, level):
+    """TokenEmbedding on the kernels (embed_op: the row, the scale and the position in one op, the fp32 table taken
+    as stored) against the same network running nn.Embedding's lookup, the Mul and the Add: the embedding and the
+    logits bit for bit at O0 and at O2 (where each value is rounded as O2's fp16 ops round it, so a shipped O2
+    weight scores as before), and the table's gradient bit for bit at O0; at O2 it is summed in fp32, where
+    MindSpore's fp16 lookup gradient summed in fp16, so within fp16's rounding of the largest row."""
+    from omegaconf import OmegaConf
+    from amp.policy import apply_policy
+
+    class Embedded(nn.Cell):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def construct(self, ids):
+            return self.net.embed_tokens(ids, self.net.positions[:ids.shape[1]])
+
+    class Loss(nn.Cell):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def construct(self, src, tgt):
+            return self.net(src, tgt).astype(ms.float32).sin().sum()
+
+    rng = np.random.RandomState(0)
+    src, tgt = (ms.Tensor(rng.randint(0, 50, shape).astype(np.int32)) for shape in ((3, 7), (3, 5)))
+    out = {}
+    for kernel in (True, False):
+        net = tiny_transformer("auto")
+        assert (net.embed.kernel is not None) and net.embed.weights_as_stored
+        if not kernel:
+            net.embed.kernel, net.embed.weights_as_stored = None, False
+        net.set_train(False)
+        inner = net
+        net, _ = apply_policy(net, OmegaConf.create({"level": level, "dtype": "float16",
+                                                     "keep_fp32": ["LayerNorm", "Softmax"], "force_fp16": []}))
+        table = inner.embed.embedding_table
+        grad = ms.grad(Loss(net), grad_position=None, weights=[table])(src, tgt)[0]
+        assert grad.dtype == ms.float32
+        out[kernel] = [Embedded(inner)(src).asnumpy(), net(src, tgt).asnumpy(), grad.asnumpy()]
+    assert out[True][0].dtype == (np.float16 if level == "O2" else np.float32)
+    for got, want in zip(out[True][:2], out[False][:2]):
+        np.testing.assert_array_equal(got, want)
+    if level == "O0":
+        np.testing.assert_array_equal(out[True][2], out[False][2])
+    else:
+        got, want = out[True][2], out[False][2]
+        assert not np.array_equal(got, want)  # fp32 sums, not fp16 ones
+        np.testing.assert_allclose(got, want, atol=2 ** -9 * np.abs(want).max())
