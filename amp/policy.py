@@ -82,7 +82,7 @@ def check_device_dtype(device: str, amp_cfg) -> None:
 
 # O2 against O0 with bf16 products, AMD EPYC and Intel Xeon with AMX (bench.speed, bench.lab.transformer_speed;
 # docs/benchmarks.md)
-RESNET_BF16, TRANSFORMER_BF16, LENET_BF16 = "1.7-2.3x", "1.08-1.23x", "0.79-1.07x"
+RESNET_BF16, TRANSFORMER_BF16, LENET_BF16 = "1.7-2.3x", "1.07-1.24x", "0.79-1.07x"
 
 
 def cpu_cost_note(device: str, amp_cfg) -> str:
