@@ -31,6 +31,7 @@ void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
 int AmpZooThreads();
 void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
 void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
+void AmpZooRoundThroughHalf(const float *s, float *d, int64_t n);  // conv.cc: to the nearest fp16 values
 float AmpZooScale(const char *dtype, int ndim, const int64_t *shape, const void *p);  // softmax.cc
 
 namespace {
@@ -203,14 +204,6 @@ int UnscaleSum(int nparam, void **params, int *ndims, int64_t **shapes, const ch
   return 0;
 }
 
-float ToHalfValue(float v) {
-  uint16_t h;
-  AmpZooFloatToHalfHere(&v, &h, 1);
-  float f;
-  AmpZooHalfToFloatHere(&h, &f, 1);
-  return f;
-}
-
 // ids int32 (..., T) with table (V, d) and positions (T, d); the count of ids, else 0
 int64_t EmbedShapes(int *ndims, int64_t **shapes, const char **dtypes, int64_t ids_at, int64_t table_at) {
   if (std::strcmp(dtypes[ids_at], "int32") || ndims[table_at] != 2 || ndims[ids_at] < 1) return 0;
@@ -235,7 +228,8 @@ int EmbedForward(int nparam, void **params, int *ndims, int64_t **shapes, const 
 
   const int32_t *ids = static_cast<const int32_t *>(params[1]);
   auto run = [&](int64_t a, int64_t b) {
-    const float s = half ? ToHalfValue(scale) : scale;
+    float s = scale;
+    if (half) AmpZooRoundThroughHalf(&s, &s, 1);
     float row[kChunk], p[kChunk];
     for (int64_t r = a; r < b; ++r) {
       const int32_t id = ids[r];
@@ -254,14 +248,10 @@ int EmbedForward(int nparam, void **params, int *ndims, int64_t **shapes, const 
         else
           std::memcpy(p, static_cast<const float *>(params[2]) + (r % t) * d + c, m * sizeof(float));
         if (half) {  // each operand and each result an fp16 value, as O2's Cast, Mul and Add give them
-          uint16_t h[kChunk];
-          AmpZooFloatToHalfHere(row, h, m);
-          AmpZooHalfToFloatHere(h, row, m);
+          AmpZooRoundThroughHalf(row, row, m);
           for (int64_t i = 0; i < m; ++i) row[i] *= s;
-          AmpZooFloatToHalfHere(row, h, m);
-          AmpZooHalfToFloatHere(h, row, m);
-          AmpZooFloatToHalfHere(p, h, m);
-          AmpZooHalfToFloatHere(h, p, m);
+          AmpZooRoundThroughHalf(row, row, m);
+          AmpZooRoundThroughHalf(p, p, m);
           for (int64_t i = 0; i < m; ++i) row[i] += p[i];
           AmpZooFloatToHalfHere(row, static_cast<uint16_t *>(params[4]) + r * d + c, m);
         } else {
@@ -294,7 +284,8 @@ int EmbedBackward(int nparam, void **params, int *ndims, int64_t **shapes, const
   float *dtable = out_half ? sums.data() : static_cast<float *>(params[4]);
   // each thread its own columns of every row, through the positions in order: the same sums whatever the threads
   auto run = [&](int64_t c0, int64_t c1) {
-    const float s = half ? ToHalfValue(scale) : scale;
+    float s = scale;
+    if (half) AmpZooRoundThroughHalf(&s, &s, 1);
     for (int64_t v = 0; v < vocab; ++v) std::memset(dtable + v * d + c0, 0, (c1 - c0) * sizeof(float));
     float g[kChunk];
     for (int64_t r = 0; r < n; ++r) {
@@ -303,11 +294,9 @@ int EmbedBackward(int nparam, void **params, int *ndims, int64_t **shapes, const
       for (int64_t c = c0; c < c1; c += kChunk) {
         const int64_t m = c + kChunk < c1 ? kChunk : c1 - c;
         if (half) {
-          uint16_t h[kChunk];
           AmpZooHalfToFloatHere(static_cast<const uint16_t *>(params[0]) + r * d + c, g, m);
           for (int64_t i = 0; i < m; ++i) g[i] *= s;
-          AmpZooFloatToHalfHere(g, h, m);
-          AmpZooHalfToFloatHere(h, g, m);
+          AmpZooRoundThroughHalf(g, g, m);
         } else {
           const float *dy = static_cast<const float *>(params[0]) + r * d + c;
           for (int64_t i = 0; i < m; ++i) g[i] = dy[i] * s;
