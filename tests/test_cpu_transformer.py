@@ -447,14 +447,6 @@ def test_the_token_embedding_kernel_gives_the_numbers_of_the_lookup_mul_and_add(
         def construct(self, ids):
             return self.net.embed_tokens(ids, self.net.positions[:ids.shape[1]])
 
-    class Loss(nn.Cell):
-        def __init__(self, net):
-            super().__init__()
-            self.net = net
-
-        def construct(self, src, tgt):
-            return self.net(src, tgt).astype(ms.float32).sin().sum()
-
     rng = np.random.RandomState(0)
     src, tgt = (ms.Tensor(rng.randint(0, 50, shape).astype(np.int32)) for shape in ((3, 7), (3, 5)))
     out = {}
@@ -468,7 +460,7 @@ def test_the_token_embedding_kernel_gives_the_numbers_of_the_lookup_mul_and_add(
         net, _ = apply_policy(net, OmegaConf.create({"level": level, "dtype": "float16",
                                                      "keep_fp32": ["LayerNorm", "Softmax"], "force_fp16": []}))
         table = inner.embed.embedding_table
-        grad = ms.grad(Loss(net), grad_position=None, weights=[table])(src, tgt)[0]
+        grad = ms.grad(SquareLoss(net), grad_position=None, weights=[table])(src, tgt)[0]
         assert grad.dtype == ms.float32
         out[kernel] = [Embedded(inner)(src).asnumpy(), net(src, tgt).asnumpy(), grad.asnumpy()]
     assert out[True][0].dtype == (np.float16 if level == "O2" else np.float32)
