@@ -38,11 +38,19 @@ namespace {
 
 constexpr int64_t kChunk = 2048;
 
+// f(begin, end) over [0, n): in one piece per pool thread when `many` (enough work to pay for waking them), else
+// on this thread
+template <typename F>
+void Pieces(int64_t n, bool many, F f) {
+  const int threads = many ? AmpZooThreads() : 1;
+  if (threads == 1) return f(0, n);
+  AmpZooParallel(threads, [&](int t, int k) { f(n * t / k, n * (t + 1) / k); });
+}
+
 // f(inputs as float, output as float, count) over [0, n) in chunks, on the pool's threads: float32 tensors are
 // handed over as they are, float16 ones converted into and out of per-thread chunks
 template <int In, typename F>
 void Map(void **params, int64_t n, bool half, F f) {
-  const int threads = n >= (1 << 15) ? AmpZooThreads() : 1;
   auto run = [&](int64_t a, int64_t b) {
     if (!half) {
       const float *in[In];
@@ -62,8 +70,7 @@ void Map(void **params, int64_t n, bool half, F f) {
       AmpZooFloatToHalfHere(buffers[In], static_cast<uint16_t *>(params[In]) + c, m);
     }
   };
-  if (threads == 1) return run(0, n);
-  AmpZooParallel(threads, [&](int t, int k) { run(n * t / k, n * (t + 1) / k); });
+  Pieces(n, n >= (1 << 15), run);
 }
 
 // 1 float32, 2 float16, 0 anything else; every tensor of the op alike
@@ -157,12 +164,7 @@ int MaskMul(int nparam, void **params, int *ndims, int64_t **shapes, const char 
       AmpZooFloatToHalfHere(buffer, static_cast<uint16_t *>(params[2]) + c, len);
     }
   };
-  const int threads = n >= (1 << 15) ? AmpZooThreads() : 1;
-  if (threads == 1) {
-    run(0, n);
-  } else {
-    AmpZooParallel(threads, [&](int t, int k) { run(n * t / k, n * (t + 1) / k); });
-  }
+  Pieces(n, n >= (1 << 15), run);
   return 0;
 }
 
@@ -225,11 +227,10 @@ int EmbedForward(int nparam, void **params, int *ndims, int64_t **shapes, const 
   if (!half && std::strcmp(dtypes[4], "float32")) return 1;
   const float scale = AmpZooScale(dtypes[3], ndims[3], shapes[3], params[3]);
   if (scale != scale) return 1;
-
+  float s = scale;  // the scale as the float16 Mul sees it
+  if (half) AmpZooRoundThroughHalf(&s, &s, 1);
   const int32_t *ids = static_cast<const int32_t *>(params[1]);
   auto run = [&](int64_t a, int64_t b) {
-    float s = scale;
-    if (half) AmpZooRoundThroughHalf(&s, &s, 1);
     float row[kChunk], p[kChunk];
     for (int64_t r = a; r < b; ++r) {
       const int32_t id = ids[r];
@@ -261,12 +262,7 @@ int EmbedForward(int nparam, void **params, int *ndims, int64_t **shapes, const 
       }
     }
   };
-  const int threads = n * d >= (1 << 15) ? AmpZooThreads() : 1;
-  if (threads == 1) {
-    run(0, n);
-  } else {
-    AmpZooParallel(threads, [&](int k, int of) { run(n * k / of, n * (k + 1) / of); });
-  }
+  Pieces(n, n * d >= (1 << 15), run);
   return 0;
 }
 
@@ -282,10 +278,10 @@ int EmbedBackward(int nparam, void **params, int *ndims, int64_t **shapes, const
   const int32_t *ids = static_cast<const int32_t *>(params[1]);
   std::vector<float> sums(out_half ? vocab * d : 0);  // summed in float32 either way
   float *dtable = out_half ? sums.data() : static_cast<float *>(params[4]);
+  float s = scale;  // as the float16 Mul's gradient sees it
+  if (half) AmpZooRoundThroughHalf(&s, &s, 1);
   // each thread its own columns of every row, through the positions in order: the same sums whatever the threads
   auto run = [&](int64_t c0, int64_t c1) {
-    float s = scale;
-    if (half) AmpZooRoundThroughHalf(&s, &s, 1);
     for (int64_t v = 0; v < vocab; ++v) std::memset(dtable + v * d + c0, 0, (c1 - c0) * sizeof(float));
     float g[kChunk];
     for (int64_t r = 0; r < n; ++r) {

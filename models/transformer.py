@@ -289,11 +289,11 @@ def sinusoids(length: int, d_model: int) -> np.ndarray:
 
 
 class TokenEmbedding(nn.Embedding):
-    """nn.Embedding (a subclass: the same table, which the tied output projection reads) that also takes the
-    positions: embedding(ids, positions) is the token's row scaled by sqrt(d_model) plus its position. Where the
-    CPU kernels run it is one op (cpu_kernels' embed_op) taking the fp32 table as stored (weights_as_stored: O2
-    casts nothing around it) and rounding as O2's fp16 ops do; elsewhere, and with the ids alone, nn.Embedding's
-    lookup, then a Mul and an Add."""
+    """nn.Embedding (a subclass: the same table, which the tied output projection reads). With the ids alone it is
+    nn.Embedding's lookup; where the CPU kernels run (`kernel`), embedding(ids, positions) is the token's row scaled
+    by `scale` (sqrt(d_model)) plus its position in one op (cpu_kernels' embed_op), taking the fp32 table as stored
+    (weights_as_stored: O2 casts nothing around it) and rounding as O2's fp16 ops do. Transformer.embed_tokens
+    chooses which."""
 
     def __init__(self, vocab_size, d_model):
         super().__init__(vocab_size, d_model, embedding_table=Normal(d_model ** -0.5), padding_idx=PAD)
@@ -305,10 +305,8 @@ class TokenEmbedding(nn.Embedding):
     def construct(self, ids, positions=None):
         if positions is None:
             return super().construct(ids)
-        if self.kernel is not None:  # amp_compute: set by the policy at O2 (amp.policy)
-            op = self.kernel(getattr(self, "amp_compute", "float32") == "float16")
-            return op(self.embedding_table, ids, positions, self.scale_tensor)
-        return super().construct(ids) * self.scale + positions
+        op = self.kernel(getattr(self, "amp_compute", "float32") == "float16")  # amp_compute: set at O2 (amp.policy)
+        return op(self.embedding_table, ids, positions, self.scale_tensor)
 
 
 class Transformer(nn.Cell):
@@ -335,7 +333,7 @@ class Transformer(nn.Cell):
     def embed_tokens(self, tokens, positions):
         if self.embed.kernel is not None:  # a Python constant: the scale and the positions inside the kernel
             return self.dropout(self.embed(tokens, positions))
-        return self.dropout(self.embed(tokens) * math.sqrt(self.d_model) + positions)
+        return self.dropout(self.embed(tokens) * self.embed.scale + positions)
 
     def encode(self, src):
         src_bias = ops.cast(ops.equal(src, PAD), ms.float32).expand_dims(1).expand_dims(1) * NEG  # (B,1,1,S)
