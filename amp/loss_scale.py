@@ -104,6 +104,11 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         # on the CPU, one process: the unscale and the overflow check in one pass of the CPU kernels (a Python
         # constant), where MindSpore runs a Mul and a ReduceSum per gradient
         self.unscale_sum = fused_unscale_op(device, self.reducer_flag)
+        # and where the optimizer unscales as it updates (ampzoo.engine.optim.Momentum on the kernels, one update
+        # a batch), the check only reads the gradients: no unscaled copy of them is written
+        self.unscale_in_update = (self.unscale_sum is not None and update_freq == 1
+                                  and getattr(optimizer, "unscales_in_update", False))
+        self.unscaled_sum = fused_check_op() if self.unscale_in_update else None
         self.saturation_mode = saturation_mode(device, self.ascend_910a_target, self.ascend_910b_target)
         self.min_scale = Tensor(plan.min_scale, mstype.float32)
         self.amp_steps = Parameter(zero(), name="amp_steps", requires_grad=False)
@@ -146,6 +151,22 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
             sums = sums + (total,)
         return unscaled, ops.isfinite(ops.addn(sums)).all()
 
+    def scaled_finite(self, grads, scale):
+        """Whether every element of the float32 gradients, unscaled, is finite: unscaled_and_finite's verdict
+        from the same sums, without the unscaled gradients (the optimizer unscales them: update)."""
+        scale32 = ops.cast(scale, mstype.float32).reshape((1,))
+        sums = ()
+        for g in grads:
+            sums = sums + (self.unscaled_sum(g, scale32),)
+        return ops.isfinite(ops.addn(sums)).all()
+
+    def update(self, grads, scale):
+        """The optimizer's step on grads: unscaled by the optimizer itself when unscale_in_update (times
+        1 / scale, the Reciprocal and Mul of MindSpore's own unscale), else as they are."""
+        if self.unscale_in_update:  # a Python constant
+            return self.optimizer.update(grads, ops.reciprocal(ops.cast(scale, mstype.float32).reshape((1,))))
+        return self.optimizer(grads)
+
     def construct(self, *inputs):
         if not self.skip_on_overflow:  # a Python constant: the graph holds one branch or the other
             return self.plain_step(*inputs)
@@ -159,7 +180,10 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         status = Tensor([0] * 8, mstype.int32)
         sens = ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss))
         grads = self.grad(self.network, weights)(*inputs, sens)
-        if self.unscale_sum is not None:  # one process only: no all-reduce between the unscale and the check
+        if self.unscale_in_update:  # a Python constant
+            finite = self.scaled_finite(grads, scale)
+            overflow = ops.logical_and(ops.logical_not(finite), ops.logical_not(bad_input))
+        elif self.unscale_sum is not None:  # one process only: no all-reduce between the unscale and the check
             grads, finite = self.unscaled_and_finite(grads, scale)
             overflow = ops.logical_and(ops.logical_not(finite), ops.logical_not(bad_input))
         else:
@@ -176,7 +200,7 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         else:
             overflow = self.process_loss_scale(overflow)
             if not ops.logical_or(overflow, bad_input):
-                loss = ops.depend(loss, self.optimizer(grads))
+                loss = ops.depend(loss, self.update(grads, scale))
         ov = ops.cast(overflow, mstype.int32)
         bad = ops.cast(bad_input, mstype.int32)
         at_floor = ops.cast(ops.logical_and(overflow, scale.reshape(()) <= self.min_scale), mstype.int32)
@@ -263,6 +287,13 @@ def fused_unscale_op(device: str, distributed: bool):
         return None
     from cpu_kernels.cells import unscale_sum_op
     return unscale_sum_op()
+
+
+def fused_check_op():
+    """The CPU kernels' overflow check that only reads the gradients (UnscaledSum), for a step whose optimizer
+    unscales as it updates (AmpTrainStep.unscale_in_update; fused_unscale_op says where the kernels run)."""
+    from cpu_kernels.cells import unscaled_sum_op
+    return unscaled_sum_op()
 
 
 def _scaled(factor, x):

@@ -513,6 +513,14 @@ def unscale_sum_op():
                       func_type="aot")
 
 
+@lru_cache(maxsize=1)
+def unscaled_sum_op():
+    """eltwise.cc's UnscaledSum: a float32 gradient and the loss scale -> the sum of the gradient unscaled, as a
+    (1,) tensor, without writing the unscaled gradient: the check where the optimizer unscales as it updates
+    (ampzoo.engine.optim.Momentum.update)."""
+    return ops.Custom(f"{library()}:UnscaledSumOp", out_shape=_done_shape, out_dtype=_done_dtype, func_type="aot")
+
+
 def _unscaled_shape(g, scale):
     return g, [1]
 

@@ -14,6 +14,8 @@
 // UnscaleSum (g, scale -> g * (1 / scale), the sum of that): the loss-scale step's unscale and its overflow check
 // in one pass over a float32 gradient, where MindSpore runs a Mul and a ReduceSum (the sum is inf or NaN when any
 // element is: the step tests it with isfinite, as amp.loss_scale.finite_sum does).
+// UnscaledSum (g, scale -> the sum of g * (1 / scale)): the same sum, reading g only, where the optimizer unscales
+// the gradient itself as it updates (optim.cc's MomentumUpdate), so no unscaled copy is written.
 // EmbedFwd (table, ids, positions, scale -> y): y[b, t] = table[ids[b, t]] * scale + positions[t], a Transformer's
 // token embedding scaled and added to its positions (models.transformer.TokenEmbedding), the table float32 as
 // stored, the positions float32 (or float16, where a precision flag cast them), y float32 or float16. In float16 each value is rounded where MindSpore's float16 ops round
@@ -168,8 +170,10 @@ int MaskMul(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   return 0;
 }
 
+// g * (1 / scale) into out (unless Write is false), and the sum of it: UnscaleSum (nparam 4) and UnscaledSum (3)
+template <bool Write>
 int UnscaleSum(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
-  if (nparam != 4) return 1;
+  if (nparam != (Write ? 4 : 3)) return 1;
   for (int i = 0; i < nparam; ++i)
     if (std::strcmp(dtypes[i], "float32")) return 1;
   const int64_t n = Count(ndims, shapes);
@@ -184,13 +188,15 @@ int UnscaleSum(int nparam, void **params, int *ndims, int64_t **shapes, const ch
     int64_t i = a;
     for (; i + 16 <= b; i += 16)
       for (int l = 0; l < 16; ++l) {
-        out[i + l] = g[i + l] * inv;
-        acc[l] += out[i + l];
+        const float v = g[i + l] * inv;
+        if (Write) out[i + l] = v;
+        acc[l] += v;
       }
     double sum = 0;
     for (; i < b; ++i) {
-      out[i] = g[i] * inv;
-      sum += out[i];
+      const float v = g[i] * inv;
+      if (Write) out[i] = v;
+      sum += v;
     }
     for (int l = 0; l < 16; ++l) sum += acc[l];
     parts[t] = sum;
@@ -202,7 +208,7 @@ int UnscaleSum(int nparam, void **params, int *ndims, int64_t **shapes, const ch
   }
   double total = 0;
   for (int t = 0; t < 64; ++t) total += parts[t];
-  static_cast<float *>(params[3])[0] = static_cast<float>(total);
+  static_cast<float *>(params[nparam - 1])[0] = static_cast<float>(total);
   return 0;
 }
 
@@ -338,7 +344,11 @@ extern "C" int MaskMulFwd(int n, void **params, int *ndims, int64_t **shapes, co
 }
 extern "C" int UnscaleSumOp(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
                             void *) {
-  return UnscaleSum(n, params, ndims, shapes, dtypes);
+  return UnscaleSum<true>(n, params, ndims, shapes, dtypes);
+}
+extern "C" int UnscaledSumOp(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
+                             void *) {
+  return UnscaleSum<false>(n, params, ndims, shapes, dtypes);
 }
 // Two names for the forward, one a dtype, each with its own gradient (conv.cc's CONV_FWD says why)
 extern "C" int EmbedFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {

@@ -32,13 +32,13 @@ def loss_scale(**kw):
     return OmegaConf.create({**base, **kw})
 
 
-def make_step(ls_cfg, level="O0", seed=0, update_freq=1):
+def make_step(ls_cfg, level="O0", seed=0, update_freq=1, optimizer=nn.Momentum):
     ms.set_seed(seed)
     net = MLP()
     net, _ = apply_policy(net, OmegaConf.create({"level": level, "dtype": "float16", "keep_fp32": None,
                                                  "force_fp16": []}))
     plan = plan_loss_scale(ls_cfg)
-    opt = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9, loss_scale=plan.optimizer_loss_scale)
+    opt = optimizer(net.trainable_params(), learning_rate=0.1, momentum=0.9, loss_scale=plan.optimizer_loss_scale)
     step = AmpTrainStep(nn.WithLossCell(net, nn.CrossEntropyLoss()), opt, plan, "CPU", update_freq)
     step.set_train()
     return net, step
@@ -233,3 +233,25 @@ def test_the_cpu_kernels_unscale_and_check_as_mindspores_ops_do(graph_mode, monk
     (fused_overflow, fused_weights), (overflow, plain_weights) = results
     assert fused_overflow == overflow == overflows
     assert all(np.array_equal(fused_weights[k], v) for k, v in plain_weights.items())
+
+
+@pytest.mark.parametrize("init_scale, overflows", [(2.0 ** 4, False), (2.0 ** 24, True)])
+def test_with_the_fused_optimizer_the_update_unscales_and_steps_as_mindspores_ops_do(graph_mode, monkeypatch,
+                                                                                      init_scale, overflows):
+    """The recipes' Momentum on the CPU kernels unscales the gradients as it updates (the check only reads
+    them): the verdict, the scale's next value and the weights are those of MindSpore's unscale, check and
+    nn.Momentum, bit for bit, over three steps."""
+    from amp import loss_scale as module
+    from ampzoo.engine.optim import Momentum
+    from cpu_kernels import has_ops, why_not
+    if not has_ops():
+        pytest.skip(why_not())
+    net, step = make_step(loss_scale(init_scale=init_scale, window=2), level="O2", optimizer=Momentum)
+    assert step.unscale_in_update, "the fold is on where the kernels run"
+    folded = [run(step) for _ in range(3)]
+    monkeypatch.setattr(module, "fused_unscale_op", lambda device, distributed: None)
+    plain_net, plain = make_step(loss_scale(init_scale=init_scale, window=2), level="O2")
+    assert not plain.unscale_in_update
+    assert [run(plain) for _ in range(3)] == folded
+    assert folded[0][1] == overflows
+    assert all(np.array_equal(weights(net)[k], v) for k, v in weights(plain_net).items())

@@ -90,6 +90,7 @@ class Momentum(nn.Momentum):
                          use_nesterov=use_nesterov)
         fp32 = all(p.dtype == ms.float32 for p in self._parameters)  # the op's dtype (fp32 master weights)
         self.fused = fused_momentum_op(use_nesterov) if fp32 else None
+        self.unscales_in_update = False
         if self.fused is None:
             return
         # nn.Optimizer holds the decay times the loss scale, to add before it unscales; the op adds it after
@@ -97,10 +98,17 @@ class Momentum(nn.Momentum):
         decay = [0.0 if not flag else float(wd) / self.loss_scale for wd, flag in zip(decay, self.decay_flags)]
         self.decays = tuple(Tensor([wd], ms.float32) for wd in decay)
         self.unscale = Tensor([1.0 / self.loss_scale], ms.float32)
+        # a loss-scaled step may hand update() the gradients as they are and its own 1 / scale (AmpTrainStep)
+        self.unscales_in_update = self.loss_scale == 1.0
 
     def construct(self, gradients):
         if self.fused is None:
             return super().construct(gradients)
+        return self.update(gradients, self.unscale)
+
+    def update(self, gradients, unscale):
+        """The fused update with the gradients multiplied by `unscale` (a (1,) float32) as it reads them: the loss
+        scale's unscale (amp.loss_scale.AmpTrainStep), with no unscaled copy of the gradients written first."""
         params, moments = self._parameters, self.moments
         gradients = self.gradients_centralization(gradients)
         lr = self.get_lr()
@@ -108,7 +116,7 @@ class Momentum(nn.Momentum):
         success = True
         for i in range(len(params) - 1, -1, -1):  # nn.Momentum's order: the last layers' gradients come first
             rate = lr[i] if self.is_group_lr else lr
-            done = self.fused(params[i], moments[i], gradients[i], rate, self.momentum, self.decays[i], self.unscale)
+            done = self.fused(params[i], moments[i], gradients[i], rate, self.momentum, self.decays[i], unscale)
             success = ops.depend(success, done)
         return success
 
