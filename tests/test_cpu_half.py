@@ -183,27 +183,28 @@ def bf16_conv_check(stride: int, padding: int) -> None:
     np.testing.assert_array_equal(dw16_b.asnumpy(), dw16.asnumpy())
 
 
-def bf16_blocked_check(size: int = 8, stride: int = 1) -> None:
+def bf16_blocked_check(size: int = 8, stride: int = 1, channels: int = 32, batch: int = 4) -> None:
     """A 3x3 convolution between blocked layers. On a small plane (ResNet's 8x8 and 4x4 stages; where oneDNN has
     no AMX, up to 14x14 and at stride 2) conv.cc computes its bf16 weight gradient as one matmul over an im2col of
     x (MatmulWeights, unless AMP_ZOO_CONV_MATMUL_DW=0); where oneDNN's bf16 kernels take channels-last tensors
     (AMX), the fp16 blocked activations go to and from them in one pass each (conv.cc's fused Arg), on the pool's
-    threads at 16x16.
+    threads at 16x16. With 64 input channels the matmul reads its im2col in oneDNN's own blocked layout
+    (conv.cc's `blocked`), zero rows padding it to a multiple of 32 (an odd number of rows with batch 3 at 7x7).
     y, dx and dw are the fp32 kernel's on bf16-rounded operands within an ulp of fp16, the padding's zeros
     included, for an fp16 weight and for an fp32 master weight taken as stored."""
     ms.set_context(mode=ms.GRAPH_MODE)
     to_blocked, to_plain = relayout_ops(16)
     rng = np.random.RandomState(6)
-    x = rng.randn(4, 32, size, size).astype(np.float16).astype(np.float32)
-    w = (rng.randn(64, 32, 3, 3) * 0.1).astype(np.float16).astype(np.float32)
-    plane = (size // stride) ** 2
-    dy = ms.Tensor(((np.arange(4 * 64 * plane) % 7 - 3) / 4).astype(np.float32).reshape(4, 64, plane))
+    x = rng.randn(batch, channels, size, size).astype(np.float16).astype(np.float32)
+    w = (rng.randn(64, channels, 3, 3) * 0.1).astype(np.float16).astype(np.float32)
+    plane = ((size - 1) // stride + 1) ** 2
+    dy = ms.Tensor(((np.arange(batch * 64 * plane) % 7 - 3) / 4).astype(np.float32).reshape(batch, 64, plane))
 
     def run(x_dtype, w_dtype, x_values, w_values):
-        conv = CpuConv2d(32, 64, 3, stride, 1, weight_init=ms.Tensor(w_values.astype(w_dtype)), out_block=16)
+        conv = CpuConv2d(channels, 64, 3, stride, 1, weight_init=ms.Tensor(w_values.astype(w_dtype)), out_block=16)
 
         def loss(inp):
-            return (to_plain(conv(to_blocked(inp))).astype(ms.float32).reshape(4, 64, -1) * dy).sum()
+            return (to_plain(conv(to_blocked(inp))).astype(ms.float32).reshape(batch, 64, -1) * dy).sum()
         xt = ms.Tensor(x_values.astype(x_dtype))
         dx, (dw,) = ms.grad(loss, grad_position=0, weights=conv.trainable_params())(xt)
         return to_plain(conv(to_blocked(xt))), dx, dw
@@ -278,13 +279,15 @@ def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride
 
 
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
-@pytest.mark.parametrize("matmul_dw, size, stride", [("1", 8, 1), ("0", 8, 1), ("1", 14, 1), ("1", 16, 1), ("1", 16, 2),
-                                                      ("0", 16, 2)])
-def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw, size, stride):
+@pytest.mark.parametrize("matmul_dw, size, stride, channels, batch",
+                         [("1", 8, 1, 32, 4), ("0", 8, 1, 32, 4), ("1", 14, 1, 64, 4), ("1", 7, 1, 64, 3),
+                          ("1", 16, 2, 64, 4), ("0", 16, 2, 32, 4)])
+def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw, size, stride, channels, batch):
     """A bf16 convolution between blocked layers, its weight gradient as one matmul (conv.cc's MatmulWeights: 8x8
     at stride 1, and stride 2 where oneDNN has no AMX) or as oneDNN's direct kernel (AMP_ZOO_CONV_MATMUL_DW=0, or
     16x16 at stride 1): y, dx and dw each within an ulp of the fp32 kernel's."""
-    run_bf16_check("test_cpu_half", f"bf16_blocked_check({size}, {stride})", AMP_ZOO_CONV_MATMUL_DW=matmul_dw)
+    run_bf16_check("test_cpu_half", f"bf16_blocked_check({size}, {stride}, {channels}, {batch})",
+                   AMP_ZOO_CONV_MATMUL_DW=matmul_dw)
 
 
 @pytest.mark.parametrize("setting", ["", "fp32", "bf16", "bf16_backward"])
