@@ -523,11 +523,12 @@ using Key = std::vector<int64_t>;
 // Two rows of a matmul's B in oneDNN's blocked bf16 layout (BA16a64b2a: pairs of rows interleaved, element by
 // element): 16 values of row 2q (a) and 16 of row 2q + 1 (b) -> 32 interleaved values at d. A null row is zeros.
 __attribute__((target("avx512f"))) void InterleaveRows(const uint16_t *a, const uint16_t *b, uint16_t *d) {
-  const __m512i lo = a ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(a)))
+  // the maskz forms: g++ 12 warns of the unmasked ones' undefined source (as in H2F512)
+  const __m512i lo = a ? _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(a)))
                        : _mm512_setzero_si512();
-  const __m512i hi = b ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(b)))
+  const __m512i hi = b ? _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(b)))
                        : _mm512_setzero_si512();
-  _mm512_storeu_si512(d, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  _mm512_storeu_si512(d, _mm512_or_si512(lo, _mm512_maskz_slli_epi32(0xffff, hi, 16)));
 }
 
 // Backward weights of a bf16 convolution as one oneDNN matmul: dw [OC, KH*KW*IC] = dy^T [OC, P] col [P, KH*KW*IC],
