@@ -741,8 +741,10 @@ struct Conv {
     }
     x_w.In(xp);
     dw.Bind(dwp);
-    // backward weights reads dy in its own layout; when that is backward data's, its reorder is reused
-    bool shared = dxp && dy_w.reorder && dy_d.reorder && dy_w.inner.get_desc() == dy_d.inner.get_desc();
+    // backward weights reads dy in its own layout; when that is backward data's, staged the same way, backward
+    // data's copy is reused (its conversion to bf16, its reorder)
+    bool shared = dxp && dy_w.stage == dy_d.stage && dy_w.fused == dy_d.fused &&
+                  dy_w.inner.get_desc() == dy_d.inner.get_desc();
     if (!shared) dy_w.In(dyp);
     bwd_weights.execute(st, {{DNNL_ARG_SRC, x_w.inner}, {DNNL_ARG_DIFF_DST, shared ? dy_d.inner : dy_w.inner},
                              {DNNL_ARG_DIFF_WEIGHTS, dw.inner}});
