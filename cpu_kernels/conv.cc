@@ -541,7 +541,7 @@ __attribute__((target("avx512f"))) void InterleaveRows(const uint16_t *a, const 
 // EPYC), also of stride 2 (1.3-4x) and of planes up to 14x14 (ResNet-34's 224x224 third stage, 1.5x).
 // The operands are laid out as the matmul reads them fastest: dy^T row by row (each output channel's positions
 // contiguous), and col written straight into oneDNN's blocked layout for B (where the matmul asks for
-// BA16a64b2a, as its AVX512-BF16 kernel does), so the matmul copies neither (8-23% faster standalone).
+// BA16a64b2a, as its AVX512-BF16 kernel does), so the matmul copies neither (docs/benchmarks.md, eighth round).
 struct MatmulWeights {
   static bool Applies(const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s) {
     const char *env = std::getenv("AMP_ZOO_CONV_MATMUL_DW");  // "0": oneDNN's direct kernel (tests compare)
