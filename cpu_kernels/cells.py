@@ -268,7 +268,6 @@ def _float32(*args):
     return ms.float32
 
 
-@lru_cache(maxsize=1)
 @lru_cache(maxsize=None)
 def embed_op(half: bool = False):
     """eltwise.cc's EmbedFwd (table [V, d], ids int32 [..., T], positions [T, d], scale (1,) -> table[ids] * scale +
@@ -288,6 +287,7 @@ def embed_op(half: bool = False):
                       out_dtype=lambda *args: dtype, func_type="aot", bprop=bprop)
 
 
+@lru_cache(maxsize=1)
 def add_op():
     """eltwise.cc's AddFwd (a, b -> a + b, one shape, fp32 or fp16); the gradient of each is dy as it is."""
     def bprop(a, b, out, dout):
