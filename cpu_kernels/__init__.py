@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 SOURCES = [Path(__file__).with_name(f"{name}.cc")
-           for name in ("conv", "pool", "norm", "eltwise", "matmul", "layer_norm", "softmax", "decode", "optim")]
+           for name in ("conv", "pool", "norm", "eltwise", "matmul", "layer_norm", "softmax", "decode", "optim",
+                        "omp_weights")]
 LIBRARY, RECORD = "libcpu_kernels.so", "build.json"
+OMP_LIBRARY = "libdnnl_omp.so"  # oneDNN on OpenMP (onednn-cpu-gomp), beside LIBRARY: omp_weights.cc loads it
 THREADPOOL = 0x8  # dnnl_runtime_threadpool: the CPU runtime MindSpore's oneDNN is built with, and Pool implements
 
 

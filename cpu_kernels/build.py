@@ -6,6 +6,7 @@ and build.json (what it was built against) go to cpu_kernels.build_dir(), inside
 on; under CI=true they are errors, and a failed build fails the command. Elsewhere a failed build is one
 `note:` line and exit 0: the kernels are optional, and the networks then run MindSpore's own kernels.
 """
+import importlib.metadata
 import json
 import os
 import platform
@@ -16,9 +17,9 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Tuple
 
-from cpu_kernels import (LIBRARY, RECORD, SOURCES, build_dir, check, mindspore_lib, mismatch, runtime_version,
+from cpu_kernels import (LIBRARY, OMP_LIBRARY, RECORD, SOURCES, build_dir, check, mindspore_lib, mismatch, runtime_version,
                          sources_digest, version_text)
 
 FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-Wall", "-Wextra"]  # -O3: at -O2 g++ 12 leaves pool loops scalar
@@ -37,6 +38,21 @@ def header_version(include: Path):
     text = (include / "oneapi" / "dnnl" / "dnnl_version.h").read_text()
     return tuple(int(re.search(rf"#define DNNL_VERSION_{part} (\d+)", text).group(1))
                  for part in ("MAJOR", "MINOR", "PATCH"))
+
+
+def omp_onednn() -> Optional[Tuple[Path, str]]:
+    """(libdnnl.so.3, its package version) of the onednn-cpu-gomp wheel (requirements-data.txt): oneDNN built on
+    OpenMP, for omp_weights.cc; None when it is not installed."""
+    try:
+        dist = importlib.metadata.distribution("onednn-cpu-gomp")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for f in dist.files or []:
+        if f.name == "libdnnl.so.3":
+            path = Path(dist.locate_file(f)).resolve()
+            if path.is_file():
+                return path, dist.version
+    return None
 
 
 def build(out_dir: Path, werror: bool = False) -> Path:
@@ -75,10 +91,17 @@ def build(out_dir: Path, werror: bool = False) -> Path:
         if done.returncode != 0:
             raise RuntimeError(f"{Path(compiler).name} failed (its messages are above)")
         cxx = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()
-        record = {"onednn_headers": version_text(version), "onednn_runtime": version_text(runtime),
+        omp = omp_onednn()  # linked beside the library, where omp_weights.cc looks for it (none: it is not used)
+        if omp:
+            (Path(tmp) / OMP_LIBRARY).symlink_to(omp[0])
+        record = {"onednn_omp": f"onednn-cpu-gomp {omp[1]}" if omp else None,"onednn_headers": version_text(version), "onednn_runtime": version_text(runtime),
                   "mindspore_lib": str(lib), "compiler": cxx[0] if cxx else compiler, "flags": flags,
                   "machine": platform.machine(), "sources": sources_digest()}
         (Path(tmp) / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+        if omp:
+            os.replace(Path(tmp) / OMP_LIBRARY, out_dir / OMP_LIBRARY)
+        elif (out_dir / OMP_LIBRARY).is_symlink():
+            (out_dir / OMP_LIBRARY).unlink()
         os.replace(partial, out_dir / LIBRARY)
         os.replace(Path(tmp) / RECORD, out_dir / RECORD)
     return out_dir / LIBRARY
@@ -94,8 +117,10 @@ def main() -> int:
               f"own kernels (slower on the CPU)", file=sys.stderr)
         return 1 if ci else 0
     built = json.loads((out_dir / RECORD).read_text())
+    omp = built.get("onednn_omp")
     print(f"CPU kernels: {path} (oneDNN {built['onednn_headers']} headers, MindSpore's oneDNN "
-          f"{built['onednn_runtime']})")
+          f"{built['onednn_runtime']}; bf16 weight gradients "
+          f"{f'on OpenMP: {omp}' if omp else 'on the thread pool (onednn-cpu-gomp not installed)'})")
     reason = check(out_dir)[1]
     if reason:
         print(f"error: {reason}", file=sys.stderr)

@@ -44,6 +44,11 @@
 #include <tuple>
 #include <vector>
 
+struct AmpZooOmpWeights;  // omp_weights.cc
+extern "C" AmpZooOmpWeights *AmpZooOmpWeightsMake(const int64_t *xd, const int64_t *wd, const int64_t *yd,
+                                                  int64_t s, int64_t p, const char *x_tag, const char *dy_tag,
+                                                  const char *dw_tag, const char *impl);
+extern "C" bool AmpZooOmpWeightsRun(AmpZooOmpWeights *w, const void *x, const void *dy, void *dw);
 void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
 void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
 
@@ -665,6 +670,11 @@ struct Conv {
   Arg dy_d, w_d, dx;       // backward data
   Arg x_w, dy_w, dw;       // backward weights
   std::unique_ptr<MatmulWeights> mm_dw;  // or backward weights as a matmul (bf16 modes, MatmulWeights::Applies)
+  // or the same direct kernel in oneDNN on OpenMP (omp_weights.cc): a primitive per pool thread, each on images
+  // [omp_from[i], omp_from[i + 1]), the dw of all but the first summed into the first's
+  std::vector<AmpZooOmpWeights *> omp_dw;
+  std::vector<int64_t> omp_from;
+  std::vector<float> omp_parts;
 
   // mode (Bf16Compute): 0 fp32 compute, 1 bf16 in all three passes, 2 bf16 in the two backward passes only
   Conv(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s, int64_t p,
@@ -706,7 +716,24 @@ struct Conv {
     }
     dnnl::convolution_backward_weights::primitive_desc bw(e, alg, any(xd, b_in), w_any32, any(yd, b_in), st, pad,
                                                           pad, hint);
-    bwd_weights = dnnl::convolution_backward_weights(bw);
+    // bf16 blocked layers where oneDNN has no AMX: the direct kernel on OpenMP, when its library is there
+    if (bf_bwd && !OneDnnRunsAmx() && bw.src_desc() == memory::desc(xd, dt::bf16, tag::nChw16c) &&
+        bw.diff_dst_desc() == memory::desc(yd, dt::bf16, tag::nChw16c) &&
+        bw.diff_weights_desc() == memory::desc(wd, dt::f32, tag::OIhw16i16o)) {
+      const int64_t parts = std::min<int64_t>(RT().pool.get_num_threads(), xd[0]);
+      for (int64_t i = 0; i <= parts; ++i) omp_from.push_back(xd[0] * i / parts);
+      for (int64_t i = 0; i < parts; ++i) {
+        memory::dims xi = xd, yi = yd;
+        xi[0] = yi[0] = omp_from[i + 1] - omp_from[i];
+        AmpZooOmpWeights *w = AmpZooOmpWeightsMake(xi.data(), wd.data(), yi.data(), s, p, "aBcd16b", "aBcd16b",
+                                                   "ABcd16b16a", bw.impl_info_str());
+        if (!w) break;  // the OpenMP build is missing or chose another kernel: oneDNN's own (the few made leak)
+        omp_dw.push_back(w);
+      }
+      if (static_cast<int64_t>(omp_dw.size()) < parts) omp_dw.clear();
+      omp_parts.resize((omp_dw.empty() ? 0 : parts - 1) * bw.diff_weights_desc().get_size() / sizeof(float));
+    }
+    if (omp_dw.empty()) bwd_weights = dnnl::convolution_backward_weights(bw);
     x_w.Init(memory::desc(xd, b_in, xl), bw.src_desc(), read(xh, bf_bwd), bf_bwd);
     dy_w.Init(memory::desc(yd, b_in, yl), bw.diff_dst_desc(), read(xh, bf_bwd), bf_bwd);
     dw.Init(w_out, bw.diff_weights_desc(), wrote(wh));
@@ -746,8 +773,32 @@ struct Conv {
     bool shared = dxp && dy_w.stage == dy_d.stage && dy_w.fused == dy_d.fused &&
                   dy_w.inner.get_desc() == dy_d.inner.get_desc();
     if (!shared) dy_w.In(dyp);
-    bwd_weights.execute(st, {{DNNL_ARG_SRC, x_w.inner}, {DNNL_ARG_DIFF_DST, shared ? dy_d.inner : dy_w.inner},
-                             {DNNL_ARG_DIFF_WEIGHTS, dw.inner}});
+    const memory &dy_in = shared ? dy_d.inner : dy_w.inner;
+    if (!omp_dw.empty()) {
+      st.wait();
+      const auto *xb = static_cast<const uint16_t *>(x_w.inner.get_data_handle());
+      const auto *dyb = static_cast<const uint16_t *>(dy_in.get_data_handle());
+      auto *out = static_cast<float *>(dw.inner.get_data_handle());
+      const int64_t n = omp_from.back(), x_img = x_w.inner.get_desc().get_size() / 2 / n,
+                    y_img = dy_in.get_desc().get_size() / 2 / n, size = dw.inner.get_desc().get_size() / 4;
+      std::atomic<bool> ok{true};
+      RT().pool.parallel_for(static_cast<int>(omp_dw.size()), [&](int i, int) {
+        float *to = i == 0 ? out : omp_parts.data() + (i - 1) * size;
+        if (!AmpZooOmpWeightsRun(omp_dw[i], xb + omp_from[i] * x_img, dyb + omp_from[i] * y_img, to))
+          ok = false;
+      });
+      if (!ok) throw dnnl::error(dnnl_runtime_error, "the OpenMP backward-weights kernel failed");
+      if (omp_dw.size() > 1)
+        Split(size, [&](int64_t a, int64_t b) {
+          for (size_t k = 1; k < omp_dw.size(); ++k) {
+            const float *part = omp_parts.data() + (k - 1) * size;
+            for (int64_t j = a; j < b; ++j) out[j] += part[j];
+          }
+        });
+    } else {
+      bwd_weights.execute(st, {{DNNL_ARG_SRC, x_w.inner}, {DNNL_ARG_DIFF_DST, dy_in},
+                               {DNNL_ARG_DIFF_WEIGHTS, dw.inner}});
+    }
     dw.Out();
     st.wait();
   }
