@@ -190,10 +190,11 @@ class MeanOf(nn.Cell):
 
 
 def check_cpu_kernels(device: str) -> Tuple[str, str]:
-    """The CPU kernels' low-precision path on this CPU (cpu_kernels.low_precision) and what an fp16 step of
-    conv + BatchNorm + ReLU costs against fp32, each the median of 7 steps taken in turns; on a CPU that runs
-    bf16 (runtime.cpu_compute=bf16: AVX512-BF16, oneDNN not capped below it) the fp16 step with bf16 products too."""
-    from cpu_kernels import cpu_compute, has_ops, low_precision, why_not
+    """The CPU kernels' low-precision path on this CPU (cpu_kernels.low_precision), where a bf16 weight gradient
+    runs (cpu_kernels.weight_gradients), and what an fp16 step of conv + BatchNorm + ReLU costs against fp32, each
+    the median of 7 steps taken in turns; on a CPU that runs bf16 (runtime.cpu_compute=bf16: AVX512-BF16, oneDNN
+    not capped below it) the fp16 step with bf16 products too."""
+    from cpu_kernels import cpu_compute, has_ops, low_precision, weight_gradients, why_not
     from models.layers import CPU_COMPUTE
     if device != "CPU":
         return SKIPPED, "the project's CPU kernels run on the CPU only"
@@ -233,7 +234,8 @@ def check_cpu_kernels(device: str) -> Tuple[str, str]:
     ms_of = {name: statistics.median(t) * 1e3 for name, t in times.items()}
     parts = [f"{name} {ms_of[name]:.1f} ms ({ms_of['fp32'] / ms_of[name]:.2f}x fp32's speed)"
              for name, _, _ in variants if name != "fp32"]
-    return OK, f"{low_precision()}; conv+BatchNorm+ReLU fp32 {ms_of['fp32']:.1f} ms, {', '.join(parts)}"
+    return OK, (f"{low_precision()}; bf16 weight gradients: {weight_gradients()}; conv+BatchNorm+ReLU fp32 "
+                f"{ms_of['fp32']:.1f} ms, {', '.join(parts)}")
 
 
 # ---- a recipe through train.py -------------------------------------------------------------------------------

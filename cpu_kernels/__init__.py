@@ -7,6 +7,7 @@
     why_not()    # otherwise, why, in one line
     low_precision()  # what the kernels do with fp16 and bf16 on this CPU, in one line
     cpu_compute()    # how fp16 convolutions and Dense layers multiply here: "fp32", "bf16", "bf16_backward"
+    weight_gradients()  # where a bf16 convolution's weight gradient runs: oneDNN on OpenMP, or why not
 
 The library links MindSpore's bundled oneDNN (libdnnl.so.3) and is compiled against oneDNN headers of a release
 not newer than it: oneDNN keeps its ABI backward compatible within a major version, so headers newer than the
@@ -126,6 +127,15 @@ def library() -> Path:
     if path is None:
         raise RuntimeError(reason)
     return path
+
+
+def weight_gradients() -> str:
+    """Where a bf16 convolution's direct weight gradient runs, in a clause: "oneDNN 3.2.0 (OpenMP)" when
+    omp_weights.cc loaded the OpenMP build beside the library (onednn-cpu-gomp, requirements-data.txt), else why
+    not (then MindSpore's threadpool oneDNN runs it). Loads the library; raises RuntimeError without one."""
+    status = ctypes.CDLL(str(library())).AmpZooOmpWeightsStatus
+    status.restype = ctypes.c_char_p
+    return status().decode()
 
 
 def cpu_flags() -> set:

@@ -196,5 +196,9 @@ extern "C" bool AmpZooOmpWeightsRun(AmpZooOmpWeights *w, const void *x, const vo
   });
 }
 
-// "oneDNN 3.2.0 (OpenMP)", or why not (make doctor, the build info)
-extern "C" const char *AmpZooOmpWeightsStatus() { return Lib().status.c_str(); }
+// "oneDNN 3.2.0 (OpenMP)", or why not (make doctor, cpu_kernels.weight_gradients)
+extern "C" const char *AmpZooOmpWeightsStatus() {
+  const unsigned amx = dnnl_cpu_isa_avx10_1_512_amx;  // MindSpore's oneDNN, as conv.cc's OneDnnRunsAmx reads it
+  static const std::string on_amx = "not used: MindSpore's oneDNN runs AMX here, channels-last";
+  return (static_cast<unsigned>(dnnl_get_effective_cpu_isa()) & amx) == amx ? on_amx.c_str() : Lib().status.c_str();
+}

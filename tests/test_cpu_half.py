@@ -279,15 +279,53 @@ def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride
 
 
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
-@pytest.mark.parametrize("matmul_dw, size, stride, channels, batch",
-                         [("1", 8, 1, 32, 4), ("0", 8, 1, 32, 4), ("1", 14, 1, 64, 4), ("1", 7, 1, 64, 3),
-                          ("1", 16, 2, 64, 4), ("0", 16, 2, 32, 4)])
-def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw, size, stride, channels, batch):
+@pytest.mark.parametrize("matmul_dw, omp_dw, size, stride, channels, batch",
+                         [("1", "1", 8, 1, 32, 4), ("0", "1", 8, 1, 32, 4), ("0", "0", 8, 1, 32, 4),
+                          ("1", "1", 14, 1, 64, 4), ("1", "1", 7, 1, 64, 3), ("0", "1", 7, 1, 64, 3),
+                          ("1", "1", 16, 2, 64, 4), ("0", "1", 16, 2, 32, 4), ("0", "0", 16, 2, 32, 4)])
+def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw, omp_dw, size, stride, channels,
+                                                                     batch):
     """A bf16 convolution between blocked layers, its weight gradient as one matmul (conv.cc's MatmulWeights: 8x8
     at stride 1, and stride 2 where oneDNN has no AMX) or as oneDNN's direct kernel (AMP_ZOO_CONV_MATMUL_DW=0, or
-    16x16 at stride 1): y, dx and dw each within an ulp of the fp32 kernel's."""
+    16x16 at stride 1), that kernel in oneDNN on OpenMP where oneDNN has no AMX (omp_weights.cc: a primitive per
+    thread on its share of the batch, 1 and 2 images of 3) or in MindSpore's (AMP_ZOO_CONV_OMP_DW=0): y, dx and
+    dw each within an ulp of the fp32 kernel's."""
     run_bf16_check("test_cpu_half", f"bf16_blocked_check({size}, {stride}, {channels}, {batch})",
-                   AMP_ZOO_CONV_MATMUL_DW=matmul_dw)
+                   AMP_ZOO_CONV_MATMUL_DW=matmul_dw, AMP_ZOO_CONV_OMP_DW=omp_dw)
+
+
+def verbose_weight_gradients(**env) -> list:
+    """The problem strings of the bf16 backward-weights kernels a blocked 16x16 convolution (batch 4, two
+    threads) ran, as oneDNN's verbose log names them, each with the build that ran it: "3.2" for the OpenMP one
+    (its log lines start onednn_verbose,exec), "3.10" for MindSpore's (onednn_verbose,v1,primitive,exec)."""
+    env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3",
+           "ONEDNN_VERBOSE": "1", "AMP_ZOO_CONV_THREADS": "2", **env}
+    env.pop("AMP_ZOO_ONEDNN_AUTO", None)
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_blocked_check; "
+            f"bf16_blocked_check(16, 1, 32, 4); print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "ok" in result.stdout.splitlines(), result.stderr[-3000:]
+    runs = []
+    for line in result.stdout.splitlines():
+        fields = line.split(",")
+        if "backward_weights" in fields and "jit_bf16:avx512_core_bf16" in fields:
+            build = "3.2" if fields[1] == "exec" else "3.10" if fields[1:4] == ["v1", "primitive", "exec"] else "?"
+            runs.append((build, fields[-2].split("_")[0]))
+    return runs
+
+
+@pytest.mark.skipif(not BF16_CPU or "amx_bf16" in cpu_flags(), reason="the OpenMP weight gradient is for AVX512-BF16 "
+                    "without AMX (this CPU has no AVX512-BF16, or oneDNN runs AMX here)")
+def test_where_onednn_has_no_amx_the_weight_gradient_runs_on_openmp_a_primitive_per_thread():
+    """With onednn-cpu-gomp installed (make install), a blocked bf16 convolution's direct weight gradient runs in
+    that oneDNN, two images on each of the two threads; AMP_ZOO_CONV_OMP_DW=0 gives it back to MindSpore's oneDNN,
+    the whole batch at once. The status line says which (make doctor prints it)."""
+    lib = ctypes.CDLL(str(library()))
+    lib.AmpZooOmpWeightsStatus.restype = ctypes.c_char_p
+    status = lib.AmpZooOmpWeightsStatus().decode()
+    assert status.startswith("oneDNN 3.") and status.endswith("(OpenMP)"), status
+    assert sorted(set(verbose_weight_gradients())) == [("3.2", "mb2")]
+    assert sorted(set(verbose_weight_gradients(AMP_ZOO_CONV_OMP_DW="0"))) == [("3.10", "mb4")]
 
 
 @pytest.mark.parametrize("setting", ["", "fp32", "bf16", "bf16_backward"])
