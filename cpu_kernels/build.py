@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Tuple
 
-from cpu_kernels import (LIBRARY, OMP_LIBRARY, RECORD, SOURCES, build_dir, check, mindspore_lib, mismatch, runtime_version,
-                         sources_digest, version_text)
+from cpu_kernels import (LIBRARY, OMP_LIBRARY, RECORD, SOURCES, build_dir, check, mindspore_lib, mismatch,
+                         runtime_version, sources_digest, version_text)
 
 FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-Wall", "-Wextra"]  # -O3: at -O2 g++ 12 leaves pool loops scalar
 
@@ -94,7 +94,8 @@ def build(out_dir: Path, werror: bool = False) -> Path:
         omp = omp_onednn()  # linked beside the library, where omp_weights.cc looks for it (none: it is not used)
         if omp:
             (Path(tmp) / OMP_LIBRARY).symlink_to(omp[0])
-        record = {"onednn_omp": f"onednn-cpu-gomp {omp[1]}" if omp else None,"onednn_headers": version_text(version), "onednn_runtime": version_text(runtime),
+        record = {"onednn_omp": f"onednn-cpu-gomp {omp[1]}" if omp else None,
+                  "onednn_headers": version_text(version), "onednn_runtime": version_text(runtime),
                   "mindspore_lib": str(lib), "compiler": cxx[0] if cxx else compiler, "flags": flags,
                   "machine": platform.machine(), "sources": sources_digest()}
         (Path(tmp) / RECORD).write_text(json.dumps(record, indent=1) + "\n")
