@@ -6,6 +6,7 @@ bf16-rounded operands, rounded once to fp16; the fp16 <-> fp32 conversions agree
 (AVX-512, F16C, portable), overflow included; and O2's BatchNorm keeps fp32 parameters without a precision flag."""
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from cpu_kernels import cpu_compute, cpu_flags, has_ops, library, why_not
+from cpu_kernels import LIBRARY, OMP_LIBRARY, cpu_compute, cpu_flags, has_ops, library, why_not
 from cpu_kernels.cells import CpuAddReLU, CpuBatchNorm2d, CpuConv2d, CpuReLU, relayout_ops
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
@@ -326,6 +327,19 @@ def test_where_onednn_has_no_amx_the_weight_gradient_runs_on_openmp_a_primitive_
     assert status.startswith("oneDNN 3.") and status.endswith("(OpenMP)"), status
     assert sorted(set(verbose_weight_gradients())) == [("3.2", "mb2")]
     assert sorted(set(verbose_weight_gradients(AMP_ZOO_CONV_OMP_DW="0"))) == [("3.10", "mb4")]
+
+
+def test_a_build_without_the_openmp_onednn_names_the_missing_file(tmp_path):
+    """Without onednn-cpu-gomp (no libdnnl_omp.so beside the library) the status names the file it looked for;
+    the kernels then run MindSpore's oneDNN, as under AMP_ZOO_CONV_OMP_DW=0 (the blocked-layer tests above)."""
+    copy = tmp_path / LIBRARY
+    shutil.copy(library(), copy)
+    status = ctypes.CDLL(str(copy)).AmpZooOmpWeightsStatus
+    status.restype = ctypes.c_char_p
+    if "amx_bf16" in cpu_flags():
+        assert status().decode().startswith("not used: MindSpore's oneDNN runs AMX here")
+    else:
+        assert status().decode() == f"not installed ({tmp_path / OMP_LIBRARY})"
 
 
 @pytest.mark.parametrize("setting", ["", "fp32", "bf16", "bf16_backward"])
