@@ -83,8 +83,10 @@ def build(out_dir: Path, werror: bool = False) -> Path:
         (Path(tmp) / "oneapi" / "dnnl").mkdir(parents=True)
         (Path(tmp) / "oneapi" / "dnnl" / "dnnl_config.h").write_text(config)
         partial = Path(tmp) / LIBRARY
+        # an RPATH, not a RUNPATH: LD_LIBRARY_PATH cannot swap in another libdnnl.so.3 (the venv's lib/ holds
+        # onednn-cpu-gomp's)
         cmd = [compiler, *flags, f"-I{tmp}", f"-I{include}", *map(str, SOURCES), "-o", str(partial),
-               f"-L{lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{lib}", "-pthread"]
+               f"-L{lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{lib}", "-Wl,--disable-new-dtags", "-pthread"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.stderr.strip():
             print(done.stderr.strip(), file=sys.stderr)  # warnings, or the errors, in full

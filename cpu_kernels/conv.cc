@@ -49,6 +49,7 @@ extern "C" AmpZooOmpWeights *AmpZooOmpWeightsMake(const int64_t *xd, const int64
                                                   int64_t s, int64_t p, const char *x_tag, const char *dy_tag,
                                                   const char *dw_tag, const char *impl);
 extern "C" bool AmpZooOmpWeightsRun(AmpZooOmpWeights *w, const void *x, const void *dy, void *dw);
+extern "C" void AmpZooOmpWeightsFree(AmpZooOmpWeights *w);
 void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
 void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
 
@@ -675,6 +676,11 @@ struct Conv {
   std::vector<AmpZooOmpWeights *> omp_dw;
   std::vector<int64_t> omp_from;
   std::vector<float> omp_parts;
+  void FreeOmp() {
+    for (auto *w : omp_dw) AmpZooOmpWeightsFree(w);
+    omp_dw.clear();
+  }
+  ~Conv() { FreeOmp(); }
 
   // mode (Bf16Compute): 0 fp32 compute, 1 bf16 in all three passes, 2 bf16 in the two backward passes only
   Conv(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s, int64_t p,
@@ -727,13 +733,13 @@ struct Conv {
         xi[0] = yi[0] = omp_from[i + 1] - omp_from[i];
         AmpZooOmpWeights *w = AmpZooOmpWeightsMake(xi.data(), wd.data(), yi.data(), s, p, "aBcd16b", "aBcd16b",
                                                    "ABcd16b16a", bw.impl_info_str());
-        if (!w) break;  // the OpenMP build is missing or chose another kernel: oneDNN's own (the few made leak)
+        if (!w) break;  // the OpenMP build is missing or chose another kernel: MindSpore's oneDNN runs it
         omp_dw.push_back(w);
       }
-      if (static_cast<int64_t>(omp_dw.size()) < parts) omp_dw.clear();
+      if (static_cast<int64_t>(omp_dw.size()) < parts) FreeOmp();
       omp_parts.resize((omp_dw.empty() ? 0 : parts - 1) * bw.diff_weights_desc().get_size() / sizeof(float));
     }
-    if (omp_dw.empty()) bwd_weights = dnnl::convolution_backward_weights(bw);
+    bwd_weights = dnnl::convolution_backward_weights(bw);  // also where the OpenMP one fails at run time
     x_w.Init(memory::desc(xd, b_in, xl), bw.src_desc(), read(xh, bf_bwd), bf_bwd);
     dy_w.Init(memory::desc(yd, b_in, yl), bw.diff_dst_desc(), read(xh, bf_bwd), bf_bwd);
     dw.Init(w_out, bw.diff_weights_desc(), wrote(wh));
@@ -787,8 +793,11 @@ struct Conv {
         if (!AmpZooOmpWeightsRun(omp_dw[i], xb + omp_from[i] * x_img, dyb + omp_from[i] * y_img, to))
           ok = false;
       });
-      if (!ok) throw dnnl::error(dnnl_runtime_error, "the OpenMP backward-weights kernel failed");
-      if (omp_dw.size() > 1)
+      if (!ok) {  // from now on MindSpore's oneDNN
+        FreeOmp();
+        bwd_weights.execute(st, {{DNNL_ARG_SRC, x_w.inner}, {DNNL_ARG_DIFF_DST, dy_in},
+                                 {DNNL_ARG_DIFF_WEIGHTS, dw.inner}});
+      } else if (omp_dw.size() > 1)
         Split(size, [&](int64_t a, int64_t b) {
           for (size_t k = 1; k < omp_dw.size(); ++k) {
             const float *part = omp_parts.data() + (k - 1) * size;

@@ -10,12 +10,13 @@
 // blocked layouts its own backward-weights pass chose; the result is the same kernel's, summed in another order.
 // Where the library is missing or refuses a shape, conv.cc runs its own pass. AMP_ZOO_CONV_OMP_DW=0 turns it off.
 #include <dlfcn.h>
+#include <unistd.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
+#include <new>
 #include <string>
 
 // exported by oneDNN 3, not in its public headers (its graph API declares it the same way)
@@ -67,9 +68,14 @@ struct Library {
     }
     std::string path(self.dli_fname);
     path = path.substr(0, path.rfind('/') + 1) + "libdnnl_omp.so";
+    if (access(path.c_str(), F_OK) != 0) {
+      status = "not installed (" + path + ")";
+      return;
+    }
     void *h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
     if (!h) {
-      status = "not installed (" + path + ")";
+      const char *why = dlerror();
+      status = "refused: " + std::string(why ? why : path);
       return;
     }
 #define AMP_ZOO_OMP_LOAD(name) name = reinterpret_cast<decltype(&::name)>(dlsym(h, #name));
@@ -83,6 +89,7 @@ struct Library {
 #undef AMP_ZOO_OMP_CHECK
     if (!all) {
       status = "refused: " + path + " lacks part of oneDNN 3's C API";
+      dlclose(h);
       return;
     }
     const dnnl_version_t *v = dnnl_version();
@@ -90,6 +97,7 @@ struct Library {
                                 std::to_string(v->patch);
     if (v->major != 3 || v->cpu_runtime != DNNL_RUNTIME_OMP) {
       status = "refused: " + path + " is oneDNN " + version + ", not oneDNN 3 on OpenMP";
+      dlclose(h);
       return;
     }
     if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success) {
@@ -124,11 +132,13 @@ namespace {
 // Runs f with this thread's OpenMP thread count at 1, as oneDNN reads it (omp_get_max_threads), then restores it
 template <typename F>
 auto OneThread(Library &L, F f) {
-  const int was = L.omp_get_max_threads();
+  struct Restore {
+    Library &L;
+    int was;
+    ~Restore() { L.omp_set_num_threads(was); }
+  } restore{L, L.omp_get_max_threads()};
   L.omp_set_num_threads(1);
-  auto r = f();
-  L.omp_set_num_threads(was);
-  return r;
+  return f();
 }
 
 void Destroy(Library &L, AmpZooOmpWeights *w) {
@@ -167,13 +177,13 @@ extern "C" AmpZooOmpWeights *AmpZooOmpWeightsMake(const int64_t *xd, const int64
     if (ok) ok = L.dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &got) == dnnl_success && got &&
                  !std::strcmp(got, impl);
     if (ok) {
-      out = new AmpZooOmpWeights;
-      ok = L.dnnl_stream_create(&out->stream, L.engine, dnnl_stream_default_flags) == dnnl_success &&
+      out = new (std::nothrow) AmpZooOmpWeights;
+      ok = out &&L.dnnl_stream_create(&out->stream, L.engine, dnnl_stream_default_flags) == dnnl_success &&
            L.dnnl_primitive_create(&out->prim, pd) == dnnl_success &&
            L.dnnl_memory_create(&out->x, xm, L.engine, DNNL_MEMORY_NONE) == dnnl_success &&
            L.dnnl_memory_create(&out->dy, dym, L.engine, DNNL_MEMORY_NONE) == dnnl_success &&
            L.dnnl_memory_create(&out->dw, dwm, L.engine, DNNL_MEMORY_NONE) == dnnl_success;
-      if (!ok) Destroy(L, out), out = nullptr;
+      if (!ok && out) Destroy(L, out), out = nullptr;
     }
     if (pd) L.dnnl_primitive_desc_destroy(pd);
     if (hint) L.dnnl_primitive_desc_destroy(hint);
@@ -194,6 +204,11 @@ extern "C" bool AmpZooOmpWeightsRun(AmpZooOmpWeights *w, const void *x, const vo
     return L.dnnl_primitive_execute(w->prim, w->stream, 3, args) == dnnl_success &&
            L.dnnl_stream_wait(w->stream) == dnnl_success;
   });
+}
+
+// frees what AmpZooOmpWeightsMake made (nullptr: nothing)
+extern "C" void AmpZooOmpWeightsFree(AmpZooOmpWeights *w) {
+  if (w) Destroy(Lib(), w);
 }
 
 // "oneDNN 3.2.0 (OpenMP)", or why not (make doctor, cpu_kernels.weight_gradients)
