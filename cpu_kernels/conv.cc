@@ -403,6 +403,9 @@ void AmpZooRoundThroughHalf(const float *s, float *d, int64_t n) {
 // the same on the pool's threads (norm.cc uses them)
 int AmpZooHalfIsa() { return HalfIsa(); }
 
+// whether MindSpore's oneDNN runs AMX here (omp_weights.cc's status)
+bool AmpZooOneDnnRunsAmx() { return OneDnnRunsAmx(); }
+
 void AmpZooHalfToFloat(const uint16_t *s, float *d, int64_t n) {
   const int isa = HalfIsa();
   Split(n, [&](int64_t a, int64_t b) { (isa == 2 ? H2F512 : isa == 1 ? H2F256 : H2FPortable)(s + a, d + a, b - a); });
@@ -681,6 +684,33 @@ struct Conv {
     omp_dw.clear();
   }
   ~Conv() { FreeOmp(); }
+  // dw.inner = the weight gradient of x_w.inner and dy, the parts at once on the pool's threads and summed; false
+  // (and from then on MindSpore's oneDNN) where the OpenMP build failed
+  bool OmpWeights(const memory &dy) {
+    RT().stream.wait();
+    const auto *xb = static_cast<const uint16_t *>(x_w.inner.get_data_handle());
+    const auto *dyb = static_cast<const uint16_t *>(dy.get_data_handle());
+    auto *out = static_cast<float *>(dw.inner.get_data_handle());
+    const int64_t n = omp_from.back(), x_img = x_w.inner.get_desc().get_size() / 2 / n,
+                  y_img = dy.get_desc().get_size() / 2 / n, size = dw.inner.get_desc().get_size() / 4;
+    std::atomic<bool> ok{true};
+    RT().pool.parallel_for(static_cast<int>(omp_dw.size()), [&](int i, int) {
+      float *to = i == 0 ? out : omp_parts.data() + (i - 1) * size;
+      if (!AmpZooOmpWeightsRun(omp_dw[i], xb + omp_from[i] * x_img, dyb + omp_from[i] * y_img, to)) ok = false;
+    });
+    if (!ok) {
+      FreeOmp();
+      return false;
+    }
+    if (omp_dw.size() > 1)
+      Split(size, [&](int64_t a, int64_t b) {
+        for (size_t k = 1; k < omp_dw.size(); ++k) {
+          const float *part = omp_parts.data() + (k - 1) * size;
+          for (int64_t j = a; j < b; ++j) out[j] += part[j];
+        }
+      });
+    return true;
+  }
 
   // mode (Bf16Compute): 0 fp32 compute, 1 bf16 in all three passes, 2 bf16 in the two backward passes only
   Conv(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s, int64_t p,
@@ -780,31 +810,7 @@ struct Conv {
                   dy_w.inner.get_desc() == dy_d.inner.get_desc();
     if (!shared) dy_w.In(dyp);
     const memory &dy_in = shared ? dy_d.inner : dy_w.inner;
-    if (!omp_dw.empty()) {
-      st.wait();
-      const auto *xb = static_cast<const uint16_t *>(x_w.inner.get_data_handle());
-      const auto *dyb = static_cast<const uint16_t *>(dy_in.get_data_handle());
-      auto *out = static_cast<float *>(dw.inner.get_data_handle());
-      const int64_t n = omp_from.back(), x_img = x_w.inner.get_desc().get_size() / 2 / n,
-                    y_img = dy_in.get_desc().get_size() / 2 / n, size = dw.inner.get_desc().get_size() / 4;
-      std::atomic<bool> ok{true};
-      RT().pool.parallel_for(static_cast<int>(omp_dw.size()), [&](int i, int) {
-        float *to = i == 0 ? out : omp_parts.data() + (i - 1) * size;
-        if (!AmpZooOmpWeightsRun(omp_dw[i], xb + omp_from[i] * x_img, dyb + omp_from[i] * y_img, to))
-          ok = false;
-      });
-      if (!ok) {  // from now on MindSpore's oneDNN
-        FreeOmp();
-        bwd_weights.execute(st, {{DNNL_ARG_SRC, x_w.inner}, {DNNL_ARG_DIFF_DST, dy_in},
-                                 {DNNL_ARG_DIFF_WEIGHTS, dw.inner}});
-      } else if (omp_dw.size() > 1)
-        Split(size, [&](int64_t a, int64_t b) {
-          for (size_t k = 1; k < omp_dw.size(); ++k) {
-            const float *part = omp_parts.data() + (k - 1) * size;
-            for (int64_t j = a; j < b; ++j) out[j] += part[j];
-          }
-        });
-    } else {
+    if (omp_dw.empty() || !OmpWeights(dy_in)) {
       bwd_weights.execute(st, {{DNNL_ARG_SRC, x_w.inner}, {DNNL_ARG_DIFF_DST, dy_in},
                                {DNNL_ARG_DIFF_WEIGHTS, dw.inner}});
     }

@@ -3,9 +3,9 @@
 // MindSpore's libdnnl runs oneDNN's threadpool runtime. There oneDNN's direct bf16 backward-weights kernel
 // (jit_bf16:avx512_core_bf16) cannot share one transposition of x and dy between its threads (a build flag,
 // DNNL_THR_SYNC), so it transposes them again for every pair of 16-channel blocks it computes. Built on OpenMP
-// (the runtime PyTorch's oneDNN uses) the same kernel transposes each once: on ResNet-34's 16x16 layers it takes
-// 5.3 against 8.8 ms (docs/benchmarks.md). This file loads such a build (onednn-cpu-gomp from PyPI, copied next to
-// the extension by cpu_kernels.build as libdnnl_omp.so) with RTLD_DEEPBIND, so it binds to itself and not to
+// (the runtime PyTorch's oneDNN uses) the same kernel transposes each once (docs/benchmarks.md, ninth round). This
+// file loads such a build (onednn-cpu-gomp from PyPI, linked beside the extension by cpu_kernels.build as
+// libdnnl_omp.so) with RTLD_DEEPBIND, so it binds to itself and not to
 // MindSpore's oneDNN beside it, and calls its C API. conv.cc hands it x and dy in bf16 and dw in fp32, in the
 // blocked layouts its own backward-weights pass chose; the result is the same kernel's, summed in another order.
 // Where the library is missing or refuses a shape, conv.cc runs its own pass. AMP_ZOO_CONV_OMP_DW=0 turns it off.
@@ -18,6 +18,8 @@
 #include <cstring>
 #include <new>
 #include <string>
+
+bool AmpZooOneDnnRunsAmx();  // conv.cc: where it does, conv.cc does not use this file
 
 // exported by oneDNN 3, not in its public headers (its graph API declares it the same way)
 extern "C" dnnl_status_t dnnl_memory_desc_create_with_string_tag(dnnl_memory_desc_t *, int, const dnnl_dims_t,
@@ -178,7 +180,7 @@ extern "C" AmpZooOmpWeights *AmpZooOmpWeightsMake(const int64_t *xd, const int64
                  !std::strcmp(got, impl);
     if (ok) {
       out = new (std::nothrow) AmpZooOmpWeights;
-      ok = out &&L.dnnl_stream_create(&out->stream, L.engine, dnnl_stream_default_flags) == dnnl_success &&
+      ok = out && L.dnnl_stream_create(&out->stream, L.engine, dnnl_stream_default_flags) == dnnl_success &&
            L.dnnl_primitive_create(&out->prim, pd) == dnnl_success &&
            L.dnnl_memory_create(&out->x, xm, L.engine, DNNL_MEMORY_NONE) == dnnl_success &&
            L.dnnl_memory_create(&out->dy, dym, L.engine, DNNL_MEMORY_NONE) == dnnl_success &&
@@ -213,7 +215,6 @@ extern "C" void AmpZooOmpWeightsFree(AmpZooOmpWeights *w) {
 
 // "oneDNN 3.2.0 (OpenMP)", or why not (make doctor, cpu_kernels.weight_gradients)
 extern "C" const char *AmpZooOmpWeightsStatus() {
-  const unsigned amx = dnnl_cpu_isa_avx10_1_512_amx;  // MindSpore's oneDNN, as conv.cc's OneDnnRunsAmx reads it
   static const std::string on_amx = "not used: MindSpore's oneDNN runs AMX here, channels-last";
-  return (static_cast<unsigned>(dnnl_get_effective_cpu_isa()) & amx) == amx ? on_amx.c_str() : Lib().status.c_str();
+  return AmpZooOneDnnRunsAmx() ? on_amx.c_str() : Lib().status.c_str();
 }

@@ -17,7 +17,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from cpu_kernels import LIBRARY, OMP_LIBRARY, cpu_compute, cpu_flags, has_ops, library, why_not
+from cpu_kernels import LIBRARY, OMP_LIBRARY, cpu_compute, cpu_flags, has_ops, library, weight_gradients, why_not
 from cpu_kernels.cells import CpuAddReLU, CpuBatchNorm2d, CpuConv2d, CpuReLU, relayout_ops
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
@@ -280,19 +280,17 @@ def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride
 
 
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
-@pytest.mark.parametrize("matmul_dw, omp_dw, size, stride, channels, batch",
-                         [("1", "1", 8, 1, 32, 4), ("0", "1", 8, 1, 32, 4), ("1", "1", 14, 1, 64, 4),
-                          ("1", "1", 7, 1, 64, 3), ("0", "1", 7, 1, 64, 3), ("1", "1", 16, 2, 64, 4),
-                          ("0", "1", 16, 2, 32, 4)])
-def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw, omp_dw, size, stride, channels,
-                                                                     batch):
+@pytest.mark.parametrize("matmul_dw, size, stride, channels, batch",
+                         [("1", 8, 1, 32, 4), ("0", 8, 1, 32, 4), ("1", 14, 1, 64, 4), ("1", 7, 1, 64, 3),
+                          ("0", 7, 1, 64, 3), ("1", 16, 2, 64, 4), ("0", 16, 2, 32, 4)])
+def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw, size, stride, channels, batch):
     """A bf16 convolution between blocked layers, its weight gradient as one matmul (conv.cc's MatmulWeights: 8x8
     at stride 1, and stride 2 where oneDNN has no AMX) or as oneDNN's direct kernel (AMP_ZOO_CONV_MATMUL_DW=0, or
     16x16 at stride 1), that kernel in oneDNN on OpenMP where oneDNN has no AMX (omp_weights.cc: a primitive per
     thread on its share of the batch, 1 and 2 images of 3; in MindSpore's under AMP_ZOO_CONV_OMP_DW=0, the next
     test): y, dx and dw each within an ulp of the fp32 kernel's."""
     run_bf16_check("test_cpu_half", f"bf16_blocked_check({size}, {stride}, {channels}, {batch})",
-                   AMP_ZOO_CONV_MATMUL_DW=matmul_dw, AMP_ZOO_CONV_OMP_DW=omp_dw)
+                   AMP_ZOO_CONV_MATMUL_DW=matmul_dw, AMP_ZOO_CONV_OMP_DW="1")
 
 
 def verbose_weight_gradients(**env) -> list:
@@ -322,9 +320,7 @@ def test_where_onednn_has_no_amx_the_weight_gradient_runs_on_openmp_a_primitive_
     that oneDNN, two images on each of the two threads; AMP_ZOO_CONV_OMP_DW=0 gives it back to MindSpore's oneDNN,
     the whole batch at once. Both within an ulp of the fp32 kernel (bf16_blocked_check). The status line says
     which runs (make doctor prints it)."""
-    lib = ctypes.CDLL(str(library()))
-    lib.AmpZooOmpWeightsStatus.restype = ctypes.c_char_p
-    status = lib.AmpZooOmpWeightsStatus().decode()
+    status = weight_gradients()
     assert status.startswith("oneDNN 3.") and status.endswith("(OpenMP)"), status
     assert sorted(set(verbose_weight_gradients())) == [("3.2", "mb2")]
     assert sorted(set(verbose_weight_gradients(AMP_ZOO_CONV_OMP_DW="0"))) == [("3.10", "mb4")]
