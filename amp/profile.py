@@ -123,6 +123,9 @@ def summarise(rows: List[Tuple[str, str, float]], dtypes: Dict[str, str], steps:
     top = sorted(slow.items(), key=lambda kv: -kv[1])[:15]
     return {
         "steps": steps, "total_ms_per_step": total / max(steps, 1),
+        # the graph's Cast ops, by name (a device's kernel file has a row per run): what a precision policy adds,
+        # read without a timing
+        "cast_ops": len({scope for scope, op_type, _ in rows if op_type == "Cast"}),
         "share": {k: v / total for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
         "slowest": [{"op": op, "cell": cell, "group": group, "ms_per_step": ms / max(steps, 1), "share": ms / total}
                     for (op, cell, group), ms in top],
@@ -132,6 +135,7 @@ def summarise(rows: List[Tuple[str, str, float]], dtypes: Dict[str, str], steps:
 def write_summary(summary: Dict, run_dir: Path) -> Path:
     (run_dir / "profile.json").write_text(json.dumps(summary, indent=2))
     lines = [f"# Profile: {summary['steps']} steps, {summary['total_ms_per_step']:.2f} ms of op time per step", "",
+             f"Cast ops in the step's graph: {summary['cast_ops']}", "",
              "| ops | share of op time |", "|---|---:|",
              *[f"| {k} | {100 * v:.1f}% |" for k, v in summary["share"].items()], "",
              "| op | Cell | precision | ms/step | share |", "|---|---|---|---:|---:|",

@@ -52,6 +52,7 @@ def test_profile_writes_the_precision_time_shares(tmp_path, graph_mode):
         conv = [r for r in summary["slowest"] if r["cell"] in ("conv1", "conv2") and r["op"] != "Cast"]
         assert conv and all(r["group"] == ("float16 Cells" if low else "float32 Cells") for r in conv)
         assert "| ops | share of op time |" in (tmp_path / recipe / "profile.md").read_text()
-        cast[recipe] = summary["share"].get("Cast", 0)
-    # shares are timings (noisy on a loaded machine): compare the two runs, not a fixed threshold
-    assert cast["lenet_o2"] > 2 * cast["lenet_o0"], f"O2 casts at Cell edges; O0 next to nothing: {cast}"
+        assert f"Cast ops in the step's graph: {summary['cast_ops']}" in (tmp_path / recipe / "profile.md").read_text()
+        cast[recipe] = summary["cast_ops"]
+    # counted, not timed (a time share moves with the machine's load)
+    assert cast["lenet_o2"] > cast["lenet_o0"], f"O2 casts at Cell edges; O0 next to nothing: {cast}"
