@@ -559,6 +559,14 @@ struct MatmulWeights {
     return !(env && !std::strcmp(env, "0")) && ((s == 1 && plane <= 64) || wide) && xl == tag::nChw16c &&
            yl == tag::nChw16c && wd[2] * wd[3] > 1;
   }
+  // Where the direct kernel runs on oneDNN's OpenMP build (no AMX, Conv::OmpWeights), it beats the matmul on
+  // stride-1 planes of 64 positions or more and stride-2 planes of more than 64 (ResNet-34's 8x8 and 14x14
+  // stride-1 layers, 1.25-1.29 times the forward pass's time against 1.49-1.51; docs/benchmarks.md, tenth
+  // round); the matmul stays for the smaller planes (7x7 and 4x4: 1.8-2.1 against 2.4-3.3)
+  static bool OpenMpFirst(const memory::dims &yd, int64_t s) {
+    const int64_t plane = yd[2] * yd[3];
+    return !OneDnnRunsAmx() && (s == 1 ? plane >= 64 : plane > 64);
+  }
 
   int64_t n, ic, h, w, oc, oh, ow, kh, kw, p, st;
   bool half;     // dw in fp16, else fp32 holding fp16 values (an fp32 master weight taken as stored)
@@ -746,7 +754,8 @@ struct Conv {
     dy_d.Init(memory::desc(yd, b_in, yl), bd.diff_dst_desc(), read(xh, bf_bwd), bf_bwd);
     w_d.Init(memory::desc(wd, b_in, tag::oihw), bd.weights_desc(), read(wh, bf_bwd));
     dx.Init(x_out, bd.diff_src_desc(), wrote(xh), bf_bwd);
-    if (bf_bwd && xh && MatmulWeights::Applies(wd, yd, xl, yl, s)) {  // then no direct backward-weights kernel
+    const bool matmul = bf_bwd && xh && MatmulWeights::Applies(wd, yd, xl, yl, s);
+    if (matmul && !MatmulWeights::OpenMpFirst(yd, s)) {  // then no direct backward-weights kernel
       mm_dw.reset(new MatmulWeights(xd, wd, yd, p, s, wh));
       return;
     }
@@ -768,6 +777,10 @@ struct Conv {
       }
       if (static_cast<int64_t>(omp_dw.size()) < parts) FreeOmp();
       omp_parts.resize((omp_dw.empty() ? 0 : parts - 1) * bw.diff_weights_desc().get_size() / sizeof(float));
+    }
+    if (matmul && omp_dw.empty()) {  // the OpenMP build is missing, off or refused the layer: the matmul runs it
+      mm_dw.reset(new MatmulWeights(xd, wd, yd, p, s, wh));
+      return;
     }
     bwd_weights = dnnl::convolution_backward_weights(bw);  // also where the OpenMP one fails at run time
     x_w.Init(memory::desc(xd, b_in, xl), bw.src_desc(), read(xh, bf_bwd), bf_bwd);
