@@ -311,15 +311,16 @@ def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw, si
                    AMP_ZOO_CONV_MATMUL_DW=matmul_dw, AMP_ZOO_CONV_OMP_DW="1")
 
 
-def verbose_weight_gradients(**env) -> list:
-    """The problem strings of the bf16 backward-weights kernels a blocked 16x16 convolution (batch 4, two
+def verbose_weight_gradients(size: int = 16, **env) -> list:
+    """The problem strings of the bf16 backward-weights kernels a blocked size x size convolution (batch 4, two
     threads) ran, as oneDNN's verbose log names them, each with the build that ran it: "3.2" for the OpenMP one
-    (its log lines start onednn_verbose,exec), "3.10" for MindSpore's (onednn_verbose,v1,primitive,exec)."""
+    (its log lines start onednn_verbose,exec), "3.10" for MindSpore's (onednn_verbose,v1,primitive,exec); and
+    ("matmul", "") for each run of MindSpore's bf16 matmul (conv.cc's MatmulWeights)."""
     env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3",
            "ONEDNN_VERBOSE": "1", "AMP_ZOO_CONV_THREADS": "2", **env}
     env.pop("AMP_ZOO_ONEDNN_AUTO", None)
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_blocked_check; "
-            f"bf16_blocked_check(16, 1, 32, 4); print('ok')")
+            f"bf16_blocked_check({size}, 1, 32, 4); print('ok')")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "ok" in result.stdout.splitlines(), result.stderr[-3000:]
     runs = []
@@ -328,6 +329,8 @@ def verbose_weight_gradients(**env) -> list:
         if "backward_weights" in fields and "jit_bf16:avx512_core_bf16" in fields:
             build = "3.2" if fields[1] == "exec" else "3.10" if fields[1:4] == ["v1", "primitive", "exec"] else "?"
             runs.append((build, fields[-2].split("_")[0]))
+        elif fields[1:4] == ["v1", "primitive", "exec"] and "matmul" in fields and "bf16" in line:
+            runs.append(("matmul", ""))
     return runs
 
 
@@ -336,12 +339,15 @@ def verbose_weight_gradients(**env) -> list:
 def test_where_onednn_has_no_amx_the_weight_gradient_runs_on_openmp_a_primitive_per_thread():
     """With onednn-cpu-gomp installed (make install), a blocked bf16 convolution's direct weight gradient runs in
     that oneDNN, two images on each of the two threads; AMP_ZOO_CONV_OMP_DW=0 gives it back to MindSpore's oneDNN,
-    the whole batch at once. Both within an ulp of the fp32 kernel (bf16_blocked_check). The status line says
+    the whole batch at once, and an 8x8 one back to the matmul. Both within an ulp of the fp32 kernel (bf16_blocked_check). The status line says
     which runs (make doctor prints it)."""
     status = weight_gradients()
     assert status.startswith("oneDNN 3.") and status.endswith("(OpenMP)"), status
     assert sorted(set(verbose_weight_gradients())) == [("3.2", "mb2")]
     assert sorted(set(verbose_weight_gradients(AMP_ZOO_CONV_OMP_DW="0"))) == [("3.10", "mb4")]
+    # at 8x8 the OpenMP kernel takes the layer from the matmul (MatmulWeights::OpenMpFirst); off, the matmul has it
+    assert sorted(set(verbose_weight_gradients(8))) == [("3.2", "mb2")]
+    assert sorted(set(verbose_weight_gradients(8, AMP_ZOO_CONV_OMP_DW="0"))) == [("matmul", "")]
 
 
 def test_a_build_without_the_openmp_onednn_names_the_missing_file(tmp_path):
