@@ -339,8 +339,8 @@ def verbose_weight_gradients(size: int = 16, **env) -> list:
 def test_where_onednn_has_no_amx_the_weight_gradient_runs_on_openmp_a_primitive_per_thread():
     """With onednn-cpu-gomp installed (make install), a blocked bf16 convolution's direct weight gradient runs in
     that oneDNN, two images on each of the two threads; AMP_ZOO_CONV_OMP_DW=0 gives it back to MindSpore's oneDNN,
-    the whole batch at once, and an 8x8 one back to the matmul. Both within an ulp of the fp32 kernel (bf16_blocked_check). The status line says
-    which runs (make doctor prints it)."""
+    the whole batch at once, and an 8x8 one back to the matmul. All within an ulp of the fp32 kernel
+    (bf16_blocked_check). The status line says which runs (make doctor prints it)."""
     status = weight_gradients()
     assert status.startswith("oneDNN 3.") and status.endswith("(OpenMP)"), status
     assert sorted(set(verbose_weight_gradients())) == [("3.2", "mb2")]
