@@ -755,14 +755,12 @@ struct Conv {
     w_d.Init(memory::desc(wd, b_in, tag::oihw), bd.weights_desc(), read(wh, bf_bwd));
     dx.Init(x_out, bd.diff_src_desc(), wrote(xh), bf_bwd);
     const bool matmul = bf_bwd && xh && MatmulWeights::Applies(wd, yd, xl, yl, s);
-    if (matmul && !MatmulWeights::OpenMpFirst(yd, s)) {  // then no direct backward-weights kernel
-      mm_dw.reset(new MatmulWeights(xd, wd, yd, p, s, wh));
-      return;
-    }
     dnnl::convolution_backward_weights::primitive_desc bw(e, alg, any(xd, b_in), w_any32, any(yd, b_in), st, pad,
                                                           pad, hint);
-    // bf16 blocked layers where oneDNN has no AMX: the direct kernel on OpenMP, when its library is there
-    if (bf_bwd && !OneDnnRunsAmx() && bw.src_desc() == memory::desc(xd, dt::bf16, tag::nChw16c) &&
+    // bf16 blocked layers where oneDNN has no AMX: the direct kernel on OpenMP, when its library is there (on
+    // the layers the matmul fits, only where it beats the matmul)
+    if (bf_bwd && !OneDnnRunsAmx() && (!matmul || MatmulWeights::OpenMpFirst(yd, s)) &&
+        bw.src_desc() == memory::desc(xd, dt::bf16, tag::nChw16c) &&
         bw.diff_dst_desc() == memory::desc(yd, dt::bf16, tag::nChw16c) &&
         bw.diff_weights_desc() == memory::desc(wd, dt::f32, tag::OIhw16i16o)) {
       const int64_t parts = std::min<int64_t>(RT().pool.get_num_threads(), xd[0]);
@@ -778,7 +776,8 @@ struct Conv {
       if (static_cast<int64_t>(omp_dw.size()) < parts) FreeOmp();
       omp_parts.resize((omp_dw.empty() ? 0 : parts - 1) * bw.diff_weights_desc().get_size() / sizeof(float));
     }
-    if (matmul && omp_dw.empty()) {  // the OpenMP build is missing, off or refused the layer: the matmul runs it
+    if (matmul && omp_dw.empty()) {  // then no direct backward-weights kernel (or the OpenMP one is missing, off
+                                     // or refused the layer)
       mm_dw.reset(new MatmulWeights(xd, wd, yd, p, s, wh));
       return;
     }

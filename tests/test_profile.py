@@ -51,8 +51,9 @@ def test_profile_writes_the_precision_time_shares(tmp_path, graph_mode):
         assert ("float16 Cells" in summary["share"]) == low
         conv = [r for r in summary["slowest"] if r["cell"] in ("conv1", "conv2") and r["op"] != "Cast"]
         assert conv and all(r["group"] == ("float16 Cells" if low else "float32 Cells") for r in conv)
-        assert "| ops | share of op time |" in (tmp_path / recipe / "profile.md").read_text()
-        assert f"Cast ops in the step's graph: {summary['cast_ops']}" in (tmp_path / recipe / "profile.md").read_text()
+        report = (tmp_path / recipe / "profile.md").read_text()
+        assert "| ops | share of op time |" in report
+        assert f"Cast ops in the step's graph: {summary['cast_ops']}" in report
         cast[recipe] = summary["cast_ops"]
     # counted, not timed (a time share moves with the machine's load)
     assert cast["lenet_o2"] > cast["lenet_o0"], f"O2 casts at Cell edges; O0 next to nothing: {cast}"
