@@ -117,6 +117,7 @@ class DatasetConfig:
     test_fraction: float = 0.2        # embedded data only: share held out as the test split
     hflip: bool = False               # idx images, training split: flip left-right with probability 1/2
     shift: int = 0                    # idx images, training split: translate by up to this many pixels
+    eval_split: Optional[str] = None  # image folders: the folder evaluated (None: val/ for imagenet, test/ for cifar10)
     params: Dict[str, Any] = field(default_factory=dict)
 
 

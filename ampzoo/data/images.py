@@ -1,4 +1,4 @@
-"""CIFAR-10 (the binary version) and ImageNet-style folders, in their standard on-disk formats.
+"""CIFAR-10 (the binary version or an image folder) and ImageNet-style folders, in their standard on-disk formats.
 
 Neither ships in any package: `dataset.path` is required. Recipes built on them carry a `smoke` block
 that runs on the embedded MNIST subset when the path is unset (ampzoo/config.apply_smoke).
@@ -75,15 +75,26 @@ def _normalize(cfg):
     return V.Normalize(mean=[m * 255 for m in cfg.mean], std=[s * 255 for s in cfg.std])
 
 
-@DATASETS.register("cifar10", task="classification", classes=10, channels=3)
+def is_cifar_folder(path: Path) -> bool:
+    """CIFAR-10 as an image folder (train/<class>/*.jpg and test/<class>/*.jpg), not the binary batches."""
+    return (path / "train").is_dir() and not (path / "data_batch_1.bin").is_file()
+
+
+@DATASETS.register("cifar10", task="classification", classes=10, channels=3, reads_folders=True)
 def cifar10(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
             skip_batches: int = 0):
-    path = _require_path(cfg, "the cifar-10-batches-bin folder")
+    """The binary version (data_batch_1..5.bin, test_batch.bin) or an image folder (train/<class>/,
+    test/<class>/: dataset.eval_split names the evaluated folder). Both give airplane..truck labels 0-9: the
+    folder's class names sorted are CIFAR-10's own order."""
+    path = _require_path(cfg, "the cifar-10-batches-bin folder, or a folder with train/<class>/ and test/<class>/")
+    ops = [V.RandomCrop(32, padding=4), V.RandomHorizontalFlip()] if split == "train" else []
+    if is_cifar_folder(path):
+        ds = _image_folder(cfg, path, split, "test", shard, seed, start_epoch, skip_batches)
+        return _finish(ds, cfg, split, _colour(cfg, ops))
     check_cifar_folder(path, split)
     n = msds.Cifar10Dataset(str(path), usage=split).get_dataset_size()
     ds = msds.Cifar10Dataset(str(path), usage=split, **sampling(n, split, shard, seed, start_epoch,
                                                                  skip_batches * cfg.batch_size))
-    ops = [V.RandomCrop(32, padding=4), V.RandomHorizontalFlip()] if split == "train" else []
     return _finish(ds, cfg, split, _colour(cfg, ops))
 
 
@@ -122,15 +133,21 @@ def folder_classes(path) -> list:
     return image_classes(Path(path).expanduser() / "train")
 
 
-@DATASETS.register("imagenet", task="classification", classes_on_disk=folder_classes, channels=3)
-def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
-            skip_batches: int = 0):
-    """path/train/<class>/*.JPEG and path/val/<class>/*.JPEG (the torchvision ImageFolder layout)."""
-    root = _require_path(cfg, "a folder with train/ and val/, one sub-folder of images per class")
-    folder = root / ("train" if split == "train" else "val")
+def _image_folder(cfg, root: Path, split: str, eval_default: str, shard=None, seed: int = 0,
+                  start_epoch: int = 0, skip_batches: int = 0):
+    """root/train/<class>/ or root/<eval split>/<class>/ (dataset.eval_split, else eval_default) as a decoded
+    ImageFolderDataset, checked first: the folder exists, holds images in class folders MindSpore can decode,
+    and names no class that train/ lacks (the labels are train/'s class names, sorted)."""
+    name = "train" if split == "train" else (cfg.eval_split or eval_default)
+    folder = root / name
     if not folder.is_dir():
-        raise ConfigError(f"dataset.path={str(root)!r} has no {folder.name}/ folder; expected train/ and val/ "
-                          f"with one sub-folder of images per class")
+        found = sorted(d.name + "/" for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+        key = "" if split == "train" else f" (dataset.eval_split={name})"
+        raise ConfigError(f"dataset.path={str(root)!r} has no {name}/ folder{key}; "
+                          + (f"it has {', '.join(found)}" if found else
+                             "it is not a folder" if not root.is_dir() else "it has no sub-folders")
+                          + f"; expected train/ and {'val/' if eval_default == 'val' else 'test/'} with one "
+                            "sub-folder of images per class")
     if not any(map(is_image, folder.glob("*/*"))):
         flat = sum(1 for f in folder.iterdir() if is_image(f))
         raise ConfigError(f"{folder} has no images in class sub-folders (looked for "
@@ -143,12 +160,21 @@ def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
     extra = sorted(set(image_classes(folder)) - set(classes))
     if extra:
         raise ConfigError(f"{folder} has class folder(s) that {root / 'train'} does not: {', '.join(extra[:5])}"
-                          f"{' ...' if len(extra) > 5 else ''}; val/ must use train/'s class names, or its labels "
-                          f"would not line up with what the network learned")
-    index = {name: i for i, name in enumerate(classes)}
+                          f"{' ...' if len(extra) > 5 else ''}; {name}/ must use train/'s class names, or its "
+                          f"labels would not line up with what the network learned")
+    index = {c: i for i, c in enumerate(classes)}
     n = msds.ImageFolderDataset(str(folder), class_indexing=index, extensions=READ_EXTENSIONS).get_dataset_size()
-    ds = msds.ImageFolderDataset(str(folder), decode=True, class_indexing=index, extensions=READ_EXTENSIONS,
-                                 **sampling(n, split, shard, seed, start_epoch, skip_batches * cfg.batch_size))
+    return msds.ImageFolderDataset(str(folder), decode=True, class_indexing=index, extensions=READ_EXTENSIONS,
+                                   **sampling(n, split, shard, seed, start_epoch, skip_batches * cfg.batch_size))
+
+
+@DATASETS.register("imagenet", task="classification", classes_on_disk=folder_classes, channels=3)
+def imagenet(cfg, split: str, shard=None, start_epoch: int = 0, seed: int = 0,
+            skip_batches: int = 0):
+    """path/train/<class>/*.JPEG and path/val/<class>/*.JPEG (the torchvision ImageFolder layout; another
+    evaluated folder: dataset.eval_split)."""
+    root = _require_path(cfg, "a folder with train/ and val/, one sub-folder of images per class")
+    ds = _image_folder(cfg, root, split, "val", shard, seed, start_epoch, skip_batches)
     size = cfg.image_size
     if split == "train":
         ops = [V.RandomResizedCrop(size, scale=(0.08, 1.0)), V.RandomHorizontalFlip()]

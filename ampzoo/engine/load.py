@@ -237,7 +237,7 @@ def check_image_folder(cfg, meta: dict) -> None:
     """A folder of images in class sub-folders given to a reader of another format (a Fashion-MNIST recipe's
     idx reader, say) is one line naming the reader that reads it, not an error about its idx files or classes."""
     folder_reader = next((n for n in DATASETS if DATASETS.meta(n).get("classes_on_disk")), None)
-    if cfg.dataset.path is None or meta.get("classes_on_disk") or folder_reader is None:
+    if cfg.dataset.path is None or meta.get("classes_on_disk") or meta.get("reads_folders") or folder_reader is None:
         return
     found = DATASETS.meta(folder_reader)["classes_on_disk"](cfg.dataset.path)
     if found:
