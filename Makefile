@@ -57,9 +57,12 @@ test-lab: install
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m lab
 
 # run first on a new machine: device and SoC, overflow handling, fp16/bf16 kernels, sinking, profiler, msrun
-# ranks; one line per check, exit 1 when one fails (docs/ascend-gpu.md says what to send back)
-doctor: install
-	$(PY) doctor.py
+# ranks; one line per check, exit 1 when one fails (docs/ascend-gpu.md says what to send back). It installs
+# nothing (an Ascend cluster is often offline): it runs the venv's Python where make install made one, else the
+# python3 on PATH (a server's own MindSpore), and names any package that Python lacks
+DOCTOR_PY = $(if $(wildcard $(PY)),$(PY),python3)
+doctor:
+	$(DOCTOR_PY) doctor.py
 
 bench: install
 	$(PY) -m bench.run

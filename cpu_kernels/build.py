@@ -1,10 +1,11 @@
 """Build the CPU kernels:  python -m cpu_kernels.build   (make install runs it)
 
-Compiles the extension's sources (cpu_kernels.SOURCES) with g++ (or $CXX) against the oneDNN headers of the
-`onednn-devel` package (requirements-data.txt) and links them to MindSpore's bundled libdnnl.so.3. The library
-and build.json (what it was built against) go to cpu_kernels.build_dir(), inside the environment. Warnings are
-on; under CI=true they are errors, and a failed build fails the command. Elsewhere a failed build is one
-`note:` line and exit 0: the kernels are optional, and the networks then run MindSpore's own kernels.
+On x86-64, compiles the extension's sources (cpu_kernels.SOURCES) with g++ (or $CXX) against the oneDNN headers
+of the `onednn-devel` package (requirements-data.txt) and links them to MindSpore's bundled libdnnl.so.3. The
+library and build.json (what it was built against) go to cpu_kernels.build_dir(), inside the environment.
+Warnings are on; under CI=true they are errors, and a failed build fails the command. Elsewhere a failed build is
+one `note:` line and exit 0: the kernels are optional, and the networks then run MindSpore's own kernels. On
+another machine (an Ascend server's aarch64 Kunpeng) it builds nothing: one note, exit 0.
 """
 import importlib.metadata
 import json
@@ -112,6 +113,10 @@ def build(out_dir: Path, werror: bool = False) -> Path:
 
 def main() -> int:
     ci = os.environ.get("CI", "").lower() == "true"
+    if platform.machine() not in ("x86_64", "AMD64"):  # an Ascend server's Kunpeng (aarch64), say
+        print(f"note: the CPU kernels are built for x86-64 only; on {platform.machine()} the networks run "
+              f"MindSpore's own kernels (on Ascend and GPU they are not used at all)", file=sys.stderr)
+        return 0
     out_dir = build_dir()
     try:
         path = build(out_dir, werror=ci)
