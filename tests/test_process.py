@@ -111,3 +111,53 @@ def test_a_sweep_names_the_jobs_that_never_started():
     assert sweep.summary(planned) == ("sweep: 3 jobs; finished: #0; interrupted: #1 (exit 143); never started: #2 "
                                       "(recipe=lenet_o3)")
     assert sweep.code == 143
+
+
+HCCL = '''
+import sys
+
+from mindspore import nn
+
+from ampzoo.registry import CELLS
+
+
+@CELLS.register()
+class HcclStandIn(nn.Cell):  # a plugin registers something; this one's work is the patch below
+    pass
+
+def seed_everything(seed):  # stands in for a collective that fails in setup, outside training's own handler
+    if seed == 7:
+        raise RuntimeError("Call HcclAllReduce failed, ret=7\\nEI0002: The wait execution of the Notify register "
+                           "times out. Reason: The Notify register has not received the Notify record")
+    real(seed)
+
+main = sys.modules["__main__"]
+real, main.seed_everything = main.seed_everything, seed_everything
+'''
+
+
+def test_an_error_outside_trainings_handler_keeps_its_trace_and_exits_1(tmp_path):
+    """An HCCL failure raised from setup (issue 79, item 3) is not bad input: exit 1, its first line on the
+    console naming train.log, and its whole message (the EI0002 line) and traceback in train.log."""
+    (tmp_path / "hccl_stand_in.py").write_text(HCCL)
+    run_dir = tmp_path / "run"
+    out = run_cli("train.py", *LENET, "runtime.seed=7", f"hydra.run.dir={run_dir}",
+                  env={"AMP_ZOO_PLUGINS": "hccl_stand_in", "PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: RuntimeError: Call HcclAllReduce failed, ret=7 (not bad input: the whole message and its traceback "
+        f"are in {run_dir / 'train.log'})"), out.stderr[-2000:]
+    log = (run_dir / "train.log").read_text()
+    assert "EI0002: The wait execution of the Notify register times out" in log, log[-2000:]
+    assert "Traceback (most recent call last)" in log and 'in setup' in log, log[-2000:]
+
+
+def test_a_sweep_job_that_fails_outside_training_fails_that_job_not_the_sweep(tmp_path):
+    (tmp_path / "hccl_stand_in.py").write_text(HCCL)
+    out = run_cli("train.py", "-m", *LENET, "trainer.max_steps=5", "runtime.seed=7,1",
+                  f"hydra.sweep.dir={tmp_path / 's'}",
+                  env={"AMP_ZOO_PLUGINS": "hccl_stand_in", "PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "error: RuntimeError: Call HcclAllReduce failed, ret=7" in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == \
+        "sweep: 2 jobs; finished: #1; failed: #0 (exit 1); never started: none", out.stderr[-2000:]

@@ -14,14 +14,17 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from ampzoo import interrupt
 from ampzoo.compose import expand_home, hydra_flags, one_line, sweep
 from ampzoo.config import CONF_DIR
 from ampzoo.engine.load import check_command_line
 from ampzoo.engine.process.directory import RunDir, first_process, note_missing
+from ampzoo.engine.process.logs import file_handlers, log_trace
 from ampzoo.errors import ConfigError, fail
 from ampzoo.report import report
 from ampzoo.runtime import msrun_env
@@ -104,12 +107,23 @@ class Sweep:
 SWEEP = Sweep()
 
 
-def ended(error: BaseException) -> SystemExit:
-    """`report`'s line for `error` printed, and the exit it ends in (a bug's exception goes on up)."""
+def ended(error: BaseException, run_dir: RunDir) -> SystemExit:
+    """`report`'s line for `error` printed, and the exit it ends in. An error report does not know (a bug, or a
+    collective's failure outside training's own handler) is not bad input: exit 1, its whole message and
+    traceback in train.log (a rank without one: its console, msrun's worker log), its first line on the
+    console."""
     try:
         report(error)
     except SystemExit as exit_:
         return exit_
+    except BaseException as unknown:  # noqa: BLE001  (report re-raised it: not bad input, a device, a stop)
+        log_trace(unknown)
+        log = run_dir.path / "train.log"
+        where = f"in {log}" if file_handlers() and log.is_file() else "above"
+        lines = str(unknown).strip().splitlines()
+        print(f"error: {type(unknown).__name__}: {lines[0] if lines else 'no message'} (not bad input: the whole "
+              f"message and its traceback are {where})", file=sys.stderr, flush=True)
+        return SystemExit(1)
 
 
 @contextmanager
@@ -128,7 +142,7 @@ def job() -> Iterator[RunDir]:
         if multirun:
             SWEEP.end(number, "finished")
     except BaseException as error:  # noqa: BLE001  (each kind ends as ampzoo.report.report says)
-        exit_ = ended(run_dir.close(error))
+        exit_ = ended(run_dir.close(error), run_dir)
         if not multirun:
             raise exit_ from None
         stopped = interrupt.received() or isinstance(error, interrupt.Interrupted)
@@ -140,8 +154,9 @@ def job() -> Iterator[RunDir]:
 def run_hydra(main: Callable[[], object]) -> None:
     """train.py's program: main (Hydra's) on the command line `hydra_argv` makes of sys.argv, inside the
     stop-signal handler (ampzoo.interrupt.handled). What Hydra cannot compose (a value the schema refuses, a recipe
-    not found) is one line, exit 2; each run's own errors end in `job`. A sweep ends with its summary, and the
-    exit code of its first failed job."""
+    not found: Hydra's and OmegaConf's own errors) is one line, exit 2; each run's own errors end in `job`, and
+    anything else keeps its traceback, exit 1. A sweep ends with its summary, and the exit code of its first
+    failed job."""
     argv = sys.argv[1:]
     multirun = "-m" in argv or "--multirun" in argv
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises what it cannot compose, and it becomes one line here
@@ -149,7 +164,7 @@ def run_hydra(main: Callable[[], object]) -> None:
         try:
             sys.argv[1:] = hydra_argv(argv)
             main()
-        except Exception as e:  # noqa: BLE001  (Hydra's composition: a bad value, a recipe not found)
+        except (HydraException, OmegaConfBaseException, ConfigError) as e:  # composition: a bad value, no recipe
             report(e if interrupt.received() else ConfigError(one_line(e, argv)))
         finally:
             if multirun and SWEEP.ended:
