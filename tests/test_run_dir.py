@@ -19,7 +19,7 @@ import mindspore as ms
 from ampzoo.engine.checkpoint import RUN_TIMES
 
 from tests.conftest import ROOT, finished_run_dir, run_cli
-from ampzoo.engine.load import load_config
+from ampzoo.engine.load import load_config, user_keys
 from ampzoo.engine.rundir import claim, release, resume_config
 from ampzoo.errors import ConfigError, WriteError
 
@@ -115,6 +115,22 @@ def test_a_resume_takes_the_runs_own_settings(tmp_path):
     other, _ = load_config(["recipe=lenet_o0", "resume=auto"])
     with pytest.raises(ConfigError, match="recipe=lenet_o0, but .* holds a lenet_o2 run"):
         resume_config(other, ["recipe", "resume"], run_dir)
+
+
+def test_a_cpu_run_with_the_kernels_on_resumes_on_another_machine(tmp_path):
+    """runtime.cpu_kernels=on refuses a device; a resume there gives auto (or off), and a resume on a CPU without
+    bf16 gives runtime.cpu_compute=fp32: neither changes what the checkpoints hold (issue 79, item 6)."""
+    from omegaconf import OmegaConf
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    started, _ = load_config(["recipe=lenet_o2", "runtime.cpu_kernels=on", "runtime.cpu_compute=bf16"])
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(started, resolve=True))
+    given = ["recipe=lenet_o2", "resume=auto", "runtime.cpu_kernels=auto", "runtime.cpu_compute=fp32"]
+    cfg, taken = resume_config(load_config(given)[0], user_keys(given), run_dir)
+    assert (str(cfg.runtime.cpu_kernels), str(cfg.runtime.cpu_compute)) == ("auto", "fp32")
+    assert set(taken) == {"resume", "runtime.cpu_kernels", "runtime.cpu_compute"}
+    kept, _ = resume_config(load_config(given[:2])[0], user_keys(given[:2]), run_dir)
+    assert (str(kept.runtime.cpu_kernels), str(kept.runtime.cpu_compute)) == ("on", "bf16"), "not given: the run's"
 
 
 def test_eval_without_recipe_uses_the_runs_config(finished_run, tmp_path):

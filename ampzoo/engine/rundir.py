@@ -30,11 +30,14 @@ from ampzoo.errors import ConfigError
 
 HELD: Dict[Path, locks.Lock] = {}  # directory -> the lock this process holds until it ends
 
-# What a resume may change: how long the run goes on, how it logs and where its data now is. Everything else
-# (model, data, precision, loss scale, optimizer, schedule, batch) is the run's.
+# What a resume may change: how long the run goes on, how it logs, where its data now is and the machine it runs
+# on (a CPU run continued on an Ascend server, which refuses runtime.cpu_kernels=on, or on a CPU without bf16: the
+# kernels and their products do not change what a checkpoint holds). Everything else (model, data, precision,
+# loss scale, optimizer, schedule, batch) is the run's.
 MAY_CHANGE = ("trainer.epochs", "trainer.max_steps", "trainer.eval_every", "trainer.ckpt_every",
               "trainer.save_every_steps", "trainer.keep_last", "trainer.log_every", "logger", "resume", "checkpoint",
-              "output", "dataset.path", "runtime.profile", "runtime.device", "runtime.device_id", "runtime.onednn_isa")
+              "output", "dataset.path", "runtime.profile", "runtime.device", "runtime.device_id", "runtime.onednn_isa",
+              "runtime.cpu_kernels", "runtime.cpu_compute")
 TOKENIZER = "tokenizer.model"  # a translation run's own copy of its sentencepiece model (keep_tokenizer)
 SPM_MODEL = "dataset.params.spm_model"
 
