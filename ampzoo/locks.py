@@ -4,9 +4,11 @@
 locks, which refuse an exclusive lock on a descriptor opened read-only (EBADF). Where flock is not there at all
 (Lustre mounted without `-o flock`: ENOSYS; an NFS server without a lock manager: ENOLCK; EOPNOTSUPP, EINVAL
 elsewhere), the lock is a second file created with O_CREAT|O_EXCL (atomic on NFSv3 and later, and on Lustre)
-that names its host and process, removed when the lock is released or the process exits. A lock file left by a
-killed process on this host is found stale (its process is gone) and taken over; one left on another host
-cannot be told from a live one, so the message names the file to remove.
+that names its host, process, boot and the process's start time, removed when the lock is released or the process
+exits. A lock file left by a killed process on this host is found stale and taken over: its process is gone, or
+its pid now belongs to another process (a new container or PID namespace reuses pids: the boot or the start time
+differs), or it names this very process (which holds no such lock). One left on another host cannot be told from
+a live one, so every message about a lock file names the file to remove.
 
 An flock is dropped by the kernel however the process ends; the fallback's file is not (a SIGKILL leaves it).
 """
@@ -54,8 +56,25 @@ class Lock:
             self.marker = None
 
 
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "-"
+
+
+def _started(pid: int) -> str:
+    """The start time of process `pid` in clock ticks since boot (/proc/PID/stat, field 22); '-' where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2:].split()[19]  # the fields after the command name, which may hold spaces
+    except (OSError, ValueError, IndexError):
+        return "-"
+
+
 def _me() -> str:
-    return f"{socket.gethostname()} {os.getpid()}"
+    """What names this process uniquely: host, pid, boot id and start time."""
+    return f"{socket.gethostname()} {os.getpid()} {_boot_id()} {_started(os.getpid())}"
 
 
 def flock_holder(path: Path) -> Optional[int]:
@@ -128,16 +147,27 @@ def _exclusive_file(marker: Path, wait: bool, poll: float) -> Lock:
         return lock
 
 
+def _stale(pid: int, boot: Optional[str], started: Optional[str]) -> bool:
+    """Whether a lock file of this host naming `pid` (and, from files written since 2026-12, the boot and the
+    process's start time) was left by a process that is gone."""
+    if pid == os.getpid() or not _alive(pid):  # this process holds no lock file it does not know of
+        return True
+    if boot not in (None, "-") and _boot_id() != "-" and boot != _boot_id():
+        return True  # written before a reboot, or in another container on this host name
+    return started not in (None, "-") and _started(pid) not in ("-", started)  # the pid reused since
+
+
 def _holder_of(marker: Path) -> Optional[str]:
     """Who holds the fallback lock file `marker`; None when it is stale (removed here) or already gone."""
     try:
-        host, pid = marker.read_text().split()[:2]
-        pid = int(pid)
+        fields = marker.read_text().split()
+        host, pid = fields[0], int(fields[1])
+        boot, started = (fields[2], fields[3]) if len(fields) >= 4 else (None, None)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):  # being written this instant, or not ours to read: held
+    except (OSError, ValueError, IndexError):  # being written this instant, or not ours to read: held
         return f"the process named in {marker}"
-    if host == socket.gethostname() and not _alive(pid):
+    if host == socket.gethostname() and _stale(pid, boot, started):
         try:
             marker.unlink()
         except FileNotFoundError:

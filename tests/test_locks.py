@@ -61,7 +61,8 @@ def test_without_flock_a_lock_file_holds_the_directory(tmp_path, monkeypatch, co
     run_dir = tmp_path / "run"
     claim(run_dir)
     marker = locks.marker_of(run_dir / LOCK_FILE)
-    assert marker.read_text().split() == [socket.gethostname(), str(os.getpid())]
+    assert marker.read_text().split() == [socket.gethostname(), str(os.getpid()), locks._boot_id(),
+                                          locks._started(os.getpid())]
     # another live process on this host holds it: refused, naming it
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -70,7 +71,8 @@ def test_without_flock_a_lock_file_holds_the_directory(tmp_path, monkeypatch, co
         with pytest.raises(ConfigError) as e:
             claim(run_dir)
         assert str(e.value) == (f"run directory {run_dir} is in use by process {other.pid}: a directory holds one "
-                                f"run at a time; wait for it to end, or give another directory")
+                                f"run at a time; wait for it to end, or give another directory; if that run has "
+                                f"ended (a killed process leaves this file), remove {marker}")
     finally:
         other.kill()
         other.wait()
@@ -92,6 +94,25 @@ def test_a_lock_file_of_another_host_names_the_file_to_remove(tmp_path, monkeypa
                             f"run at a time; wait for it to end, or give another directory; if that run has ended (a "
                             f"killed process leaves this file), remove {marker}")
     assert marker.read_text() == "node7 4242\n"
+
+
+@pytest.mark.parametrize("left_by", ["this pid", "another boot", "a pid reused since"])
+def test_a_lock_file_whose_pid_now_names_another_process_is_stale(tmp_path, monkeypatch, left_by):
+    """A killed run's lock file in a new container (a new PID namespace: pid 1 again, or any pid reused): the
+    file names this very process, or a live pid of another boot, or one whose start time differs. Each is taken
+    over, not "in use by process N" (issue 79, item 5)."""
+    flock_fails(monkeypatch, errno.ENOSYS)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    marker = locks.marker_of(run_dir / LOCK_FILE)
+    live = os.getppid()  # a live process that is not this one (pytest's parent)
+    host, boot = socket.gethostname(), locks._boot_id()
+    marker.write_text({"this pid": f"{host} {os.getpid()} {boot} {locks._started(os.getpid())}\n",
+                       "another boot": f"{host} {live} 00000000-0000-0000-0000-000000000000 1\n",
+                       "a pid reused since": f"{host} {live} {boot} 1\n"}[left_by])
+    claim(run_dir)
+    assert marker.read_text().split() == locks._me().split()
+    release(run_dir)
 
 
 def test_a_lock_file_left_by_a_killed_process_is_taken_over(tmp_path, monkeypatch):

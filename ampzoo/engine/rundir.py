@@ -100,7 +100,7 @@ def claim(directory, what: str = "run directory") -> Path:
         HELD[path] = locks.acquire(path / LOCK_FILE)
     except locks.LockHeld as e:
         stale = (f"; if that run has ended (a killed process leaves this file), remove {e.path}" if e.fallback
-                 and " on host " in e.holder else "")
+                 else "")
         raise ConfigError(f"{what} {directory} is in use by {e.holder}: a directory holds one run at a time; wait "
                           f"for it to end, or give another directory{stale}") from None
     except locks.LockFailed as e:  # not a full disk: the file system takes no lock of either kind here
