@@ -62,7 +62,7 @@ from amp.loss_scale import AmpTrainStep, plan_loss_scale, saturation_mode
 from amp.policy import CastOutput
 from ampzoo.engine.metrics import NetWithLoss
 from ampzoo.errors import fail
-from ampzoo.runtime import msrun_env, pick_device, plugin_errors, source_commit
+from ampzoo.runtime import device_hardware, msrun_env, pick_device, plugin_errors, source_commit
 
 ROOT = Path(__file__).resolve().parent
 OK, FAILS, SKIPPED = "ok", "fails", "skipped"
@@ -77,15 +77,6 @@ def first_line(error: BaseException) -> str:
 
 
 # ---- device --------------------------------------------------------------------------------------------------
-
-def device_hardware() -> str:
-    """Device hardware this machine shows whatever MindSpore finds: Ascend's /dev/davinci*, NVIDIA's /dev/nvidia*."""
-    if any(Path("/dev").glob("davinci[0-9]*")):
-        return "Ascend"
-    if any(Path("/dev").glob("nvidia[0-9]*")):
-        return "GPU"
-    return ""
-
 
 def soc() -> str:
     from mindspore._c_expression import MSContext

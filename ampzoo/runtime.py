@@ -111,6 +111,35 @@ def pick_device(requested: str) -> str:
     return requested
 
 
+def device_hardware() -> str:
+    """Device hardware this machine shows whatever MindSpore finds: Ascend's /dev/davinci*, NVIDIA's /dev/nvidia*."""
+    from pathlib import Path
+    if any(Path("/dev").glob("davinci[0-9]*")):
+        return "Ascend"
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return "GPU"
+    return ""
+
+
+def check_rank_device(requested: str, device: str) -> None:
+    """Under msrun, runtime.device=auto is decided in each process: a host whose environment lacks CANN (or CUDA)
+    would train on the CPU with MCCL while the other ranks use HCCL, and their first collective would hang far
+    from the cause. That rank stops before init(), with one line naming it (msrun then ends the others)."""
+    from ampzoo.errors import DeviceError
+    hardware = device_hardware()
+    if requested != "auto" or device != "CPU" or not hardware or not msrun_env():
+        return
+    import socket
+    rank = os.environ.get("MS_NODE_ID") or os.environ.get("RANK_ID") or "?"
+    raise DeviceError(f"rank {rank} on host {socket.gethostname()}: runtime.device=auto found no usable {hardware} "
+                      f"({plugin_errors() or 'a CPU-only MindSpore'}), though this host has {hardware} devices: it "
+                      f"would train on the CPU while the other ranks use the {hardware}s, and their first collective "
+                      f"would hang; on this host, "
+                      + ("source CANN's set_env.sh in the environment msrun starts" if hardware == "Ascend" else
+                         "put CUDA and cuDNN on LD_LIBRARY_PATH")
+                      + f" (make doctor says what is missing), or set runtime.device={hardware}")
+
+
 def set_context(runtime_cfg) -> str:
     """Device, execution mode and determinism; returns the device target in use.
 
@@ -120,6 +149,8 @@ def set_context(runtime_cfg) -> str:
     import mindspore as ms
 
     device = pick_device(str(runtime_cfg.device))
+    if runtime_cfg.distributed:
+        check_rank_device(str(runtime_cfg.device), device)
     mode = str(runtime_cfg.mode)
     if runtime_cfg.device_id is None:
         ms.set_device(device)

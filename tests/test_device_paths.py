@@ -684,3 +684,25 @@ def test_msrun_without_a_run_directory_is_refused(monkeypatch, capsys):
         "error: msrun started this process, but no hydra.run.dir is given: each process's default run directory "
         "(runs/<recipe>/<time>-<pid>) is its own, so the ranks would not share their checkpoints; give "
         "hydra.run.dir=DIR"]
+
+
+def test_an_msrun_rank_whose_auto_device_falls_back_to_the_cpu_stops_before_init(monkeypatch):
+    """runtime.device=auto is decided per process: on a host with NPUs whose environment lacks CANN, one rank
+    would train on the CPU with MCCL while the others use HCCL, and hang in the first collective. That rank stops
+    before init() with one line naming it (issue 79, item 4); an explicit device, or a host without device
+    hardware, is left alone."""
+    from ampzoo import runtime
+    from ampzoo.errors import DeviceError
+
+    monkeypatch.setattr(runtime, "device_hardware", lambda: "Ascend")
+    monkeypatch.setenv("MS_WORKER_NUM", "8")
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    monkeypatch.setenv("MS_NODE_ID", "5")
+    with pytest.raises(DeviceError, match=r"^rank 5 on host .*: runtime.device=auto found no usable Ascend .*, "
+                                          r"though this host has Ascend devices: it would train on the CPU while the "
+                                          r"other ranks use the Ascends, and their first collective would hang; on "
+                                          r"this host, source CANN's set_env.sh"):
+        runtime.check_rank_device("auto", pick_device("auto"))
+    runtime.check_rank_device("Ascend", "Ascend")
+    monkeypatch.setattr(runtime, "device_hardware", lambda: "")
+    runtime.check_rank_device("auto", "CPU")  # a CPU cluster: MCCL on every rank
