@@ -44,7 +44,7 @@ from ampzoo.engine.process.failures import step_error
 from ampzoo.engine.process.logs import rank_logging
 from ampzoo.engine.ranks import rank0_flag, rank0_says, resume_on_ranks, run_shape
 from ampzoo.engine.records import summary, write_metrics, write_run_config
-from ampzoo.engine.rundir import keep_tokenizer, refuse_fresh_start, resume_config
+from ampzoo.engine.rundir import find_tokenizer, keep_tokenizer, refuse_fresh_start, resume_config
 from ampzoo.engine.start import Start, finished, finished_note, resume_start, start_from, step_of
 from ampzoo.engine.state import Rung, Run
 from ampzoo.engine.step import build_train_step
@@ -152,6 +152,8 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
     t_start = time.perf_counter()
     device = set_context(cfg.runtime)
+    if cfg.runtime.distributed and task(cfg) == "translation":  # a host job, before any collective can wait on it
+        find_tokenizer(cfg, run_dir, resuming=start.checkpoint is not None)
     rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
     if rank != 0:  # first: the lines below are rank 0's to write
         rank_logging()

@@ -270,3 +270,28 @@ def test_the_functional_step_averages_gradients_and_skips_together_across_ranks(
     lines = dict(re.findall(r"rank (\d): (skipped .*)", logs))
     assert set(lines) == {"0", "1"} and lines["0"] == lines["1"], lines
     assert lines["0"].startswith("skipped 1, scale 512,"), lines
+
+
+def test_no_rank_enters_a_collective_while_its_tokenizer_is_still_to_build(tmp_path, monkeypatch):
+    """Under msrun a translation run finds or builds its tokenizer on every host before init() (issue 79, item
+    2): the stand-in for init() fails if it is entered while the tokenizer cache is still empty, as HCCL's
+    timeout would on a cold cache."""
+    import train
+    from ampzoo.engine.load import load_config
+    from ampzoo.engine.start import Start
+
+    cache = tmp_path / "cache"
+    cfg, _ = load_config(["recipe=transformer_base_o2", "runtime.distributed=true",
+                          f"+dataset.params.cache_dir={cache}"])
+
+    class Entered(Exception):
+        pass
+
+    def init_distributed():
+        if not list(cache.glob("spm-*.model")):
+            raise RuntimeError("HCCL: entered the first collective while this host's tokenizer was not built")
+        raise Entered
+    monkeypatch.setattr(train, "set_context", lambda runtime: "CPU")
+    monkeypatch.setattr(train, "init_distributed", init_distributed)
+    with pytest.raises(Entered):
+        train.setup(cfg, tmp_path / "run", None, Start())

@@ -233,6 +233,14 @@ def kept_tokenizer(run_dir) -> Optional[Path]:
     return kept.resolve() if kept.is_file() else None
 
 
+def find_tokenizer(cfg, run_dir, resuming: bool) -> None:
+    """Before init(), under msrun: find or build the tokenizer on every host (the cache's lock makes the ranks of
+    one host build it once), so that no rank then waits in a collective while another trains sentencepiece
+    single-threaded (WMT14: minutes to an hour, past HCCL's timeout). A resume that keeps its copy needs none."""
+    if not (resuming and (Path(run_dir) / TOKENIZER).is_file()):
+        tokenizer_file(cfg.dataset)
+
+
 def keep_tokenizer(cfg, run_dir, rank: int, resuming: bool, wait=None) -> None:
     """Point `cfg.dataset.params.spm_model` at the run's own copy of its tokenizer (run_dir/tokenizer.model).
     A new run (no checkpoint to continue): rank 0 copies in the model `tokenizer_file(cfg.dataset)` gives (the one
@@ -240,7 +248,8 @@ def keep_tokenizer(cfg, run_dir, rank: int, resuming: bool, wait=None) -> None:
     the copy (a run from before runs kept one: rank 0 copies it in); a different spm_model given with it is
     refused (`check_tokenizer`). Under msrun, `wait(False)` (an all-reduce every rank calls) holds every rank until
     rank 0's copy is in place, and every rank then reads that copy: on several servers each has its own cache
-    (~/.cache/amp_zoo), and a tokenizer trained again on each would give the ranks the same ids only by luck."""
+    (~/.cache/amp_zoo), and a tokenizer trained again on each would give the ranks the same ids only by luck.
+    Every rank found its tokenizer before init() (find_tokenizer), so that wait is a copy's, not a build's."""
     kept = Path(run_dir) / TOKENIZER
     if resuming and kept.is_file():
         check_tokenizer(cfg.dataset, kept)
