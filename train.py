@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from tensorboardX import SummaryWriter
 
 from amp.fallback import DivergenceWatch, describe, ladder, not_learning, run_failed
-from amp.policy import cpu_cost_note
+from amp.policy import compute_line, compute_path, cpu_cost_note
 from amp.precision import precision_report, write_report
 from amp.profile import ProfileSteps
 from amp.telemetry import AmpTelemetry
@@ -43,7 +43,7 @@ from ampzoo.engine.process.directory import continue_with, forget_command
 from ampzoo.engine.process.failures import step_error
 from ampzoo.engine.process.logs import rank_logging
 from ampzoo.engine.ranks import rank0_flag, rank0_says, resume_on_ranks, run_shape
-from ampzoo.engine.records import summary, write_metrics, write_run_config
+from ampzoo.engine.records import record_compute, summary, write_metrics, write_run_config
 from ampzoo.engine.rundir import find_tokenizer, keep_tokenizer, refuse_fresh_start, resume_config
 from ampzoo.engine.start import Start, finished, finished_note, resume_start, start_from, step_of
 from ampzoo.engine.state import Rung, Run
@@ -53,6 +53,7 @@ from ampzoo.interrupt import Interrupted
 from ampzoo.runtime import (any_rank, device_notes, init_distributed, msrun_env, parameter_checksum,
                             seed_everything, set_context, sink_mode)
 from models.decoding import translate
+from models.layers import use_cpu_kernels
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -211,6 +212,10 @@ def build_step(run: Run, amp_cfg, start: Start):
     log.info("precision: %s", report["summary"])
     if note := cpu_cost_note(run.device, amp_cfg):  # what fp16 costs on the CPU, said before a step runs
         log.info(note)
+    path = compute_path(run.device, amp_cfg, run.device == "CPU" and use_cpu_kernels())
+    log.info(compute_line(path))
+    if run.is_main:  # each process of the run, from the step it starts at (a resume may run on another CPU)
+        record_compute(run.run_dir, start.step, path)
     if str(amp_cfg.level) == "O3" and step.policy.keep_fp32:  # O3 has no default keep-list, but a given one holds
         log.info("O3 with amp.keep_fp32=[%s]: those Cells stay fp32 (amp.keep_fp32=[] runs everything in low "
                  "precision)", ",".join(step.policy.keep_fp32))

@@ -113,6 +113,34 @@ def cpu_cost_note(device: str, amp_cfg) -> str:
             f"Ascend and GPU fp16 runs natively")
 
 
+def compute_path(device: str, amp_cfg, kernels_used: bool) -> dict:
+    """What a run's low-precision layers computed with, for its first lines and metrics.json (and so the
+    manifest and the reproduce table): `kernels` ("device" on Ascend and GPU, "cpu_kernels" or "mindspore" on
+    the CPU) and `products`, the arithmetic of its fp16 convolutions and Dense layers in training ("fp32", "bf16",
+    "bf16_backward"; "native fp16" on a device, "fp32" at O0). A run's own evaluations keep its training
+    products (the process's runtime.cpu_compute stays as training set it); eval.py computes fp32 products under
+    runtime.cpu_compute=auto, so a shipped number does not depend on the CPU."""
+    low = LEVELS[str(amp_cfg.level)].low != "none" or bool(amp_cfg.force_fp16)
+    if device != "CPU":
+        return {"kernels": "device", "products": "native fp16" if low else "fp32"}
+    if not kernels_used:
+        return {"kernels": "mindspore", "products": "fp32" if not low else "fp32 (MindSpore's casts)"}
+    from cpu_kernels import cpu_compute
+    return {"kernels": "cpu_kernels", "products": cpu_compute() if low else "fp32"}
+
+
+def compute_line(path: dict) -> str:
+    """compute_path as the run's log line."""
+    if path["kernels"] == "device":
+        return f"compute: {path['products']} on the device"
+    where = "the project's CPU kernels" if path["kernels"] == "cpu_kernels" else "MindSpore's CPU kernels"
+    products = {"bf16": "fp16 rounded to bf16 and multiplied in bf16 (fp32 sums)",
+                "bf16_backward": "bf16 products in the backward passes, fp32 in the forward"}.get(
+                    path["products"], f"{path['products']} products")
+    return (f"compute: {where}, {products} in training and in this run's own evaluations; eval.py evaluates a "
+            f"checkpoint with fp32 products (runtime.cpu_compute=auto)")
+
+
 def _walk(cell: nn.Cell, prefix: str, match, on_match) -> None:
     """Replace every sub-Cell for which match(cell, path) holds by on_match(cell, path); not below it."""
     for name, child in list(cell.name_cells().items()):

@@ -26,6 +26,22 @@ def test_reaches_accuracy_well_above_chance(trained):
     assert metrics["machine"]["cores"] >= 1 and metrics["machine"]["mindspore"]  # times compare on one kind only
 
 
+def test_the_run_says_which_products_it_trained_and_evaluated_with(trained):
+    """The first lines and metrics.json name the compute path (issue 81, item 4): which kernels, which products in
+    training and in the run's own evaluations; O0 computes fp32, and O2's products are cpu_compute's."""
+    from cpu_kernels import cpu_compute, has_ops
+    recipe, run_dir, metrics = trained
+    kernels = "cpu_kernels" if has_ops() else "mindspore"
+    assert [{k: v for k, v in c.items() if k not in ("machine", "products")} for c in metrics["compute"]] == \
+        [{"from_step": 0, "kernels": kernels}], metrics["compute"]
+    low = {"fp32", "bf16"} if has_ops() and cpu_compute(env="bf16", flags=None) != "fp32" else {"fp32"}
+    assert metrics["compute"][0]["products"] in ({"fp32"} if recipe == "lenet_o0" else
+                                                 low if has_ops() else {"fp32 (MindSpore's casts)"}), metrics["compute"]
+    assert metrics["compute"][0]["machine"].startswith(metrics["machine"]["cpu"])
+    assert re.search(r"compute: .* in training and in this run's own evaluations; eval.py evaluates a checkpoint "
+                     r"with fp32 products", (run_dir / "train.log").read_text())
+
+
 def test_run_directory_holds_everything(trained):
     _, run_dir, metrics = trained
     for name in ("config.yaml", "metrics.json", "precision_report.md", "precision_report.json", "train.log"):

@@ -43,9 +43,35 @@ def summary(run: Run, rung: Rung, final: dict, steps_done: int, transitions: lis
         "final": final, "eval_history": run.evaluator.history, "amp": summaries[-1],
         "fallback": {"enabled": cfg.amp.fallback.enabled, "transitions": transitions, "rungs": summaries},
         "checkpoint": str(rung.checkpoints.latest), "target": OmegaConf.to_container(cfg.target),
-        "onednn": onednn_note(run.device), "smoke": run.smoke_note,
+        "onednn": onednn_note(run.device), "smoke": run.smoke_note, "compute": computes(run.run_dir),
         "commit": source_commit(), "machine": machine(),  # the one it finished on: times compare only on one kind
     }
+
+
+COMPUTE = "compute.jsonl"  # in the run directory: a line per process of the run
+
+
+def record_compute(run_dir: Path, step: int, path: dict) -> None:
+    """The compute path (amp.policy.compute_path) of this process of the run, from `step`, with its machine."""
+    mach = machine()
+    line = {"from_step": step, **path, "machine": f"{mach['cpu']} ({mach['isa']}, family {mach.get('family', '?')})"}
+    with open(Path(run_dir) / COMPUTE, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def computes(run_dir: Path) -> list:
+    """Every process's compute path, in order, the repeats of a path on one machine folded: metrics.json's
+    "compute" (one entry when the whole run computed one way)."""
+    try:
+        lines = [json.loads(ln) for ln in (Path(run_dir) / COMPUTE).read_text().splitlines() if ln.strip()]
+    except (OSError, ValueError):
+        return []
+    out = []
+    for line in lines:
+        if not out or {k: v for k, v in line.items() if k != "from_step"} != \
+                {k: v for k, v in out[-1].items() if k != "from_step"}:
+            out.append(line)
+    return out
 
 
 def write_metrics(run: Run, record: dict) -> None:
