@@ -260,9 +260,12 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
                         every=t.log_every)
     offset = StepOffset(start.step)
     callbacks = rung_callbacks(run, number, start, report, [offset, run.timer, watch, telemetry], stop, checkpoints)
+    def last_step() -> int:  # the global step trained to so far (a resume that trained none: where it started)
+        return run.timer.steps[-1] if run.timer.steps else start.step
+
     for first_epoch, skip_batches, end_epoch in passes(start.step, run.steps_per_epoch, t.epochs):
-        if watch.reason or stop.signal or (t.max_steps and run.timer.steps and run.timer.steps[-1] >= t.max_steps):
-            break
+        if watch.reason or stop.signal or (t.max_steps and last_step() >= t.max_steps):  # a resume at max_steps
+            break  # (stopped in its final evaluation, say) trains no further step
         train_ds = create_dataset(cfg.dataset, "train", run.shard, start_epoch=first_epoch, seed=cfg.runtime.seed,
                                   skip_batches=skip_batches)
         offset.offset = first_epoch * run.steps_per_epoch + skip_batches
@@ -274,7 +277,7 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
             raise TracedError(step_error(run, e, ran_before=compiled or bool(run.timer.steps))) from e
     outcome = "stopped" if stop.signal else ("diverged" if watch.reason else "finished")
     return Rung(outcome, amp_cfg, step.net, step.policy, watch, checkpoints, telemetry.summary(),
-                time.perf_counter() - t_train, stop)
+                time.perf_counter() - t_train, stop, last_step())
 
 
 def save_nothing(network, step) -> None:
@@ -310,7 +313,7 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
     """Final evaluation (and BLEU on the test split for translation), metrics.json; a run that ends at chance
     after falling back (or with a loss that is not finite) fails, a short one at chance is warned about."""
     cfg = run.cfg
-    steps_done = run.timer.steps[-1] if run.timer.steps else 0
+    steps_done = rung.last_step
     final = run.evaluator.evaluate()
     if task(cfg) == "translation" and run.is_main:  # rank 0 decodes and writes hypotheses.txt; the weights agree
         final.update(translate(rung.net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty,

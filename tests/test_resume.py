@@ -326,3 +326,49 @@ def test_a_fallback_keeps_a_damaged_checkpoint_it_passes_over(tmp_path):
     flip_a_weight_byte(damaged)
     assert last_good_checkpoint(tmp_path, remove=True)[0] == good
     assert damaged.exists()
+
+
+STOP_IN_FINAL_EVAL = '''
+import os
+import signal
+from pathlib import Path
+
+from ampzoo.data.mnist import mnist
+from ampzoo.engine.callbacks import Evaluator
+from ampzoo.registry import DATASETS
+
+DATASETS.add("mnist_stop_eval", mnist, task="classification")  # a plugin registers something
+real, marker = Evaluator.evaluate, Path(os.environ["STOP_MARKER"])
+
+
+def evaluate(self, *args, **kwargs):  # the first process is stopped in its final evaluation; its resume is not
+    if not marker.exists():
+        marker.write_text("stopped")
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, *args, **kwargs)
+
+
+Evaluator.evaluate = evaluate
+'''
+
+
+def test_a_run_stopped_in_its_final_evaluation_resumes_without_training_past_max_steps(tmp_path):
+    """SIGTERM during the final evaluation of a run that trainer.max_steps ends: the resume trains no step past
+    max_steps, so its weights are the uninterrupted run's (issue 80, item 1), metrics.json says the step it ended
+    at, and no empty checkpoints/.partial/ is left."""
+    (tmp_path / "stop_in_final_eval.py").write_text(STOP_IN_FINAL_EVAL)
+    args = ["recipe=lenet_o2", "trainer.max_steps=20", "logger.progress_bar=false"]
+    env = {"AMP_ZOO_PLUGINS": "stop_in_final_eval", "PYTHONPATH": str(tmp_path),
+           "STOP_MARKER": str(tmp_path / "stopped")}
+    ref = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'ref'}")
+    stopped = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'run'}", env=env)
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["lenet5-e0000-s00000020.ckpt"]
+    resumed = run_cli("train.py", *args, f"hydra.run.dir={tmp_path / 'run'}", "resume=auto", env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    checksum = re.compile(r"parameter checksum (\w+)")
+    assert checksum.search((tmp_path / "run" / "train.log").read_text().split("resumed from")[-1]).group(1) == \
+        checksum.search((tmp_path / "ref" / "train.log").read_text()).group(1)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["steps"] == 20 and metrics["eval_history"][-1]["step"] == 20, metrics["eval_history"]
+    assert ref.returncode == 0

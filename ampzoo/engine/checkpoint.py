@@ -261,6 +261,13 @@ def _fsync_dir(path) -> None:
         os.close(fd)
 
 
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (a write of another process), or gone
+        pass
+
+
 class AtomicCheckpoint(Callback):
     """Checkpoints of the whole train step (weights, optimizer moments, LR position, loss-scale state, AMP
     counters) with the completed epochs and global step and MindSpore's CRC32 (checked on every load), written
@@ -302,7 +309,9 @@ class AtomicCheckpoint(Callback):
         except Exception as e:  # noqa: BLE001  (MindSpore reports a failed write as RuntimeError, Python as OSError)
             for partial in (tmp, tmp.with_suffix(".tmp")):  # ours, and the one MindSpore writes first
                 partial.unlink(missing_ok=True)
+            _remove_if_empty(tmp.parent)
             raise write_error(final, e) from None
+        _remove_if_empty(tmp.parent)  # nothing of a write is left beside the checkpoints
         self.latest, self.saved_step = final, step
         if self.on_save is not None:  # e.g. flush TensorBoard: whatever a resume will not redo is on disk
             self.on_save()

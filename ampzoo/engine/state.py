@@ -61,3 +61,4 @@ class Rung:
     amp_summary: dict
     train_time: float
     stop: Any                # the GracefulStop callback: which signal, at which step
+    last_step: int = 0       # the global step the rung ended at (its start when it had nothing left to train)
