@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import ROOT, run_cli
 
 EPOCHS = 5  # LeNet's published recipe (lr 0.01, N(0, 0.02) init) sits at chance for ~1.5 epochs, then climbs
 
@@ -89,3 +89,15 @@ def test_multirun_gives_each_run_its_directory(tmp_path):
     for name, level in zip(runs, ("O0", "O3")):
         metrics = json.loads((tmp_path / name / "metrics.json").read_text())
         assert metrics["amp_level"] == level and metrics["steps"] == 20
+
+
+def test_the_demo_lands_on_the_number_its_card_and_the_readme_give(tmp_path):
+    """`make demo` trains lenet_o2 as written: its top-1 is the card's target.embedded (which the README and
+    docs quote) within a point, on whatever CPU runs the suite, so a change of default cannot leave it stale."""
+    from ampzoo.engine.load import load_config
+    card = load_config(["recipe=lenet_o2"])[0].target.embedded
+    result = run_cli("train.py", "recipe=lenet_o2", "logger.progress_bar=false", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    top1 = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]["top1"] * 100
+    assert abs(top1 - card) <= 1.0, f"lenet_o2 reaches {top1:.1f}, its card says {card}"
+    assert f"LeNet gets 96.8 / {card} / 97.0% at O0 / O2 / O3" in " ".join((ROOT / "README.md").read_text().split())

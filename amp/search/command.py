@@ -27,8 +27,8 @@
 weights=NAME (a shipped weight) instead of recipe=: its own recipe and overrides, as eval.py takes them, and
 every training run starts from the weight.
 Resumable: each training run is a train.py run directory (runs/o0-s1, runs/keep-<hash>-s1) continued with
-resume=auto; finished ones are read, not trained again. On CPU low precision is slower than fp32: the search
-maximises the share that pays off on Ascend and GPU.
+resume=auto; finished ones are read, not trained again. The search judges accuracy, not speed: it maximises the
+share of low precision, which pays on Ascend and GPU, and on a CPU where the project's kernels multiply in bf16.
 """
 import hashlib
 import json
