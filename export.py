@@ -11,7 +11,10 @@ not decode, and README.md shows the loop that does.
 """
 from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import List, Tuple
 
@@ -42,10 +45,15 @@ def export(cfg) -> Tuple[Path, list]:
         inputs = [ms.Tensor(np.zeros((x.shape[0], cfg.infer.seq_len), np.int32)) for x in inputs]
     fmt = str(cfg.infer.format)
     out = output_path(cfg)
-    partial = out.with_name(f".{out.stem}.partial")  # MindSpore adds the format's suffix; renamed once complete
-    written = partial.with_name(f"{partial.name}.{'mindir' if fmt == 'MINDIR' else fmt.lower()}")
+    existed = out.exists()
+    # MindSpore writes into a folder of our own beside the output: its ONNX writer sets the folder it writes in to
+    # 0700 and the file to 0400, which would lock a shared folder's other users out. The file is renamed into
+    # place once complete, with the mode any new file of the user's gets (their umask).
+    private = Path(tempfile.mkdtemp(prefix=f".{out.stem}.", dir=out.parent))
+    written = private / f"{out.stem}.{'mindir' if fmt == 'MINDIR' else fmt.lower()}"
     try:
-        ms.export(net, *inputs, file_name=str(partial), file_format=fmt)
+        ms.export(net, *inputs, file_name=str(written.with_suffix("")), file_format=fmt)
+        os.chmod(written, 0o666 & ~current_umask())
         written.replace(out)
     except OSError as e:
         raise ConfigError(f"could not write {out}: {e.strerror or e}") from None
@@ -53,8 +61,16 @@ def export(cfg) -> Tuple[Path, list]:
         raise ConfigError(f"infer.format={fmt} export failed on this MindSpore build: "
                           f"{str(e).strip().splitlines()[0]}; MINDIR is supported everywhere") from None
     finally:
-        written.unlink(missing_ok=True)  # a failed or interrupted export leaves no partial file
+        shutil.rmtree(private, ignore_errors=True)  # a failed or interrupted export leaves no partial file
+    if existed:
+        print(f"note: replaced the {out.name} that was there", file=sys.stderr)
     return out, [tuple(x.shape) for x in inputs]
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def output_path(cfg, argv: List[str] = ()) -> Path:

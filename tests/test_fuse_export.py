@@ -81,6 +81,29 @@ def test_the_export_format_follows_the_file_name(tmp_path):
     assert not wrong.exists()
 
 
+def test_an_onnx_export_leaves_the_folder_and_the_file_as_any_new_file(tmp_path):
+    """MindSpore's ONNX writer set the output folder to 0700 (a shared folder with a colleague's file in it) and
+    the file to 0400; a second export replaced the first without a word (issue 80, item 3)."""
+    import os
+    import stat
+    ckpt = tmp_path / "lenet.ckpt"
+    ms.save_checkpoint(create_model("lenet5", num_classes=10), str(ckpt))
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    (shared / "colleague.txt").write_text("theirs")
+    onnx = shared / "lenet.onnx"
+    for first in (True, False):
+        out = run_cli("export.py", "recipe=lenet_o2", f"checkpoint={ckpt}", f"output={onnx}")
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert ("note: replaced the lenet.onnx that was there" in out.stderr) is not first, out.stderr
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o755
+    assert stat.S_IMODE(onnx.stat().st_mode) == 0o666 & ~mask
+    assert sorted(p.name for p in shared.iterdir()) == ["colleague.txt", "lenet.onnx"], "nothing else left"
+
+
 def test_an_export_with_overrides_names_its_own_file(tmp_path):
     """Without output=, an export at another batch (or any key that changes what is exported) replaced the plain
     one beside the checkpoint: it names its own file, as eval.py's results do; the format stays the suffix."""
