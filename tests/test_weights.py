@@ -330,3 +330,13 @@ def test_eval_by_name_with_an_override_keeps_the_weights_own_result(tmp_path):
     assert own.read_text() == before
     record = json.loads((tmp_path / "runs" / "weights" / "lenet_fashion_o2.amp.level-O0.eval.json").read_text())
     assert record["overrides"] == ["amp.level=O0"] and record["top1"] > 0.85
+
+
+def test_a_key_that_changes_the_arithmetic_names_its_own_result_file():
+    """eval.py weights=NAME runtime.cpu_compute=bf16 overwrote the weight's own NAME.eval.json though its number
+    differs (issue 80, item 4): only the runtime keys that cannot change a number are neutral."""
+    from ampzoo.engine.weights import override_tag
+    assert override_tag(["weights=lenet_fashion_o2", "runtime.cpu_compute=bf16"]) == "runtime.cpu_compute-bf16"
+    for key in ("runtime.cpu_kernels=off", "runtime.device=CPU", "runtime.onednn_isa=AVX2", "runtime.mode=pynative"):
+        assert override_tag([key]) == key.replace("=", "-"), key
+    assert override_tag(["runtime.device_id=3", "runtime.profile=true", "dataset.path=/data/x"]) == ""

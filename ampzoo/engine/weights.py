@@ -245,8 +245,12 @@ def weights_config(argv: List[str], suffix: str = ".eval.json"):
 
 
 # Keys that say where the data is or how a command runs, not what it evaluates or exports: no file name needs them.
+# The runtime keys that change the arithmetic (runtime.device, runtime.mode, runtime.cpu_kernels,
+# runtime.cpu_compute, runtime.onednn_isa) are not among them: runtime.cpu_compute=bf16 moves a top-1 by a few
+# hundredths, and its result must not replace the weight's own.
 NEUTRAL = ("dataset.path", "dataset.params.test_prefix", "dataset.num_workers", "dataset.eval_batch_size",
-           "decode.batch_size", "runtime.")
+           "decode.batch_size", "runtime.device_id", "runtime.profile", "runtime.distributed", "runtime.seed",
+           "runtime.deterministic")
 
 
 def overrides(argv: List[str]) -> List[str]:
