@@ -165,6 +165,51 @@ def test_image_folder_without_images_is_refused(tmp_path):
         create_dataset(cfg, "train")
 
 
+CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def write_cifar_folder(root, per_class=2, splits=("train", "test")):
+    """CIFAR-10 as ../shared/data/cifar10's archive unpacks: train/<class>/NNNN.jpg, test/<class>/NNNN.jpg."""
+    from PIL import Image
+    rng = np.random.RandomState(0)
+    for split in splits:
+        for cls in CIFAR_CLASSES:
+            (root / split / cls).mkdir(parents=True)
+            for i in range(per_class):
+                Image.fromarray(rng.randint(0, 256, (32, 32, 3), dtype=np.uint8)).save(
+                    root / split / cls / f"{i:04d}.jpg", format="JPEG", quality=75)
+
+
+def test_cifar10_reads_the_image_folder_layout_with_cifars_labels(tmp_path):
+    """The JPEG copy's layout (train/<class>/, test/<class>/): labels are CIFAR-10's own order (airplane 0 ..
+    truck 9, the class names sorted), the test split is test/, and dataset.eval_split names another folder."""
+    write_cifar_folder(tmp_path)
+    cfg = OmegaConf.merge(cifar_cfg(tmp_path), {"batch_size": 4, "eval_batch_size": 20, "num_workers": 1})
+    images, _ = next(create_dataset(cfg, "train").create_tuple_iterator())
+    assert images.shape == (4, 3, 32, 32)
+    test = np.concatenate([lab.asnumpy() for _, lab in create_dataset(cfg, "test").create_tuple_iterator()])
+    assert sorted(test.tolist()) == sorted(list(range(10)) * 2)
+    (tmp_path / "test").rename(tmp_path / "holdout")
+    with pytest.raises(ConfigError) as e:
+        create_dataset(cfg, "test")
+    assert str(e.value) == (f"dataset.path={str(tmp_path)!r} has no test/ folder (dataset.eval_split=test); it has "
+                            f"holdout/, train/; expected train/ and test/ with one sub-folder of images per class")
+    held = OmegaConf.merge(cfg, {"eval_split": "holdout"})
+    assert len(np.concatenate([lab.asnumpy() for _, lab in create_dataset(held, "test").create_tuple_iterator()])) == 20
+
+
+def test_a_truncated_image_in_the_evaluation_split_is_one_line_before_training(tmp_path):
+    """A half-copied JPEG in test/ failed only at the first evaluation, after an epoch, naming no file (issue 80,
+    item 6): the evaluation split's images are checked whole when its reader is built."""
+    write_cifar_folder(tmp_path)
+    cfg = OmegaConf.merge(cifar_cfg(tmp_path), {"batch_size": 4, "eval_batch_size": 20, "num_workers": 1})
+    broken = tmp_path / "test" / "cat" / "0001.jpg"
+    broken.write_bytes(broken.read_bytes()[:-200])
+    with pytest.raises(ConfigError, match=rf"^{broken} is truncated \(it lacks JPEG's end-of-image marker at its "
+                                          rf"end\): copy it again, or move it out of {tmp_path / 'test'}$"):
+        create_dataset(cfg, "test")
+
+
 def test_image_folder_val_labels_follow_train_classes(tmp_path):
     """A val/ that lacks a class keeps train/'s labels (alphabetical per split would shift every class after
     the missing one, and score a trained network silently wrong); a class only val/ has is one line."""

@@ -126,6 +126,27 @@ def check_decodable(folder: Path) -> None:
                           f"*/*{kinds[0]} in {folder}) or move them out")
 
 
+ENDS = {".jpg": (b"\xff\xd9", "JPEG's end-of-image marker"), ".jpeg": (b"\xff\xd9", "JPEG's end-of-image marker"),
+        ".png": (b"IEND", "PNG's IEND chunk")}
+
+
+def check_complete(folder: Path) -> None:
+    """Every JPEG and PNG of `folder`'s class folders ends as its format does (JPEG's end-of-image marker, PNG's
+    IEND chunk, in the file's last KiB): a truncated copy is one line naming the file before training, not a
+    pipeline error at the first evaluation, after an epoch of training. Reads the last KiB of each file (the
+    evaluation split's: ImageNet's 50,000 in seconds; the training split's broken files are named when the
+    sampler reaches one)."""
+    for entry in (f for d in os.scandir(folder) if d.is_dir() for f in os.scandir(d)):
+        end, what = ENDS.get(os.path.splitext(entry.name)[1].lower(), (None, ""))
+        if end is None:
+            continue
+        with open(entry.path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 1024))
+            if end not in f.read():
+                raise ConfigError(f"{entry.path} is truncated (it lacks {what} at its end): copy it again, or move "
+                                  f"it out of {folder}")
+
+
 def folder_classes(path) -> list:
     """The class names of an image-folder data set: its train/ sub-folders that hold images, sorted. Their order
     gives the labels of both splits (torchvision's ImageFolder order), so val/ lines up with train/ even when it
@@ -156,6 +177,8 @@ def _image_folder(cfg, root: Path, split: str, eval_default: str, shard=None, se
                               f"(ImageNet's val/ ships flat: its devkit's labels say each image's class)"
                               if flat else ""))
     check_decodable(folder)
+    if split != "train":
+        check_complete(folder)
     classes = folder_classes(root)
     extra = sorted(set(image_classes(folder)) - set(classes))
     if extra:
