@@ -3,6 +3,7 @@ OmegaConf error is shown as. Imports Hydra, never MindSpore."""
 import dataclasses
 import itertools
 import os
+import re
 from pathlib import Path
 from typing import List, Tuple
 
@@ -25,9 +26,12 @@ def schema_keys(schema=Config, prefix: str = "") -> List[str]:
 
 
 def expand_home(argv: List[str]) -> List[str]:
-    """key=~/path as the shell would have expanded it unquoted (Hydra's grammar rejects a leading ~)."""
-    return [a.split("=", 1)[0] + "=" + os.path.expanduser(a.split("=", 1)[1])
-            if "=" in a and a.split("=", 1)[1].startswith("~") and not a.startswith("-") else a for a in argv]
+    """key=~/path as the shell would have expanded it unquoted (Hydra's grammar rejects a leading ~), and a recipe
+    named by its file (recipe=lenet_o2.yaml, recipe=recipes/lenet_o2.yaml, as tab completion gives it) as the
+    name Hydra's group takes (recipe=lenet_o2), so that its runs go to runs/lenet_o2/."""
+    out = [a.split("=", 1)[0] + "=" + os.path.expanduser(a.split("=", 1)[1])
+           if "=" in a and a.split("=", 1)[1].startswith("~") and not a.startswith("-") else a for a in argv]
+    return [re.sub(r"^(recipe=)(?:\./)?(?:recipes/|conf/recipe/)?([^/,=]+?)\.yaml$", r"\1\2", a) for a in out]
 
 
 # Hydra 1.3's own flags (`python train.py --help` lists them): how many values each takes. None: one, always
@@ -156,6 +160,9 @@ def one_line(exc: BaseException, argv: List[str] = ()) -> str:
         if isinstance(e, ValidationError):
             key = getattr(e, "full_key", "") or "value"
             msg = str(getattr(e, "msg", e)).splitlines()[0]
+            if "is not a ListConfig" in msg:  # amp.keep_fp32=LayerNorm: a list key given one value
+                value = next((a.split("=", 1)[1] for a in argv if a.lstrip("+").split("=", 1)[0] == key), "VALUE")
+                return f"{key}={value} is one value, and {key} takes a list: {key}=[{value}]"
             return f"{key}: {msg}"
         if isinstance(e, (ConfigKeyError, ConfigAttributeError)):
             key = getattr(e, "full_key", "") or str(getattr(e, "key", ""))
@@ -168,6 +175,11 @@ def one_line(exc: BaseException, argv: List[str] = ()) -> str:
             return f"unknown key {key} (a key the config does not have yet is added with +{key}=VALUE)"
         if isinstance(e, OmegaConfBaseException):
             return str(getattr(e, "msg", e)).splitlines()[0]
+    ambiguous = re.match(r"Ambiguous value for argument '([^=']+)=([^']*)'", str(chain[0]))
+    if ambiguous:  # key=a,b without -m
+        key, value = ambiguous.groups()
+        return (f"{key}={value}: a comma-separated value is a sweep (python train.py -m {key}={value}) or, for a key "
+                f"that takes a list, a list in brackets: {key}=[{value}]")
     return str(chain[0]).splitlines()[0]
 
 

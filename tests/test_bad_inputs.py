@@ -16,6 +16,12 @@ CASES = [
     (["runtime.cpu_kernels=yes"], "runtime.cpu_kernels: Invalid value 'yes', expected one of [auto, on, off]"),
     (["amp.keep_fp32=[LayerNrom]"], "amp.keep_fp32: 'LayerNrom' is not a known Cell; did you mean LayerNorm"),
     (["amp.keep_fp32=[Conv2D]"], "'Conv2D' is a Primitive; MindSpore's precision lists take Cell classes, use Conv2d"),
+    (["amp.keep_fp32=LayerNorm"],  # a list key given one value (issue 80, item 8)
+     "amp.keep_fp32=LayerNorm is one value, and amp.keep_fp32 takes a list: amp.keep_fp32=[LayerNorm]"),
+    (["amp.keep_fp32=LayerNorm,BatchNorm"],
+     "amp.keep_fp32=LayerNorm,BatchNorm: a comma-separated value is a sweep (python train.py -m "
+     "amp.keep_fp32=LayerNorm,BatchNorm) or, for a key that takes a list, a list in brackets: "
+     "amp.keep_fp32=[LayerNorm,BatchNorm]"),
     (["recipe=resnet34_o2", "amp.keep_fp32=[CpuConv2d]"],  # copied from a CPU precision report
      "amp.keep_fp32: 'CpuConv2d' is the CPU build of Conv2d (cpu_kernels); name Conv2d, which matches it"),
     (["recipe=resnet34_o2", "amp.keep_fp32=[CpuBatchNorm2d]"],
@@ -91,6 +97,12 @@ def test_eval_bad_checkpoints(tmp_path):
     assert folder.returncode == 2 and f"checkpoint='{tmp_path}' is a directory; give a .ckpt file" in folder.stderr
     assert "is not a readable MindSpore checkpoint" in corrupt.stderr
     assert "Traceback" not in corrupt.stderr
+    empty = tmp_path / "empty.ckpt"
+    empty.write_bytes(b"")
+    nothing = run_cli("eval.py", "recipe=lenet_o2", f"checkpoint={empty}")
+    assert nothing.returncode == 2 and nothing.stderr.strip().splitlines()[-1] == (
+        f"error: checkpoint='{empty}' is empty (0 bytes): a copy or a save that did not finish; take another "
+        f"checkpoint of the run"), nothing.stderr
 
 
 def _idx(folder, n=96, magic=2051, label=None):

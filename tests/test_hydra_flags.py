@@ -78,3 +78,14 @@ def test_the_amp_tools_name_a_hydra_flag_they_would_ignore():
         load_config(["recipe=lenet_o2", "--cfg", "job"])
     result = run_cli("-m amp.report", "recipe=lenet_o2", "--cfg", "job")
     assert result.returncode == 2 and result.stderr.startswith("error: --cfg=job: this command takes"), result.stderr
+
+
+def test_a_recipe_named_by_its_file_is_the_recipe():
+    """recipe=lenet_o2.yaml trained into runs/lenet_o2.yaml/, and recipe=recipes/lenet_o2.yaml was "not found"
+    (issue 80, item 8): both are recipe=lenet_o2, as tab completion gives the file."""
+    from ampzoo.compose import expand_home
+    assert expand_home(["recipe=lenet_o2.yaml", "recipe=recipes/lenet_o2.yaml", "recipe=./recipes/lenet_o3.yaml",
+                        "recipe=conf/recipe/lenet_o0.yaml", "trainer.epochs=2"]) == \
+        ["recipe=lenet_o2", "recipe=lenet_o2", "recipe=lenet_o3", "recipe=lenet_o0", "trainer.epochs=2"]
+    from ampzoo.engine.load import load_config
+    assert load_config(["recipe=recipes/lenet_o2.yaml"])[0].recipe_name == "lenet_o2"

@@ -32,6 +32,9 @@ def read_checkpoint(path) -> dict:
     if not path.is_file():
         raise ConfigError(f"checkpoint={str(path)!r} does not exist; give a .ckpt file written by train.py "
                           f"(runs/<recipe>/<time>/checkpoints/)")
+    if path.stat().st_size == 0:  # MindSpore would say its parameter dict is empty "after filter or specify"
+        raise ConfigError(f"checkpoint={str(path)!r} is empty (0 bytes): a copy or a save that did not finish; take "
+                          f"another checkpoint of the run")
     crc = has_crc(path)
     try:
         params = ms.load_checkpoint(str(path), crc_check=crc)
