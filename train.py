@@ -210,10 +210,14 @@ def build_step(run: Run, amp_cfg, start: Start):
     if run.is_main:
         write_report(report, run.run_dir, run.writer)
     log.info("precision: %s", report["summary"])
-    if note := cpu_cost_note(run.device, amp_cfg):  # what fp16 costs on the CPU, said before a step runs
+    if note := cpu_cost_note(run.device, amp_cfg, str(run.cfg.runtime.cpu_compute)):  # what fp16 costs on the CPU
         log.info(note)
     path = compute_path(run.device, amp_cfg, run.device == "CPU" and use_cpu_kernels())
     log.info(compute_line(path))
+    asked = str(run.cfg.runtime.cpu_compute)
+    if asked in ("bf16", "bf16_backward") and path["kernels"] == "cpu_kernels" and path["products"] == "fp32":
+        log.warning("runtime.cpu_compute=%s: this CPU has no AVX512-BF16 (or oneDNN is capped below it), so the "
+                    "kernels multiply in fp32", asked)
     if run.is_main:  # each process of the run, from the step it starts at (a resume may run on another CPU)
         record_compute(run.run_dir, start.step, path)
     if str(amp_cfg.level) == "O3" and step.policy.keep_fp32:  # O3 has no default keep-list, but a given one holds

@@ -85,32 +85,35 @@ def check_device_dtype(device: str, amp_cfg) -> None:
 RESNET_BF16, TRANSFORMER_BF16, LENET_BF16 = "1.7-2.3x", "1.07-1.24x", "0.79-1.07x"
 
 
-def cpu_cost_note(device: str, amp_cfg) -> str:
+def cpu_cost_note(device: str, amp_cfg, choice: str = "auto") -> str:
     """The line a run at a low-precision level logs first on the CPU ("" elsewhere): what its fp16 costs or gains
-    here. The project's kernels (cpu_kernels) store fp16 and compute in fp32, so a step does fp32's arithmetic plus
-    the conversions, unless they multiply in bf16 (runtime.cpu_compute; in training by default on a CPU with
-    AVX512-BF16), which runs faster than fp32. MindSpore's own fp16 CPU kernels (ops outside the project's kernels)
-    run slower than their fp32 ones. The measurements: docs/benchmarks.md."""
+    here, and why. The project's kernels (cpu_kernels) store fp16 and multiply either in bf16 (runtime.cpu_compute
+    `choice`: auto's choice in training on a CPU with AVX512-BF16), which runs faster than fp32, or in fp32, so a
+    step does fp32's arithmetic plus the conversions. MindSpore's own fp16 CPU kernels (ops outside the project's
+    kernels) run slower than their fp32 ones. The measurements: docs/benchmarks.md."""
     low_precision_used = LEVELS[str(amp_cfg.level)].low != "none" or bool(amp_cfg.force_fp16)
     if device != "CPU" or not low_precision_used:
         return ""
-    from cpu_kernels import cpu_compute, fp16_path, has_ops
+    from cpu_kernels import cpu_compute, has_ops
     where = "docs/benchmarks.md#mixed-precision-on-the-cpu"
     if not has_ops():
         return (f"amp.level={amp_cfg.level} on the CPU runs slower than O0: the CPU kernels are not built, so "
                 f"MindSpore's fp16 CPU kernels run everywhere, 2.5-8x slower than fp32 ({where}); on Ascend and "
                 f"GPU fp16 runs natively")
-    if cpu_compute() != "fp32":
-        return (f"amp.level={amp_cfg.level} on the CPU with runtime.cpu_compute={cpu_compute()}: {fp16_path()}; "
-                f"on an AMD EPYC and an Intel Xeon with AMX this ran ResNet-34's O2 step {RESNET_BF16} as fast as "
-                f"O0's, Transformer-Tiny's {TRANSFORMER_BF16} (LeNet-5's, whose layers are too small to gain, "
-                f"{LENET_BF16}), and ResNet-18 (a full run) and Multi30k (2,064 updates) O2 trained so stayed within "
-                f"0.5 of fp32 compute ({where}); runtime.cpu_compute=fp32 computes what MindSpore's casts give")
-    bf16 = (f"; runtime.cpu_compute=bf16 (auto's choice in training) multiplies in bf16 on this CPU, {RESNET_BF16} "
-            f"O0's ResNet-34 step" if cpu_compute(env="bf16") == "bf16" else "")
-    return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step measured on an AVX-512 "
-            f"CPU, {where}): {fp16_path()}, so each does fp32's arithmetic plus the conversions{bf16}; on "
-            f"Ascend and GPU fp16 runs natively")
+    products = cpu_compute()
+    if products != "fp32":
+        why = (f"runtime.cpu_compute={choice}" if choice != "auto" else
+               "auto's choice in training: this CPU has AVX512-BF16")
+        return (f"amp.level={amp_cfg.level} on the CPU: the project's kernels store fp16 and multiply in bf16 with "
+                f"fp32 sums{' in the backward passes' if products == 'bf16_backward' else ''} ({why}); O2's step "
+                f"measured {RESNET_BF16} O0's for ResNet-34, {TRANSFORMER_BF16} for Transformer-Tiny and {LENET_BF16} "
+                f"for LeNet-5 ({where}); runtime.cpu_compute=fp32 multiplies in fp32, as MindSpore's casts do")
+    why = ("runtime.cpu_compute=fp32" if choice == "fp32" else
+           "this CPU has no AVX512-BF16" if cpu_compute(env="bf16") == "fp32" else
+           f"runtime.cpu_compute={choice}, in fp32 here")
+    return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step, {where}): the project's "
+            f"kernels store fp16 and multiply in fp32 ({why}), so each does fp32's arithmetic plus the "
+            f"conversions; on Ascend and GPU fp16 runs natively")
 
 
 def compute_path(device: str, amp_cfg, kernels_used: bool) -> dict:

@@ -16,6 +16,9 @@ CASES = [
     (["runtime.cpu_kernels=yes"], "runtime.cpu_kernels: Invalid value 'yes', expected one of [auto, on, off]"),
     (["amp.keep_fp32=[LayerNrom]"], "amp.keep_fp32: 'LayerNrom' is not a known Cell; did you mean LayerNorm"),
     (["amp.keep_fp32=[Conv2D]"], "'Conv2D' is a Primitive; MindSpore's precision lists take Cell classes, use Conv2d"),
+    (["runtime.cpu_kernels=off", "runtime.cpu_compute=bf16"],  # an explicit setting never dropped silently
+     "runtime.cpu_compute=bf16 asks the project's CPU kernels for bf16 products, but runtime.cpu_kernels=off runs "
+     "MindSpore's kernels, which multiply fp16 in fp32; drop one of the two"),
     (["amp.keep_fp32=LayerNorm"],  # a list key given one value (issue 80, item 8)
      "amp.keep_fp32=LayerNorm is one value, and amp.keep_fp32 takes a list: amp.keep_fp32=[LayerNorm]"),
     (["amp.keep_fp32=LayerNorm,BatchNorm"],

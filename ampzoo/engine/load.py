@@ -203,6 +203,7 @@ def validate(cfg, needs_data: bool = True) -> None:
     except Exception as e:  # noqa: BLE001  (OmegaConf's validation errors of any kind)
         raise ConfigError(one_line(e)) from None
     check_ranges(cfg)
+    check_cpu_compute(cfg)
     DATASETS.get(cfg.dataset.name, "dataset.name")
     check_model(cfg)  # the registered name first, then the model's own check
     meta = DATASETS.meta(cfg.dataset.name)
@@ -231,6 +232,16 @@ def validate(cfg, needs_data: bool = True) -> None:
     check_devices(cfg)
     check_policy_names(cfg.amp)
     check_device_dtype(pick_device(str(cfg.runtime.device)), cfg.amp)
+
+
+def check_cpu_compute(cfg) -> None:
+    """An explicit runtime.cpu_compute the run cannot honour is not dropped without a word: bf16 products are the
+    project's CPU kernels', which runtime.cpu_kernels=off turns off (train.py warns where the CPU lacks bf16)."""
+    choice = str(cfg.runtime.cpu_compute)
+    if choice in ("bf16", "bf16_backward") and str(cfg.runtime.cpu_kernels) == "off":
+        raise ConfigError(f"runtime.cpu_compute={choice} asks the project's CPU kernels for bf16 products, but "
+                          f"runtime.cpu_kernels=off runs MindSpore's kernels, which multiply fp16 in fp32; drop one "
+                          f"of the two")
 
 
 def check_image_folder(cfg, meta: dict) -> None:
