@@ -45,6 +45,8 @@ def test_audit_cli_on_a_recipe():
     assert out.returncode == 0, out.stderr
     assert re.search(r"\| conv1 \| (Cpu)?Conv2d \| float16 \|", out.stdout), out.stdout
     assert "suggested: amp.keep_fp32=[" in out.stdout
+    # it says which arithmetic it measured: the products O2 trains with on this CPU (issue 80, item 7)
+    assert re.search(r"^measured with (fp32|bf16) products, as training computes them here", out.stdout, re.M)
 
 
 @CELLS.register()

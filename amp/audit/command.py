@@ -29,7 +29,7 @@ import mindspore.nn as nn
 import numpy as np
 
 from amp.names import portable
-from amp.policy import apply_policy, compute_dtype
+from amp.policy import apply_policy, compute_dtype, compute_path
 from amp.precision import units
 from amp.ranking import EXACT
 from ampzoo.cli import pop_option
@@ -158,7 +158,14 @@ def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
 def to_markdown(result: Dict) -> str:
     def fmt(v) -> str:
         return "-" if v is None else ("inf" if v == float("inf") else f"{v:.2e}")
+    compute = result.get("compute")
+    products = ""
+    if compute:
+        kernels = "the project's CPU kernels" if compute["kernels"] == "cpu_kernels" else compute["kernels"]
+        also = "; runtime.cpu_compute=fp32 audits fp32 products" if compute["products"] != "fp32" else ""
+        products = f"measured with {compute['products']} products, as training computes them here ({kernels}{also})"
     lines = [f"# fp16 audit: {result['level']} ({result['dtype']}), tolerance {result['tolerance']:g}", "",
+             *([products, ""] if products else []),
              *([f"weights: {result['weights']}", ""] if result.get("weights") else []),
              "| cell | class | dtype | max abs (fp32) | underflow | local rel err | end-to-end rel err | flags |",
              "|---|---|---|---:|---:|---:|---:|---|"]
@@ -206,7 +213,9 @@ def main(argv: List[str]) -> None:
         cfg, smoke_note = audit_config(argv, checkpoint)
         if smoke_note:
             print(smoke_note, file=sys.stderr)
-        set_context(cfg.runtime)
+        device = set_context(cfg.runtime)
+        from models.layers import set_cpu_compute, use_cpu_kernels
+        set_cpu_compute(cfg.runtime.cpu_compute, training=True)  # the products the recipe trains with
         import mindspore as ms
         ms.set_seed(cfg.runtime.seed)
         batch = next(create_dataset(cfg.dataset, "train").create_tuple_iterator())
@@ -218,6 +227,7 @@ def main(argv: List[str]) -> None:
                 load_weights(net, checkpoint, cfg.model.name)
             return net
         result = audit(network, cfg.amp, inputs, tolerance)
+        result["compute"] = compute_path(device, cfg.amp, device == "CPU" and use_cpu_kernels())
         result["weights"] = weights if checkpoint else (f"{weights} (seed {cfg.runtime.seed}); checkpoint=FILE or "
                                                         f"weights=NAME audits trained ones")
     except ConfigError as e:
