@@ -249,7 +249,10 @@ def check_cpu_kernels(device: str) -> Tuple[str, str]:
     ms_of = {name: statistics.median(t) * 1e3 for name, t in times.items()}
     parts = [f"{name} {ms_of[name]:.1f} ms ({ms_of['fp32'] / ms_of[name]:.2f}x fp32's speed)"
              for name, _, _ in variants if name != "fp32"]
-    return OK, (f"{low_precision()}; bf16 weight gradients: {weight_gradients()}; conv+BatchNorm+ReLU fp32 "
+    auto = ("runtime.cpu_compute=auto trains O1-O3 with bf16 products here (AVX512-BF16); a run's own evaluations "
+            "keep them, eval.py computes fp32" if cpu_compute(env="bf16") == "bf16" else
+            "runtime.cpu_compute=auto computes fp32 products here (no AVX512-BF16)")
+    return OK, (f"{low_precision()}; {auto}; bf16 weight gradients: {weight_gradients()}; conv+BatchNorm+ReLU fp32 "
                 f"{ms_of['fp32']:.1f} ms, {', '.join(parts)}")
 
 
