@@ -9,7 +9,9 @@ the path given with --data (fashion_mnist, mnist, cifar10, imagenet, multi30k, w
 on counts, as multi30k for multi30k_published), else at the recipe's own dataset.path.
 Found: the recipe trains with its own settings, once per seed of its plan (PLANS), each run in RUNS/<recipe>-s<seed>
 (train.py's run directory; --runs, default runs/reproduce). Resumable: a run with metrics.json is done and
-only scored again; a run with checkpoints continues with resume=auto; a killed reproduce picks up there.
+only scored again; a run with checkpoints continues with resume=auto; a killed reproduce picks up there. A run
+recorded in reproduce.json but not trained in RUNS (committed from another machine, on earlier code) stays in
+the table until this machine trains it again.
 Translation recipes are scored with the published protocol of bench/multi30k.py (last checkpoints averaged,
 beam search, test split). Not found: the row says so and gives the command that would run it.
 
@@ -134,7 +136,8 @@ def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
               "overflow_steps": metrics["amp"]["overflow_steps"], "skipped_steps": metrics["amp"]["skipped_steps"],
               "throughput": metrics.get("samples_per_s"), "throughput_unit": metrics.get("throughput_unit"),
               "wall_time_s": training_wall_time(run_dir) or metrics["wall_time_s"],
-              "machine": machine_kind(metrics.get("machine") or machine())}  # trained here, unless it says otherwise
+              "machine": machine_kind(metrics.get("machine") or machine()),  # trained here, unless it says otherwise
+              "commit": metrics.get("commit"), "compute": compute_of(metrics)}
     run_cfg = OmegaConf.load(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else None
     if run_cfg is not None and run_cfg.trainer.get("update_freq", 1) > 1:  # steps count batches
         record["update_freq"] = int(run_cfg.trainer.update_freq)
@@ -152,6 +155,15 @@ def score(card: dict, run_dir: Path, scorer: Callable) -> dict:
         record.update(value=round(100 * value if metric.startswith("top") else value, 2), protocol="final checkpoint",
                       curve=eval_curve(run_dir, metric))
     return record
+
+
+def compute_of(metrics: dict) -> str:
+    """The products a run's low-precision layers trained with, as the table says it (metrics.json's "compute": one
+    entry per way the run computed, in order; none in a run from before it was kept)."""
+    paths = metrics.get("compute") or []
+    names = {"cpu_kernels": "CPU kernels", "mindspore": "MindSpore's kernels", "device": "the device's kernels"}
+    return ", then ".join(f"{names.get(p['kernels'], p['kernels'])}, {p['products']} products"
+                          + (f" from step {p['from_step']:,}" if i else "") for i, p in enumerate(paths))
 
 
 def eval_curve(run_dir: Path, metric: str) -> List[List[float]]:
@@ -233,17 +245,19 @@ def reproduce(recipes: List[str], given: Dict[str, str], runs: Path, out: Path, 
     # the precision levels
     todo = [(row, seed) for i in range(max(len(r["seeds"]) for r in rows))
             for row in rows if row["data"] is not None and i < len(row["seeds"]) for seed in [row["seeds"][i]]]
-    print_plan([(row, seed) for row, seed in todo if not recorded(results, row, seed)
+    print_plan([(row, seed) for row, seed in todo if not recorded(results, row, seed, runs)
                 and asked(row, seed, only, max_seeds)
                 and not (runs / f"{row['recipe']}-s{seed}" / "metrics.json").is_file()], results, plan_only)
     for row, seed in todo:
-        if recorded(results, row, seed):
-            row["runs"].append(results["runs"][f"{row['recipe']}-s{seed}"])
+        before = results["runs"].get(f"{row['recipe']}-s{seed}")
+        if recorded(results, row, seed, runs):
+            row["runs"].append(before)
             continue
-        if not asked(row, seed, only, max_seeds):
-            continue  # not asked for: its recorded runs only
-        record = run_and_score(row, seed, runs, runner, scorer, plan_only)
-        if record is None:
+        record = run_and_score(row, seed, runs, runner, scorer, plan_only) if asked(row, seed, only, max_seeds) \
+            else None
+        if record is None:  # not asked for, planned only or not finished: a run trained elsewhere (on earlier code)
+            if before is not None and before.get("data") == row["data"]:  # stays in the table, its notes naming its
+                row["runs"].append(before)  # machine, until this machine trains it again
             continue
         row["runs"].append(record)
         row["unfinished"] = [rec for rec in row["unfinished"] if rec["run"] != record["run"]]
@@ -279,9 +293,13 @@ def recipe_row(name: str, given: Dict[str, str], runs: Path, results: dict) -> d
             "started": any((runs / f"{name}-s{seed}").exists() for seed in seeds)}
 
 
-def recorded(results: dict, row: dict, seed: int) -> bool:
-    """Whether a run of the row's recipe at `seed` on its data is recorded in reproduce.json."""
-    return results["runs"].get(f"{row['recipe']}-s{seed}", {}).get("data") == row["data"]
+def recorded(results: dict, row: dict, seed: int, runs: Path) -> bool:
+    """Whether a run of the row's recipe at `seed` on its data is recorded in reproduce.json and was trained here,
+    in RUNS: a record committed from another machine (or older code) is in the table, but reproduce trains the
+    run again on today's code."""
+    run_id = f"{row['recipe']}-s{seed}"
+    return (results["runs"].get(run_id, {}).get("data") == row["data"]
+            and (runs / run_id / "metrics.json").is_file())
 
 
 def asked(row: dict, seed: int, only: Optional[List[str]], max_seeds: Optional[int]) -> bool:
@@ -508,7 +526,8 @@ def reproduced(r: dict, stats: Dict[str, dict]) -> str:
 def notes(r: dict, stats: Dict[str, dict]) -> List[str]:
     """A row's notes: device and setting, overflows, progress, and how it compares with its O0 sibling."""
     runs, mine, cpu = r["runs"], stats[r["recipe"]], stats[r["recipe"]]["machine"]
-    out = [runs[0]["device"] + (f" ({cpu})" if cpu else ""), runs[0]["amp"], runs[0]["protocol"],
+    compute = runs[0].get("compute") or "compute path not recorded (trained before 2026-12-07)"
+    out = [runs[0]["device"] + (f" ({cpu})" if cpu else ""), runs[0]["amp"], compute, runs[0]["protocol"],
            f"{runs[0]['steps']:,} steps" + (f" ({runs[0]['steps'] // runs[0]['update_freq']:,} updates of "
                                             f"{runs[0]['update_freq']})" if runs[0].get("update_freq") else "")]
     if r["level"] != "O0":

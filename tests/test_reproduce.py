@@ -374,3 +374,24 @@ def test_a_reproduce_that_reproduced_nothing_says_so(tmp_path, capsys):
     assert e.value.code == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: not reproduced, for want of its data: lenet_o0; give --data mnist=PATH")
+
+
+def test_a_run_recorded_elsewhere_is_trained_again_here_and_shown_until_then(tmp_path, fake_runner, monkeypatch):
+    """The committed runs counted as done on any machine with the data (issue 80, item 5): reproduce plans and
+    trains them again on today's code, and the table shows the committed record until the new run replaces it."""
+    data = tmp_path / "fashion"
+    data.mkdir()
+    seeds(monkeypatch, lenet_fashion_o0=[1, 2])
+    out = tmp_path / "out"
+    out.mkdir()
+    shipped = json.loads((rp.DEFAULT_OUT / "reproduce.json").read_text())["runs"]["lenet_fashion_o0-s1"]
+    committed = dict(shipped, data=str(data))  # the committed record, as if its data were this machine's
+    (out / "reproduce.json").write_text(json.dumps({"runs": {"lenet_fashion_o0-s1": committed}}))
+    args = dict(recipes=["lenet_fashion_o0"], given={"fashion_mnist": str(data)}, runs=tmp_path / "runs", out=out,
+                runner=fake_runner, readme=None)
+    table = rp.reproduce(**args, plan_only=True)["table"]
+    assert len(fake_runner.calls) == 0 and f"{shipped['value']:.2f}" in table, "--plan: the committed run, untrained"
+    rp.reproduce(**args, max_seeds=1)
+    assert len(fake_runner.calls) == 1 and "runtime.seed=1" in fake_runner.calls[0], "trained again here"
+    rp.reproduce(**args)
+    assert len(fake_runner.calls) == 2, "seed 1 is done now, seed 2 is trained"
