@@ -103,6 +103,7 @@ def ship(run_dir: Path, name: str, fp16: bool = False, folder: Path = WEIGHTS) -
         "parameters": int(sum(p.size for p in net.trainable_params())), "dtype": "float16" if fp16 else "float32",
         "recipe": cfg.recipe_name, "overrides": overrides(cfg), "from": source,
         "commit": metrics.get("commit"), "mindspore": trained_on["mindspore"], "machine": machine_kind(trained_on),
+        "compute": metrics.get("compute") or "not recorded (trained before 2026-12-07)",  # kernels and products
         "trained": trained(run_dir, metrics, final_params),
         "metric": None, "published": {k: OmegaConf.to_container(cfg.target).get(k)
                                       for k in ("metric", "published", "published_setting", "source")},

@@ -340,3 +340,17 @@ def test_a_key_that_changes_the_arithmetic_names_its_own_result_file():
     for key in ("runtime.cpu_kernels=off", "runtime.device=CPU", "runtime.onednn_isa=AVX2", "runtime.mode=pynative"):
         assert override_tag([key]) == key.replace("=", "-"), key
     assert override_tag(["runtime.device_id=3", "runtime.profile=true", "dataset.path=/data/x"]) == ""
+
+
+def test_a_shipped_weight_records_the_compute_path_it_trained_with(tmp_path):
+    """The manifest names the kernels and products a weight trained with (issue 81, item 4), from its run's
+    metrics.json, so a low-precision number says which path made it."""
+    from bench.ship import ship
+    run_dir = tmp_path / "run"
+    done = run_cli("train.py", "recipe=lenet_o2", "trainer.max_steps=5", "logger.progress_bar=false",
+                   f"hydra.run.dir={run_dir}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    entry = ship(run_dir, "tiny", folder=tmp_path / "weights")
+    compute = json.loads((run_dir / "metrics.json").read_text())["compute"]
+    assert entry["compute"] == compute and compute[0]["kernels"] in ("cpu_kernels", "mindspore"), entry["compute"]
+    assert json.loads((tmp_path / "weights" / "MANIFEST.json").read_text())["tiny"]["compute"] == compute
