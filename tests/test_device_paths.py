@@ -555,7 +555,8 @@ ACL_FAILURE = ("Call aclrtMalloc failed, ret: 207001.\n"
 
 def stand_in_run(device, rank, tmp_path):
     timer = SimpleNamespace(steps=[])
-    cfg = OmegaConf.create({"model": {"name": "resnet34"}, "recipe_name": "resnet34_o2"})
+    cfg = OmegaConf.create({"model": {"name": "resnet34"}, "recipe_name": "resnet34_o2",
+                            "dataset": {"batch_size": 32}})
     return SimpleNamespace(device=device, rank=rank, world=2, is_main=rank == 0, run_dir=tmp_path, timer=timer, cfg=cfg)
 
 
@@ -568,13 +569,18 @@ def test_a_device_failure_is_reported_as_one_not_as_a_model_that_does_not_compil
     monkeypatch.setattr(logging.root, "handlers", [])  # as on rank 1: setup removed its train.log handler
     with pytest.raises(DeviceError) as e:
         step_error(run, RuntimeError(ACL_FAILURE), ran_before=False)
-    message = str(e.value)
-    assert message.startswith("the Ascend failed in the first step (rank 1 of 2): Call aclrtMalloc failed")
-    assert "make doctor" in message and "does not compile" not in message
+    message = str(e.value)  # out of device memory: the batch's, not the device's fault (issue 79, item 7)
+    assert message.startswith("the Ascend ran out of memory in the first step (rank 1 of 2): Call aclrtMalloc failed")
+    assert "at dataset.batch_size=32 a device this network does not fit its memory: lower dataset.batch_size" \
+        in message and "does not compile" not in message and "not the recipe" not in message
     assert "rank 1's msrun worker log" in message and "RuntimeError: Call aclrtMalloc failed" in capsys.readouterr().err
     run.timer.steps = [5005]
-    with pytest.raises(DeviceError, match="the Ascend failed after step 5005"):  # mid-run: no raw traceback
+    with pytest.raises(DeviceError, match="the Ascend ran out of memory after step 5005"):  # mid-run: no traceback
         step_error(run, RuntimeError(ACL_FAILURE), ran_before=True)
+    hccl = "Call HcclAllReduce failed, ret=7\nEI0002: The wait execution of the Notify register times out."
+    with pytest.raises(DeviceError, match=r"the Ascend failed after step 5005 .*: EI0002: The wait execution.*; "
+                                          r"this is the device or its software, not the recipe: run make doctor"):
+        step_error(run, RuntimeError(hccl), ran_before=True)
     shape_bug = "For 'MatMul' the input dimensions must be equal, but got 'x1_col': 1024 and 'x2_row': 32."
     run.timer.steps = []
     assert "does not compile" in step_error(run, ValueError(shape_bug), ran_before=False)

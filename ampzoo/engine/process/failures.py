@@ -1,6 +1,7 @@
 """The one line for what model.train raised: data the pipeline cannot read, a failure of the device, or a model
 that does not compile. The full trace goes into train.log (ampzoo.engine.process.logs), never onto the console."""
 import os
+import re
 import time
 from pathlib import Path
 
@@ -29,11 +30,24 @@ def trace_file(run) -> str:
     return str(run.run_dir / "train.log") if run.is_main else f"rank {run.rank}'s msrun worker log"
 
 
+OUT_OF_MEMORY = re.compile(r"[Oo]ut of [Mm]emory|[Mm]emory isn't enough|[Ff]ailed to allocate memory|"
+                           r"[Aa]vailable memory is insufficient|aclrtMalloc|cudaMalloc")
+
+
 def device_error(run, error: Exception) -> str:
     """One line for a failure of the device or the software under it (driver, CANN/CUDA, collectives, device
-    memory), told apart from a model that does not compile by the words only a device runtime uses."""
+    memory), told apart from a model that does not compile by the words only a device runtime uses. Out of
+    device memory is named as the batch's (the recipe's dataset.batch_size), not as a fault of the device."""
     log_trace(error)
     step = run.timer.steps[-1] if run.timer.steps else 0
+    if OUT_OF_MEMORY.search(str(error)):
+        batch = run.cfg.dataset.get("batch_size") if hasattr(run.cfg, "dataset") else None
+        return (f"the {run.device} ran out of memory {f'after step {step}' if step else 'in the first step'} (rank "
+                f"{run.rank} of {run.world}): {device_failure(str(error)) or str(error).splitlines()[0]}; at "
+                f"dataset.batch_size={batch} a device this network does not fit its memory: lower "
+                f"dataset.batch_size (optimizer.reference_batch_size scales the learning rate with it) or "
+                f"dataset.image_size, or free the device (npu-smi info / nvidia-smi lists its processes) (full trace "
+                f"in {trace_file(run)})")
     return (f"the {run.device} failed {f'after step {step}' if step else 'in the first step'} (rank {run.rank} of "
             f"{run.world}): {device_failure(str(error))}; this is the device or its software, not the recipe: run "
             f"make doctor on this machine; MindSpore's own error lines: {mindspore_log()} (full trace in "
