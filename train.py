@@ -42,7 +42,7 @@ from ampzoo.engine.process.command import job, run_hydra
 from ampzoo.engine.process.directory import continue_with, forget_command
 from ampzoo.engine.process.failures import step_error
 from ampzoo.engine.process.logs import rank_logging
-from ampzoo.engine.ranks import rank0_flag, rank0_says, resume_on_ranks, run_shape
+from ampzoo.engine.ranks import rank0_flag, rank0_says, resume_on_ranks, run_shape, together
 from ampzoo.engine.records import record_compute, summary, write_metrics, write_run_config
 from ampzoo.engine.rundir import find_tokenizer, keep_tokenizer, refuse_fresh_start, resume_config
 from ampzoo.engine.start import Start, finished, finished_note, resume_start, start_from, step_of
@@ -114,7 +114,8 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
             return finish(run, rung, transitions, summaries)
         if rung.outcome == "stopped":
             raise stopped(run, rung.stop, rung.checkpoints.latest)
-        if number + 1 == len(rungs):
+        if number + 1 == len(rungs):  # every rank stops here together, after rank 0's checkpoint is written
+            together(run.world)
             fail(no_rung_left(cfg, rung.watch, amp_cfg, len(rungs)), code=1)
         checkpoint, params = restart_checkpoint(run_dir / "checkpoints", cfg.model.name, run.steps_per_epoch,
                                                 run.is_main, rank0_says(run.is_main, run.world))
@@ -129,8 +130,7 @@ def train(cfg, run_dir: Path, smoke_note: Optional[str] = None) -> Optional[floa
 def stopped(run: Run, stop, saved) -> Interrupted:
     """A rung stopped by SIGTERM/SIGINT: under msrun, after every rank agrees (no rank exits before rank 0's
     checkpoint is written), rank 0 says what it saved and how to continue."""
-    if run.world > 1:
-        any_rank(False)
+    together(run.world)
     if not run.is_main:
         log.warning("%s: stopped after step %d with the other ranks", stop.signal, stop.step)
         return Interrupted(stop.signum, f"stopped at step {stop.step} with the other ranks (rank 0 saved and says "

@@ -60,10 +60,20 @@ def test_ladder_steps_down_and_finishes_with_finite_weights(nan_mnist, tmp_path,
     assert [(e.step, e.value) for e in events.Scalars("amp/rung")] == [(0, 0.0), (125, 1.0)]
 
 
-def test_without_the_ladder_the_run_stops_with_a_clear_error(nan_mnist, tmp_path, graph_mode, capsys):
+def test_without_the_ladder_the_run_stops_with_a_clear_error(nan_mnist, tmp_path, graph_mode, capsys, monkeypatch):
+    """Exit 1 with what happened and what to try; under msrun every rank waits for the others first (issue 79,
+    item 7: ranks 1-7 exited before rank 0's checkpoint was written, and msrun killed rank 0)."""
+    import train
+    from ampzoo.engine.ranks import together
+    waited = []
+    monkeypatch.setattr(train, "together", lambda world: waited.append(world))
     with pytest.raises(SystemExit) as exit_info:
         run([], tmp_path / "run")
-    assert exit_info.value.code == 1
+    assert exit_info.value.code == 1 and waited == [1]
+    calls = []
+    together(2, agree=calls.append)
+    together(1, agree=calls.append)
+    assert calls == [False], "an all-reduce under msrun, nothing alone"
     err = capsys.readouterr().err
     assert f"error: by step {NAN_BATCH}: non-finite gradients were applied to the weights" in err
     assert "amp.fallback.enabled=true" in err

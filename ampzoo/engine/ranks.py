@@ -9,6 +9,13 @@ from ampzoo.engine.rundir import claim_by_rank0
 from ampzoo.runtime import any_rank, rank0_value
 
 
+def together(world: int, agree: Callable[[bool], bool] = any_rank) -> None:
+    """Under msrun, wait until every rank is here (an all-reduce): before a failure every rank reports, so that no
+    rank exits (and msrun kills the rest) while rank 0 still writes its checkpoint or metrics."""
+    if world > 1:
+        agree(False)
+
+
 def rank0_says(is_main: bool, world: int) -> Optional[Callable[[int], int]]:
     """Under msrun, a function giving rank 0's value on every rank; None for a single process."""
     if world == 1:
