@@ -149,7 +149,7 @@ def set_context(runtime_cfg) -> str:
     import mindspore as ms
 
     device = pick_device(str(runtime_cfg.device))
-    if runtime_cfg.distributed:
+    if runtime_cfg.get("distributed", False):
         check_rank_device(str(runtime_cfg.device), device)
     mode = str(runtime_cfg.mode)
     if runtime_cfg.device_id is None:

@@ -38,6 +38,9 @@ class Context:
     def request_stop(self):
         self.stopped = True
 
+    def get_stop_requested(self):
+        return self.stopped
+
 
 class Counters:
     """AmpTrainStep's in-graph counters as telemetry() reads them; `events` adds to them at given steps."""
@@ -712,3 +715,27 @@ def test_an_msrun_rank_whose_auto_device_falls_back_to_the_cpu_stops_before_init
     runtime.check_rank_device("Ascend", "Ascend")
     monkeypatch.setattr(runtime, "device_hardware", lambda: "")
     runtime.check_rank_device("auto", "CPU")  # a CPU cluster: MCCL on every rank
+
+
+def test_a_stop_at_the_end_of_a_sink_does_not_evaluate_the_test_set_first(tmp_path):
+    """Under sinking a sink is the epoch: a stop signal acted on at its last step used to evaluate the whole test
+    set (on every rank) before stopping (issue 79, item 7). A stop requested there skips the evaluation; an
+    epoch without one is evaluated."""
+    import signal
+
+    from ampzoo.engine.callbacks import Evaluator, GracefulStop
+
+    evaluated = []
+    evaluator = Evaluator(None, 1, None, 3, SINK)
+    evaluator.evaluate = lambda: evaluated.append(True) or {"top1": 0.5}
+    stop = GracefulStop(lambda net, step: None)
+    ctx = Context()
+    stop.on_train_begin(ctx)
+    try:
+        drive([evaluator, stop], Counters(), ctx, 1, SINK, epoch_end=True)  # epoch 1: no signal, evaluated
+        assert evaluated == [True] and not ctx.stopped
+        stop._handler(signal.SIGTERM, None)
+        drive([evaluator, stop], Counters(), ctx, 1, SINK, epoch_end=True)  # epoch 2: the signal came in the sink
+        assert ctx.stopped and stop.step == 2 * SINK and evaluated == [True], "stopped without evaluating"
+    finally:
+        stop.on_train_end(ctx)

@@ -253,6 +253,8 @@ class Evaluator(Callback):
         cb = run_context.original_args()
         if cb.cur_step_num != cb.cur_epoch_num * self.steps_per_epoch:  # stopped mid-epoch
             return
+        if run_context.get_stop_requested():  # a stop signal (or a divergence, a step budget) at the epoch's last
+            return  # step, as under sinking, where a sink is the epoch: stop now, not after a whole test set
         if self.every and cb.cur_epoch_num % self.every == 0 and cb.cur_epoch_num < self.epochs:
             self.record(cb.cur_epoch_num, cb.cur_step_num, self.evaluate())
 
