@@ -129,6 +129,12 @@ def library() -> Path:
     return path
 
 
+def pool_threads() -> int:
+    """The threads the kernels' pool runs (conv.cc's Threads(): AMP_ZOO_CONV_THREADS where set, else the cores this
+    process may run on, shared among msrun's workers that are not bound to cores of their own)."""
+    return int(ctypes.CDLL(str(library())).AmpZooPoolThreads())
+
+
 def weight_gradients() -> str:
     """Where a bf16 convolution's direct weight gradient runs, in a clause: "oneDNN 3.2.0 (OpenMP)" when
     omp_weights.cc loaded the OpenMP build beside the library (onednn-cpu-gomp, requirements-data.txt), else why

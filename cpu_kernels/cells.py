@@ -180,12 +180,15 @@ class CpuMaxPool3x3(nn.MaxPool2d):
     def __init__(self):
         super().__init__(kernel_size=3, stride=2, pad_mode="pad", padding=1)
         self.pool = max_pool_op(3)
-        self.to_blocked, self.to_plain = relayout_ops(block())
+        self.to_blocked8, self.to_plain8 = relayout_ops(8)  # the input's own block, whichever the CPU's is
+        self.to_blocked16, self.to_plain16 = relayout_ops(16)
         self.blocked = 16 if "avx512f" in cpu_flags() else 0  # the block the kernel pools as it is
 
     def construct(self, x):
         if x.ndim == 5 and x.shape[4] != self.blocked:
-            return self.to_blocked(self.pool(self.to_plain(x)))
+            if x.shape[4] == 8:
+                return self.to_blocked8(self.pool(self.to_plain8(x)))
+            return self.to_blocked16(self.pool(self.to_plain16(x)))
         return self.pool(x)
 
 

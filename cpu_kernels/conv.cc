@@ -25,6 +25,7 @@
 // Xeon with AMX) take and give channels-last tensors: there an fp16 activation in the blocked layout is converted
 // and reordered in one pass each way (Arg's `fused`), not a conversion and then a reorder.
 #include <immintrin.h>
+#include <sched.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
 #include <oneapi/dnnl/dnnl_threadpool_iface.hpp>
@@ -59,14 +60,20 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-// A fixed pool for oneDNN's threadpool runtime: the calling thread works too. Between calls a worker first
-// spins for a while (AMP_ZOO_POOL_SPIN_US, default 200 us), as OpenMP's threads do, then sleeps: a training step
-// runs many short parallel regions back to back (reorders, kernels, BatchNorm channels), and waking a
-// sleeping thread costs tens of microseconds each time. The caller waits for the workers the same way.
+// A fixed pool for oneDNN's threadpool runtime: the calling thread works too. A parallel region's n pieces are
+// claimed one at a time by whichever thread comes first, the caller included, so a worker the kernel scheduler has
+// descheduled (another process busy on these cores) never holds the region up: the caller takes its pieces, and
+// the region costs at most what one thread would. Between regions a worker spins for a while
+// (AMP_ZOO_POOL_SPIN_US, default 200 us), as OpenMP's threads do, then sleeps: a training step runs many short
+// regions back to back, and waking a sleeping thread costs tens of microseconds. Once the machine is busy (a
+// region that the caller finished alone while its workers were runnable but not running) the pool stops spinning
+// for the next 1,000 regions, as OpenMP's passive wait policy does: spinning threads would take the very cores
+// the other process is waiting for. (A region counts when it lasted more than twice the spin: a spinning worker
+// would have joined it had it been running.)
 class Pool : public dnnl::threadpool_interop::threadpool_iface {
  public:
   explicit Pool(int n, int spin_us) : n_(n < 1 ? 1 : n), spin_(std::chrono::microseconds(spin_us)) {
-    for (int t = 1; t < n_; ++t) workers_.emplace_back([this, t] { Work(t); });
+    for (int t = 1; t < n_; ++t) workers_.emplace_back([this] { Work(); });
   }
   ~Pool() override {
     {
@@ -85,27 +92,61 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
       return;
     }
     std::lock_guard<std::mutex> one(busy_);  // one parallel region at a time
+    const uint64_t gen = (generation_.load(std::memory_order_relaxed) + 1) & kGenMask;
     {
       std::lock_guard<std::mutex> lk(m_);
       job_ = &fn;
-      job_n_ = n;
-      pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-      generation_.fetch_add(1, std::memory_order_release);
+      done_.store(0, std::memory_order_relaxed);
+      // the ticket a piece is claimed with: generation, pieces, next piece (a worker that comes late for a
+      // region cannot claim a piece of the next one: its generation differs)
+      ticket_.store((gen << 40) | (static_cast<uint64_t>(n) << 20), std::memory_order_release);
+      generation_.store(gen, std::memory_order_release);
     }
     wake_.notify_all();
-    Run(0);
-    if (!Spin([this] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    const auto start = std::chrono::steady_clock::now();
+    const int mine = Claim(gen);
+    // the caller ran every piece of a region long enough for a spinning worker to have joined: none was running
+    const bool alone = mine == n && std::chrono::steady_clock::now() - start > 2 * spin_;
+    const bool spin = quiet_.load(std::memory_order_relaxed) == 0;
+    if (!Spin(spin, [&] { return done_.load(std::memory_order_acquire) == n; })) {
       std::unique_lock<std::mutex> lk(m_);
-      done_.wait(lk, [this] { return pending_.load(std::memory_order_acquire) == 0; });
+      finished_.wait(lk, [&] { return done_.load(std::memory_order_acquire) == n; });
     }
     job_ = nullptr;
+    if (alone && spin) {  // every worker was away: the cores are busy with something else
+      quiet_.store(1000, std::memory_order_relaxed);
+    } else if (!spin) {
+      quiet_.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
 
  private:
-  // Busy-wait up to spin_ for ready(); false if it did not come
+  static constexpr uint64_t kGenMask = (uint64_t{1} << 24) - 1;
+  static constexpr uint64_t kField = (uint64_t{1} << 20) - 1;
+
+  // Claim and run pieces of region `gen` until none is left; returns how many this thread ran
+  int Claim(uint64_t gen) {
+    int ran = 0;
+    in_parallel_ = true;
+    for (;;) {
+      uint64_t t = ticket_.load(std::memory_order_acquire);
+      const uint64_t n = (t >> 20) & kField, i = t & kField;
+      if ((t >> 40) != gen || i >= n) break;
+      if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
+      (*job_)(static_cast<int>(i), static_cast<int>(n));  // the region is not done until this piece is: job_ holds
+      ++ran;
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<int>(n)) {
+        std::lock_guard<std::mutex> lk(m_);  // the caller may be asleep on finished_
+        finished_.notify_one();
+      }
+    }
+    in_parallel_ = false;
+    return ran;
+  }
+  // Busy-wait up to spin_ for ready() (not at all when `spin` is false); false if it did not come
   template <typename F>
-  bool Spin(F ready) const {
-    if (spin_.count() == 0) return ready();
+  bool Spin(bool spin, F ready) const {
+    if (!spin || spin_.count() == 0) return ready();
     const auto until = std::chrono::steady_clock::now() + spin_;
     for (int i = 1;; ++i) {
       if (ready()) return true;
@@ -115,44 +156,48 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
       if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return ready();
     }
   }
-  void Run(int t) {  // static split: oneDNN hands out one balanced chunk per thread, so thread t takes its own
-    in_parallel_ = true;
-    for (int i = t; i < job_n_; i += n_) (*job_)(i, job_n_);
-    in_parallel_ = false;
-  }
-  void Work(int t) {
-    uint64_t seen = 0;
+  void Work() {
+    uint64_t seen = generation_.load(std::memory_order_acquire);
     for (;;) {
-      if (!Spin([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+      const bool spin = quiet_.load(std::memory_order_relaxed) == 0;
+      if (!Spin(spin, [&] { return generation_.load(std::memory_order_acquire) != seen; })) {
         std::unique_lock<std::mutex> lk(m_);
         wake_.wait(lk, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
         if (stop_) return;
       }
       seen = generation_.load(std::memory_order_acquire);
-      Run(t);
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lk(m_);  // the caller may be asleep on done_
-        done_.notify_one();
-      }
+      Claim(seen);
     }
   }
   int n_;
   std::chrono::microseconds spin_;
   std::vector<std::thread> workers_;
   std::mutex m_, busy_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_, finished_;
   const std::function<void(int, int)> *job_ = nullptr;
-  int job_n_ = 0;
-  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> ticket_{0};
+  std::atomic<int> done_{0};
+  std::atomic<int> quiet_{0};  // regions left without spinning (the machine was found busy)
   std::atomic<uint64_t> generation_{0};
   bool stop_ = false;
   static thread_local bool in_parallel_;
 };
 thread_local bool Pool::in_parallel_ = false;
 
+// The pool's size: AMP_ZOO_CONV_THREADS where set, else the cores this process may run on (its affinity mask,
+// which msrun's core binding and taskset set), divided among msrun's workers when they share the machine's cores
 int Threads() {
   const char *env = std::getenv("AMP_ZOO_CONV_THREADS");
-  int n = env ? std::atoi(env) : static_cast<int>(std::thread::hardware_concurrency());
+  if (env) {
+    const int n = std::atoi(env);
+    return n > 0 ? n : 1;
+  }
+  cpu_set_t mask;
+  int n = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask)
+                                                           : static_cast<int>(std::thread::hardware_concurrency());
+  const char *workers = std::getenv("MS_WORKER_NUM");
+  const int all = static_cast<int>(std::thread::hardware_concurrency());
+  if (workers && std::atoi(workers) > 1 && n >= all) n /= std::min(std::atoi(workers), n);  // not bound per worker
   return n > 0 ? n : 1;
 }
 
@@ -965,6 +1010,8 @@ void AmpZooToBf16(const void *s, bool half, uint16_t *d, int64_t n) {
 }
 // How an fp16 convolution multiplies now (Bf16Compute: 0, 1, 2), for cpu_kernels' tests and make doctor
 extern "C" int AmpZooBf16Compute() { return Bf16Compute(); }
+// The pool's threads (Threads()), for cpu_kernels.pool_threads
+extern "C" int AmpZooPoolThreads() { return RT().pool.get_num_threads(); }
 
 // MindSpore's graph mode gave two ops of one AOT function name one gradient between them (every 3x3 convolution
 // took the first layer's weight-only backward), so each forward the Python side builds differently has a name of
