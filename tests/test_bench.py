@@ -5,6 +5,7 @@ import pytest
 
 from bench.report import write_report
 from bench.run import ROOT, finished, train
+from tests.conftest import run_cli
 
 COMMITTED = ROOT / "bench" / "results" / "cpu-2026-11-21"
 
@@ -72,3 +73,18 @@ def test_the_bench_deletes_no_directory_it_did_not_make(tmp_path, capsys):
     assert stop.value.code == 2 and (run_dir / "notes.txt").read_text() == "mine"
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(run_dir) in err[0] and "--out" in err[0]
+
+
+def test_the_pytorch_peer_of_the_cifar10_card_says_what_it_needs(tmp_path):
+    """bench.torch_cifar10 is bench-only: without PyTorch it is one line naming the install, exit 2; its network
+    is torchvision's ResNet-34 with the zoo's CIFAR stem (the same parameter count as ours) where PyTorch is."""
+    import importlib.util
+    out = run_cli("-m bench.torch_cifar10", str(tmp_path / "peer"), f"dataset.path={tmp_path}")
+    if importlib.util.find_spec("torch") is None:
+        assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+            "error: PyTorch is not installed: pip install torch torchvision (bench-only, not in the zoo's install)"]
+        return
+    from bench.torch_cifar10 import peer_network
+    from models import create_model
+    ours = sum(p.size for p in create_model("resnet34", num_classes=10, stem="cifar").trainable_params())
+    assert sum(p.numel() for p in peer_network(10).parameters()) == ours
