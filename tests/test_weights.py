@@ -215,7 +215,8 @@ def test_each_transformer_weight_composes_the_config_it_was_trained_with(name):
     now = plain(compose([f"recipe={entry['recipe']}", *entry["overrides"]]))
     # keys the schema gained since, none of which changes what trains or decodes (cpu_compute: no
     # convolution in a Transformer)
-    assert set(now) - set(before) <= {"runtime.cpu_kernels", "infer.seq_len", "runtime.cpu_compute", "dataset.eval_split"}
+    assert set(now) - set(before) <= {"runtime.cpu_kernels", "infer.seq_len", "runtime.cpu_compute",
+                                      "dataset.eval_split"}
     assert {k: now.get(k) for k in before} == before
 
 
