@@ -170,7 +170,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
         keep_tokenizer(cfg, run_dir, rank, resuming=start.checkpoint is not None, wait=any_rank if world > 1 else None)
     if rank == 0:
         write_run_config(cfg, run_dir, resuming=start.checkpoint is not None)
-    seed_everything(cfg.runtime.seed)
+    seed_everything(cfg.runtime.seed, rank)
     sink, sink_note = sink_mode(device, cfg.trainer.sink, task(cfg) == "translation", cfg.trainer.max_steps,
                                 cfg.runtime.profile, cfg.trainer.save_every_steps, str(cfg.runtime.mode))
     log.info("device %s, %s mode; %s", device, cfg.runtime.mode, sink_note)

@@ -173,15 +173,19 @@ def device_notes(runtime_cfg, device: str) -> list:
     return notes + [f"MindSpore's own error lines: {mindspore_log()}"]
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, rank: int = 0) -> None:
+    """Every random draw from `seed`. The network's initialisation must be the same on every rank (MindSpore's
+    data parallelism does not broadcast the initial weights), so `ms.set_seed` takes the seed itself; the data
+    pipeline's random augmentations (crops, flips) should differ between ranks, which read different samples, so
+    the dataset seed is seed + rank (rank 0, and a single process, draw what they always drew)."""
     import mindspore as ms
     import mindspore.dataset as msds
     import numpy as np
 
+    ms.set_seed(seed)  # it sets the dataset seed too
+    msds.config.set_seed(seed + rank)  # which seeds Python's and numpy's global generators: they are reset below
     random.seed(seed)
     np.random.seed(seed)
-    ms.set_seed(seed)
-    msds.config.set_seed(seed)
 
 
 def sink_mode(device: str, requested: bool, shapes_vary: bool = False, max_steps: int = 0, profile: bool = False,

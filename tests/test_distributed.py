@@ -295,3 +295,30 @@ def test_no_rank_enters_a_collective_while_its_tokenizer_is_still_to_build(tmp_p
     monkeypatch.setattr(train, "init_distributed", init_distributed)
     with pytest.raises(Entered):
         train.setup(cfg, tmp_path / "run", None, Start())
+
+
+def test_ranks_start_from_one_initialisation_and_augment_their_own_samples_differently():
+    """Issue 79, item 8: the initial weights must be the same on every rank (nothing broadcasts them), the
+    augmentations should differ (each rank reads other samples): the idx readers' flips and shifts are keyed by
+    the shard, MindSpore's dataset ops by seed + rank; a single process draws what it always drew."""
+    import mindspore.dataset as msds
+    import numpy as np
+
+    from ampzoo.data.sampling import EpochBatches
+    from ampzoo.runtime import seed_everything
+
+    images, labels = np.arange(64 * 4, dtype=np.float32).reshape(64, 1, 2, 2), np.arange(64)
+    drawn = {}
+    for shard in (None, (2, 0), (2, 1)):
+        def augment(batch, rng, shard=shard):
+            drawn.setdefault(shard, []).append(rng.integers(0, 2**31, 4).tolist())
+            return batch
+        list(EpochBatches((images, labels), 8, "train", seed=1, shard=shard, augment=augment))
+    assert drawn[(2, 0)] != drawn[(2, 1)], "each rank draws its own flips and shifts"
+    single = np.random.default_rng((1, 0, 0)).integers(0, 2**31, 4).tolist()
+    assert drawn[None][0] == single, "a single process draws what it drew before"
+    try:
+        seed_everything(5, rank=3)
+        assert msds.config.get_seed() == 8 and ms.get_seed() == 5, "data: seed + rank; initialisation: the seed"
+    finally:
+        seed_everything(1)

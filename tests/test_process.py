@@ -125,11 +125,11 @@ from ampzoo.registry import CELLS
 class HcclStandIn(nn.Cell):  # a plugin registers something; this one's work is the patch below
     pass
 
-def seed_everything(seed):  # stands in for a collective that fails in setup, outside training's own handler
+def seed_everything(seed, rank=0):  # stands in for a collective that fails in setup, outside training's handler
     if seed == 7:
         raise RuntimeError("Call HcclAllReduce failed, ret=7\\nEI0002: The wait execution of the Notify register "
                            "times out. Reason: The Notify register has not received the Notify record")
-    real(seed)
+    real(seed, rank)
 
 main = sys.modules["__main__"]
 real, main.seed_everything = main.seed_everything, seed_everything

@@ -63,8 +63,10 @@ class EpochBatches:
         for b in range(len(self)):
             take = order[b * self.batch_size:(b + 1) * self.batch_size]
             batch = tuple(a[take] for a in self.arrays)
-            if self.augment:  # seeded by (seed, epoch, batch): a resumed run draws what the uninterrupted one drew
-                rng = np.random.default_rng((self.seed, epoch, first + b))
+            if self.augment:  # seeded by (seed, epoch, batch): a resumed run draws what the uninterrupted one drew;
+                # under msrun by the shard too, so the ranks' images do not all take the same flips and shifts
+                key = (self.seed, epoch, first + b) + ((self.shard[1],) if self.shard else ())
+                rng = np.random.default_rng(key)
                 batch = (self.augment(batch[0], rng), *batch[1:])
             yield batch
 
