@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from ampzoo.engine.state import Rung, Run
 from ampzoo.errors import write_error
-from ampzoo.machine import machine
+from ampzoo.machine import machine, machine_kind
 from ampzoo.runtime import onednn_note, source_commit
 
 log = logging.getLogger("amp_zoo")
@@ -54,7 +54,7 @@ COMPUTE = "compute.jsonl"  # in the run directory: a line per process of the run
 def record_compute(run_dir: Path, step: int, path: dict) -> None:
     """The compute path (amp.policy.compute_path) of this process of the run, from `step`, with its machine."""
     mach = machine()
-    line = {"from_step": step, **path, "machine": f"{mach['cpu']} ({mach['isa']}, family {mach.get('family', '?')})"}
+    line = {"from_step": step, **path, "machine": f"{machine_kind(mach)}, family {mach['family']}"}
     with open(Path(run_dir) / COMPUTE, "a") as f:
         f.write(json.dumps(line) + "\n")
 
