@@ -41,7 +41,7 @@ from ampzoo.engine.plan import data_plan, learning_rate
 from ampzoo.engine.process.command import job, run_hydra
 from ampzoo.engine.process.directory import continue_with, forget_command
 from ampzoo.engine.process.failures import step_error
-from ampzoo.engine.process.logs import rank_logging
+from ampzoo.engine.process.before_init import rank_known
 from ampzoo.engine.ranks import rank0_flag, rank0_says, resume_on_ranks, run_shape, together
 from ampzoo.engine.records import record_compute, summary, write_metrics, write_run_config
 from ampzoo.engine.rundir import find_tokenizer, keep_tokenizer, refuse_fresh_start, resume_config
@@ -65,7 +65,7 @@ USERS_OM_PATH = os.environ.get("MS_OM_PATH")  # where the user asked MindSpore t
 def main(cfg) -> Optional[float]:
     """One run (or one job of a sweep) on the config Hydra composed: checked, trained in its run directory, which
     ampzoo.engine.process.command.job holds and closes however the run ends (an error: one line)."""
-    with job() as run_dir:
+    with job(cfg) as run_dir:
         cfg, smoke_note = checked(cfg, run_dir.path)
         return train(cfg, run_dir.path, smoke_note)
 
@@ -155,8 +155,7 @@ def setup(cfg, run_dir: Path, smoke_note: Optional[str], start: Start) -> Run:
     device = set_context(cfg.runtime)
     find_tokenizer(cfg, run_dir, resuming=start.checkpoint is not None)  # msrun: a host job before any collective
     rank, world = init_distributed() if cfg.runtime.distributed else (0, 1)
-    if rank != 0:  # first: the lines below are rank 0's to write
-        rank_logging()
+    rank_known(rank)  # first: the lines below (and those held before init) are rank 0's to write
     log.info("command: python %s", shlex.join(sys.argv))  # also in .hydra/overrides.yaml
     log.info("recipe %s: %s", cfg.recipe_name, cfg.description)
     log.info("run directory: %s", run_dir.resolve())

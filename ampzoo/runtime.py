@@ -238,6 +238,18 @@ def msrun_env() -> dict:
     return {k: os.environ[k] for k in MSRUN_VARIABLES if k in os.environ}
 
 
+def msrun_rank() -> Optional[int]:
+    """This process's rank as msrun names it before init(): MS_NODE_ID, which msrun sets for every worker of a
+    single host and of a host given --node_rank; -1 for msrun's scheduler (MS_ROLE=MS_SCHED, which runs the same
+    command, and whose RANK_ID msrun sets to 0); None without msrun, or where msrun assigns ranks at init()."""
+    if not msrun_env():
+        return None
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        return -1
+    node = os.environ.get("MS_NODE_ID", "")
+    return int(node) if node.isdigit() else None
+
+
 def init_distributed():
     """Data parallel across the processes msrun started: gradients averaged over ranks, each rank reading its
     own shard. Returns (rank, world size)."""

@@ -645,6 +645,53 @@ def test_under_msrun_other_ranks_print_warnings_and_their_checksum_not_every_lin
                                                     "rank 1 of 8: parameter checksum abc"]
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_msrun_assigns_at_init_holds_its_lines_and_rank_0_alone_writes_them(monkeypatch, tmp_path, capsys,
+                                                                                   rank):
+    """Hosts started without --node_rank learn their ranks only at init(): until then each process holds its
+    info lines and writes no .hydra record; then rank 0 writes both (train.log once, one .hydra/resume-N), and the
+    other ranks drop them, keeping their warnings."""
+    import sys
+
+    from omegaconf import OmegaConf
+
+    from ampzoo.engine.process.before_init import before_rank, hydra_overrides, rank_known
+    for key, value in {"MS_ROLE": "MS_WORKER", "MS_WORKER_NUM": "2", "MS_SCHED_HOST": "10.0.0.1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("MS_NODE_ID", raising=False)
+    assert hydra_overrides([".hydra/resume-2"]) == ["hydra.output_subdir=null"]  # Hydra writes none of it
+    (tmp_path / ".hydra" / "resume-1").mkdir(parents=True)
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- recipe=lenet_o0\n")
+    console, train_log = logging.StreamHandler(sys.stderr), logging.FileHandler(tmp_path / "train.log")
+    monkeypatch.setattr(logging.root, "handlers", [console, train_log])
+    monkeypatch.setattr(logging.root, "level", logging.INFO)
+    log = logging.getLogger("amp_zoo")
+    monkeypatch.setattr(log, "level", logging.NOTSET)
+    monkeypatch.setattr(log, "disabled", False)
+    monkeypatch.setattr(logging.root.manager, "disable", logging.NOTSET)
+    log.manager._clear_cache()
+    hydra = OmegaConf.create({"overrides": {"task": ["recipe=lenet_o0", "resume=auto"]}, "run": {"dir": "x"}})
+    before_rank(OmegaConf.create({"recipe_name": "lenet_o0"}), hydra, tmp_path)
+    log.info("resume: the run's config.yaml, with resume=auto from the command line")
+    log.warning("a warning every rank says at once")
+    assert capsys.readouterr().err.splitlines() == ["a warning every rank says at once"]
+    assert train_log.stream is None or "resume:" not in (tmp_path / "train.log").read_text()
+    rank_known(rank)
+    log.info("command: python train.py")
+    train_log.flush()
+    text, err = (tmp_path / "train.log").read_text(), capsys.readouterr().err
+    if rank == 0:
+        assert text.count("resume: the run's config.yaml") == 1 and "command: python train.py" in text
+        assert "resume: the run's config.yaml" in err
+        assert OmegaConf.load(tmp_path / ".hydra" / "resume-2" / "overrides.yaml") == ["recipe=lenet_o0",
+                                                                                       "resume=auto"]
+        assert OmegaConf.load(tmp_path / ".hydra" / "resume-2" / "hydra.yaml").hydra.run.dir == "x"
+    else:
+        assert "resume:" not in text and "command:" not in text and err == ""
+        assert logging.root.handlers == [console]
+        assert not (tmp_path / ".hydra" / "resume-2").exists()
+
+
 def test_a_worker_whose_msrun_ended_stops_as_for_a_sigterm(monkeypatch):
     """SIGTERM to msrun ends msrun alone (its workers run in sessions of their own): each orphaned worker sends
     itself one SIGTERM, so GracefulStop stops the ranks together and rank 0 saves a checkpoint."""

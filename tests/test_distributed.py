@@ -51,6 +51,20 @@ def test_two_workers_match_each_other_and_one_process(tmp_path):
     for name in ("conv1.weight", "conv2.weight", "fc1.weight", "fc3.bias", "moments.fc1.weight"):
         np.testing.assert_allclose(a[name].asnumpy(), b[name].asnumpy(), rtol=1e-5, atol=1e-6, err_msg=name)
 
+    # a resume: msrun names each worker's rank before init(), so rank 0 alone writes the lines composing its
+    # config and the resume's .hydra/ record; the scheduler and rank 1 write none of them
+    resumed = subprocess.run(
+        [str(msrun), "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+         f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}-resume", "train.py", *COMMON[:-2],
+         "trainer.max_steps=25", "logger.progress_bar=false", "runtime.distributed=true", "dataset.batch_size=32",
+         f"hydra.run.dir={run_dir}", "resume=auto"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert (run_dir / "train.log").read_text().count("resume: the run's config.yaml, with") == 1
+    assert [p.name for p in (run_dir / ".hydra").glob("resume-*")] == ["resume-1"]
+    others = "".join((Path(f"{logs}-resume") / name).read_text() for name in ("scheduler.log", "worker_1.log"))
+    assert [line for line in others.splitlines() if "[amp_zoo][INFO]" in line and "checksum" not in line] == []
+
 
 PLUGIN = '''
 import numpy as np

@@ -23,6 +23,7 @@ from ampzoo import interrupt
 from ampzoo.compose import expand_home, hydra_flags, one_line, sweep
 from ampzoo.config import CONF_DIR
 from ampzoo.engine.load import check_command_line
+from ampzoo.engine.process.before_init import before_rank, hydra_overrides
 from ampzoo.engine.process.directory import RunDir, first_process, note_missing
 from ampzoo.engine.process.logs import file_handlers, log_trace
 from ampzoo.errors import ConfigError, fail
@@ -68,7 +69,7 @@ def hydra_argv(argv: List[str]) -> List[str]:
     # a run is checked before Hydra makes it; else Hydra composes it once, and train.py checks it then
     flags, overrides = hydra_flags(expand_home(argv))
     overrides += resume_run_dir(overrides)
-    overrides += resume_subdir(overrides)
+    overrides += hydra_overrides(resume_subdir(overrides))  # under msrun: rank 0 alone writes .hydra/
     runs = all(f in ("-m", "--multirun", "-r", "--run") for f in flags)  # --cfg, --info, ...: nothing runs
     if runs and ("-m" in flags or "--multirun" in flags):
         note_missing(given(overrides, "hydra.sweep.dir") or Path("runs", "multirun"))
@@ -127,14 +128,16 @@ def ended(error: BaseException, run_dir: RunDir) -> SystemExit:
 
 
 @contextmanager
-def job() -> Iterator[RunDir]:
-    """The body of one run, or one job of a sweep: its run directory, claimed, and closed however the run ends.
-    An error ends a single run with its one line (ampzoo.report.report); in a sweep, the line is the job's and the
-    sweep goes on with the next job, unless a stop signal ends it."""
+def job(cfg) -> Iterator[RunDir]:
+    """The body of one run, or one job of a sweep (`cfg`: the config Hydra composed for it): its run directory,
+    claimed, and closed however the run ends. An error ends a single run with its one line
+    (ampzoo.report.report); in a sweep, the line is the job's and the sweep goes on with the next job, unless a
+    stop signal ends it. Under msrun, only rank 0's lines reach train.log (before_init.before_rank)."""
     hydra = HydraConfig.get()
     multirun = hydra.mode == RunMode.MULTIRUN
     run_dir = RunDir(hydra.runtime.output_dir, named=bool(given(list(hydra.overrides.hydra), "hydra.run.dir")),
                      recipe=hydra.runtime.choices.get("recipe"))
+    before_rank(cfg, hydra, run_dir.path)
     number = hydra.job.get("num", 0)
     try:
         yield run_dir.claim() if first_process() else run_dir
