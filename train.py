@@ -31,8 +31,8 @@ from amp.profile import ProfileSteps
 from amp.telemetry import AmpTelemetry
 from ampzoo.config import register_schema
 from ampzoo.data import create_dataset, task
-from ampzoo.engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, ProgressBar, SafeWriter,
-                                     StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
+from ampzoo.engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, NpuStatusClear, ProgressBar,
+                                     SafeWriter, StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
 from ampzoo.engine.checkpoint import (AtomicCheckpoint, check_disk_space, initial_weights, restart_checkpoint,
                                       restore_weights)
 from ampzoo.engine.load import load_config, user_keys, validate
@@ -261,7 +261,9 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
     stop = GracefulStop(checkpoints.save if run.is_main else save_nothing, agree=any_rank if run.world > 1 else None,
                         every=t.log_every)
     offset = StepOffset(start.step)
-    callbacks = rung_callbacks(run, number, start, report, [offset, run.timer, watch, telemetry], stop, checkpoints)
+    status = NpuStatusClear(step.cell.clear_status) if getattr(step.cell, "saturation_mode", False) else None
+    callbacks = rung_callbacks(run, number, start, report, [offset, run.timer, watch, telemetry], stop, checkpoints,
+                               status)
     def last_step() -> int:  # the global step trained to so far (a resume that trained none: where it started)
         return run.timer.steps[-1] if run.timer.steps else start.step
 
@@ -286,14 +288,16 @@ def save_nothing(network, step) -> None:
     """A rank other than 0 stops without saving: rank 0 writes the run's checkpoints."""
 
 
-def rung_callbacks(run: Run, number: int, start: Start, report: dict, first: list, stop, checkpoints) -> list:
+def rung_callbacks(run: Run, number: int, start: Start, report: dict, first: list, stop, checkpoints,
+                   status=None) -> list:
     """The callbacks of one rung, in order: `first` (step offset, timer, watch, telemetry), logs, evaluation, the
-    launcher's watch, the stop and the checkpoints, then TensorBoard, progress bar, step budget and profiler."""
+    910A's status clear (`status`, after the evaluation it clears), the launcher's watch, the stop and the
+    checkpoints, then TensorBoard, progress bar, step budget and profiler."""
     t = run.cfg.trainer
     epochs = planned_epochs(t.epochs, t.max_steps, run.steps_per_epoch)
     watch_msrun = LauncherWatch(os.getppid()) if msrun_env() else None  # before `stop`: it raises the SIGTERM
     callbacks = [*first, EpochLog(run.per_step, run.unit, epochs) if run.is_main else None, run.evaluator,
-                 watch_msrun, stop, checkpoints if run.is_main else None]
+                 status, watch_msrun, stop, checkpoints if run.is_main else None]
     callbacks = [c for c in callbacks if c is not None]
     if run.writer is not None:
         run.writer.add_scalar("amp/rung", number, start.step)
@@ -313,11 +317,18 @@ def rung_callbacks(run: Run, number: int, start: Start, report: dict, first: lis
 
 def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
     """Final evaluation (and BLEU on the test split for translation), metrics.json; a run that ends at chance
-    after falling back (or with a loss that is not finite) fails, a short one at chance is warned about."""
+    after falling back (or with a loss that is not finite) fails, a short one at chance is warned about. Under
+    msrun every rank takes rank 0's verdict before rank 0 decodes: after that no rank enters a collective, so none
+    waits on its device (HCCL's timeout) while rank 0 decodes on the host."""
     cfg = run.cfg
-    steps_done = rung.last_step
+    steps_done, fell_back, translating = rung.last_step, bool(transitions), task(cfg) == "translation"
+
+    def verdict_of(result: dict) -> Optional[str]:
+        return not_learning(rung.amp_cfg, result, cfg.model.num_classes, cfg.optimizer.lr, fell_back=fell_back,
+                            translation=translating)
     final = run.evaluator.evaluate()
-    if task(cfg) == "translation" and run.is_main:  # rank 0 decodes and writes hypotheses.txt; the weights agree
+    failed = run_failed(verdict_of(final), fell_back, final, rank0_flag(run.is_main, run.world))  # the last collective
+    if translating and run.is_main:  # rank 0 decodes and writes hypotheses.txt; the weights agree
         final.update(translate(rung.net, cfg, "test", cfg.decode.beam, cfg.decode.length_penalty,
                                run.run_dir / "hypotheses.txt"))
     run.evaluator.record(round(steps_done / run.steps_per_epoch, 2), steps_done, final)
@@ -325,9 +336,8 @@ def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
              extra={"every_rank": True})
     if run.is_main:
         write_metrics(run, summary(run, rung, final, steps_done, transitions, summaries))
-    last = run.evaluator.history[-1]
-    verdict = not_learning(rung.amp_cfg, last, cfg.model.num_classes, cfg.optimizer.lr, fell_back=bool(transitions))
-    if run_failed(verdict, bool(transitions), last, rank0_flag(run.is_main, run.world)):  # metrics.json is written
+    verdict = verdict_of(run.evaluator.history[-1])  # with the BLEU it decoded
+    if failed:  # metrics.json is written
         fail(f"{verdict or 'rank 0 finds that the run does not learn'} ({run.run_dir / 'metrics.json'})", code=1)
     if verdict and run.is_main:  # at chance: a short run may be meant (a smoke test), so a warning
         log.warning(verdict)

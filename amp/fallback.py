@@ -61,20 +61,23 @@ def finite_loss(final: dict) -> bool:
     return math.isfinite(final.get("loss", 0.0))
 
 
-def not_learning(amp_cfg, final: dict, num_classes: int, lr: float, fell_back: bool = True) -> Optional[str]:
+def not_learning(amp_cfg, final: dict, num_classes: int, lr: float, fell_back: bool = True,
+                 translation: Optional[bool] = None) -> Optional[str]:
     """Whether a finished run learned: one that ends no better than chance (or with a loss that is not finite)
     did not. After the ladder stepped down, the line says whether precision can be the cause (at O0, fp32, it is
-    not); a run that never fell back may simply be short. None: it learns."""
+    not); a run that never fell back may simply be short. None: it learns. A translation (`translation`, or a
+    BLEU in `final`) is judged by its loss alone: the same verdict before and after it decodes."""
     loss, finite = final.get("loss", 0.0), finite_loss(final)
     if not finite and (not fell_back or "top1" not in final):
         ladder_too = "" if amp_cfg.get("fallback", {}).get("enabled") else ", or train with amp.fallback.enabled=true"
         return (f"the run ends with a loss that is not finite ({loss}): its weights are not usable; look at the "
                 f"learning rate (optimizer.lr={lr:g}) and the data{ladder_too}")
-    if "bleu" in final:  # translation: token top-1 counts padding and frequent tokens; the loss against a
+    if translation or "bleu" in final:  # token top-1 counts padding and frequent tokens; the loss against a
         uniform = math.log(max(num_classes, 2))  # uniform guess over the vocabulary (label smoothing keeps it)
         if finite and loss < uniform:
             return None
-        scores = f"loss {loss:.4g}, a uniform guess over {num_classes:,} tokens {uniform:.4g}; BLEU {final['bleu']:.2f}"
+        scores = f"loss {loss:.4g}, a uniform guess over {num_classes:,} tokens {uniform:.4g}" + (
+            f"; BLEU {final['bleu']:.2f}" if "bleu" in final else "")
     elif "top1" in final:
         chance = 1.0 / max(num_classes, 1)
         if final["top1"] > 1.5 * chance and finite:

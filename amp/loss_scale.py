@@ -50,6 +50,7 @@ import mindspore.ops as ops
 from mindspore import Parameter, Tensor
 from mindspore import dtype as mstype
 from mindspore.amp import DynamicLossScaleManager, FixedLossScaleManager
+import mindspore.nn.wrap.loss_scale as ms_loss_scale
 from mindspore.nn.wrap.loss_scale import _grad_scale
 
 TELEMETRY = ("amp_steps", "amp_overflow_steps", "amp_skipped_steps", "amp_steps_since_overflow",
@@ -251,6 +252,18 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
             loss = ops.depend(loss, ops.assign(self.amp_accum_skip, Tensor(0, mstype.int32)))
         return loss
 
+    def clear_status(self) -> bool:
+        """In saturation mode: whether the NPU float status was set between steps (by an fp16 evaluation that
+        saturated, say), then cleared, so that the next step counts only its own overflow; False elsewhere. The
+        step reads the status after its backward, so without this a saturated evaluation counts as the next
+        step's overflow: a skipped step and a halved scale, or with a fixed scale a non-finite update that stops
+        the run."""
+        if not self.saturation_mode:
+            return False
+        if "npu_status" not in self.__dict__:  # kept out of the Cell tree: a graph of its own, run from the host
+            self.__dict__["npu_status"] = NpuStatusReset()
+        return bool(self.__dict__["npu_status"]().asnumpy().any())
+
     def weights_finite(self) -> bool:
         if "finite_check" not in self.__dict__:  # kept out of the Cell tree: it holds the same Parameters
             self.__dict__["finite_check"] = FiniteCheck(self.weights)
@@ -265,6 +278,21 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
             out["amp_nonfinite_updates"] = 1
         out["loss_scale"] = float(self.scale_sense.asnumpy().reshape(()))
         return out
+
+
+class NpuStatusReset(nn.Cell):
+    """The NPU float status read, then cleared: MindSpore's own pair of ops (NPUGetFloatStatusV2 and
+    NPUClearFloatStatusV2, as its loss-scale cell runs them), in a graph of their own between steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.read, self.clear = ms_loss_scale.NPUGetFloatStatusV2(), ms_loss_scale.NPUClearFloatStatusV2()
+
+    def construct(self):
+        status = Tensor([0] * 8, mstype.int32)
+        got = self.read(status)
+        cleared = self.clear(ops.depend(status, got))
+        return ops.depend(got, cleared)
 
 
 def saturation_mode(device: str, ascend_910a: bool, ascend_910b: bool) -> bool:

@@ -311,6 +311,46 @@ def test_no_rank_enters_a_collective_while_its_tokenizer_is_still_to_build(tmp_p
         train.setup(cfg, tmp_path / "run", None, Start())
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_no_rank_waits_in_a_collective_while_rank_0_decodes_the_test_set(monkeypatch, tmp_path, rank):
+    """At the end of a translation run under msrun rank 0 decodes the test set on the host (issue 79, item 2):
+    every rank takes rank 0's verdict before that, so the stand-in collective fails if rank 0 has started to
+    decode, as HCCL's timeout would with ranks 1-7 waiting in it."""
+    from types import SimpleNamespace
+
+    import train
+    from ampzoo.engine.load import load_config
+    from ampzoo.engine.callbacks import Evaluator
+
+    cfg, _ = load_config(["recipe=transformer_tiny_multi30k_o2", "runtime.distributed=true"])
+    events = []
+
+    def translate(*args, **kwargs):
+        events.append("decode")
+        return {"bleu": 30.0}
+
+    def rank0_flag(is_main, world):
+        def agree(flag):
+            if "decode" in events:
+                raise RuntimeError("HCCL: a rank waited in the all-reduce while rank 0 decoded")
+            events.append("collective")
+            return flag
+        return agree
+    evaluator = Evaluator(None, 0, None, 1, 10)
+    evaluator.evaluate = lambda: {"top1": 0.3, "loss": 2.0}
+    monkeypatch.setattr(train, "translate", translate)
+    monkeypatch.setattr(train, "rank0_flag", rank0_flag)
+    monkeypatch.setattr(train, "parameter_checksum", lambda net: "0")
+    monkeypatch.setattr(train, "summary", lambda *args: {})
+    monkeypatch.setattr(train, "write_metrics", lambda *args: None)
+    run = SimpleNamespace(cfg=cfg, evaluator=evaluator, is_main=rank == 0, world=2, rank=rank, run_dir=tmp_path,
+                          steps_per_epoch=10)
+    rung = SimpleNamespace(last_step=10, amp_cfg=cfg.amp, net=None)
+    train.finish(run, rung, [], [])
+    assert events == (["collective", "decode"] if rank == 0 else ["collective"])
+    assert evaluator.history[-1]["bleu" if rank == 0 else "loss"] == (30.0 if rank == 0 else 2.0)
+
+
 def test_ranks_start_from_one_initialisation_and_augment_their_own_samples_differently():
     """Issue 79, item 8: the initial weights must be the same on every rank (nothing broadcasts them), the
     augmentations should differ (each rank reads other samples): the idx readers' flips and shifts are keyed by

@@ -77,3 +77,38 @@ def test_metrics_say_when_the_nonfinite_counters_cannot_count(step_910a):
     telemetry = AmpTelemetry(step_910a, None, 1, "fixed")
     assert telemetry.summary()["saturation_mode"] is True
 
+
+
+@pytest.mark.parametrize("cleared", [True, False])
+def test_an_evaluation_that_saturated_is_not_counted_as_the_next_steps_overflow(monkeypatch, caplog, cleared):
+    """resnet34_o2's 910A setting (a fixed scale that keeps every update): an fp16 evaluation between epochs that
+    saturates sets the NPU's status. Read and cleared after the evaluation, the next clean step counts nothing;
+    left set (MindSpore's own cell), that step counts a non-finite update and the watch stops the run."""
+    import mindspore.nn.wrap.loss_scale as ms_loss_scale
+
+    from amp.loss_scale import AmpTrainStep, plan_loss_scale
+    from ampzoo.engine.callbacks import NpuStatusClear
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    npu = NpuStatus()
+    monkeypatch.setattr(ms_loss_scale, "NPUGetFloatStatusV2", npu.get())
+    monkeypatch.setattr(ms_loss_scale, "NPUClearFloatStatusV2", npu.clear())
+    try:
+        net = ms.nn.WithLossCell(ms.nn.Dense(4, 2), ms.nn.SoftmaxCrossEntropyWithLogits(sparse=True,
+                                                                                          reduction="mean"))
+        ls = OmegaConf.create({"type": "fixed", "scale": 1024.0, "drop_overflow_update": False, "min_scale": 1.0})
+        step = AmpTrainStep(net, ms.nn.SGD(net.trainable_params(), 0.1), plan_loss_scale(ls), "Ascend")
+        step.gpu_target, step.ascend_910a_target, step.ascend_910b_target = False, True, False
+        step.on_cpu, step.saturation_mode = False, True
+        npu.register = 1  # epoch 1's evaluation saturated in fp16
+        ctx = Context()
+        ctx.args.cur_epoch_num = 1
+        if cleared:
+            with caplog.at_level(logging.INFO, logger="amp_zoo"):
+                NpuStatusClear(step.clear_status).on_train_epoch_end(ctx)
+            assert npu.events == ["read", "clear"] and "epoch 1's evaluation saturated in fp16" in caplog.text
+        x, y = ms.Tensor(np.ones((2, 4), np.float32)), ms.Tensor(np.array([0, 1], np.int32))
+        step(x, y)  # a clean step: nothing in it saturates
+        assert int(step.amp_nonfinite_updates.asnumpy()) == (0 if cleared else 1)
+        assert NpuStatusClear(step.clear_status).clear() is False  # the step itself cleared what it read
+    finally:
+        ms.set_context(mode=ms.GRAPH_MODE)

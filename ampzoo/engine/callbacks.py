@@ -259,6 +259,27 @@ class Evaluator(Callback):
             self.record(cb.cur_epoch_num, cb.cur_step_num, self.evaluate())
 
 
+class NpuStatusClear(Callback):
+    """On an Ascend in saturation mode (the 910A), the float status is one register that any fp16 work sets, an
+    evaluation between epochs too, and the training step reads it after its backward: a saturated evaluation
+    would count as the next step's overflow. `clear` (AmpTrainStep.clear_status) reads and clears it at each
+    epoch's start and after each evaluation (this callback comes after the Evaluator), and says when it was
+    set."""
+
+    def __init__(self, clear: Callable[[], bool]):
+        self.clear = clear
+
+    def on_train_epoch_begin(self, run_context):
+        if self.clear():
+            log.info("the NPU float status was set before epoch %d's first step (saturation mode): cleared, not "
+                     "counted as that step's overflow", run_context.original_args().cur_epoch_num)
+
+    def on_train_epoch_end(self, run_context):
+        if self.clear():
+            log.info("epoch %d's evaluation saturated in fp16 (the NPU float status was set): cleared, so the "
+                     "next training step counts only its own overflow", run_context.original_args().cur_epoch_num)
+
+
 class StopAtStep(Callback):
     def __init__(self, max_steps: int):
         self.max_steps = max_steps
