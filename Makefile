@@ -18,7 +18,7 @@ $(VENV)/.installed: requirements.txt requirements-data.txt requirements-test.txt
 
 # the optional CPU kernels (cpu_kernels/), built into the venv with build.json beside them; without g++ this is
 # one note and MindSpore's own kernels run (under CI=true a failed build, or a warning, fails)
-CPU_KERNELS := $(wildcard cpu_kernels/*.cc) cpu_kernels/build.py cpu_kernels/__init__.py
+CPU_KERNELS := $(wildcard cpu_kernels/csrc/*.cc cpu_kernels/csrc/*.h) cpu_kernels/build.py cpu_kernels/__init__.py
 $(VENV)/.cpu_kernels: $(VENV)/.installed $(CPU_KERNELS)
 	$(PY) -m cpu_kernels.build
 	@touch $@

@@ -26,9 +26,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Tuple
 
-SOURCES = [Path(__file__).with_name(f"{name}.cc")
-           for name in ("conv", "pool", "norm", "eltwise", "matmul", "layer_norm", "softmax", "decode", "optim",
-                        "omp_weights")]
+CSRC = Path(__file__).with_name("csrc")  # runtime.cc and its header, the AOT entry macro, one file per op family
+SOURCES = sorted(CSRC.glob("*.cc"))
+HEADERS = sorted(CSRC.glob("*.h"))
 LIBRARY, RECORD = "libcpu_kernels.so", "build.json"
 OMP_LIBRARY = "libdnnl_omp.so"  # oneDNN on OpenMP (onednn-cpu-gomp), beside LIBRARY: omp_weights.cc loads it
 THREADPOOL = 0x8  # dnnl_runtime_threadpool: the CPU runtime MindSpore's oneDNN is built with, and Pool implements
@@ -82,7 +82,7 @@ def mismatch(headers, runtime, cpu_runtime: int = THREADPOOL) -> Optional[str]:
 
 
 def sources_digest() -> str:
-    return hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES)).hexdigest()[:16]
+    return hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES + HEADERS)).hexdigest()[:16]
 
 
 def check(directory: Path) -> Tuple[Optional[Path], str]:

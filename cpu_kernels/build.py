@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Tuple
 
-from cpu_kernels import (LIBRARY, OMP_LIBRARY, RECORD, SOURCES, build_dir, check, mindspore_lib, mismatch,
+from cpu_kernels import (CSRC, LIBRARY, OMP_LIBRARY, RECORD, SOURCES, build_dir, check, mindspore_lib, mismatch,
                          runtime_version, sources_digest, version_text)
 
 FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-Wall", "-Wextra"]  # -O3: at -O2 g++ 12 leaves pool loops scalar
@@ -86,7 +86,7 @@ def build(out_dir: Path, werror: bool = False) -> Path:
         partial = Path(tmp) / LIBRARY
         # an RPATH, not a RUNPATH: LD_LIBRARY_PATH cannot swap in another libdnnl.so.3 (the venv's lib/ holds
         # onednn-cpu-gomp's)
-        cmd = [compiler, *flags, f"-I{tmp}", f"-I{include}", *map(str, SOURCES), "-o", str(partial),
+        cmd = [compiler, *flags, f"-I{tmp}", f"-I{CSRC}", f"-I{include}", *map(str, SOURCES), "-o", str(partial),
                f"-L{lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{lib}", "-Wl,--disable-new-dtags", "-pthread"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.stderr.strip():

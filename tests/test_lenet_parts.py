@@ -1,5 +1,5 @@
 """LeNet-5's two max-pools against MindSpore's own MaxPool2d: the written-out backward (other devices, exports)
-and CpuMaxPool2x2 (cpu_kernels/pool.cc, on the CPU) give the same values and gradients, ties included (the
+and CpuMaxPool2x2 (cpu_kernels/csrc/pool.cc, on the CPU) give the same values and gradients, ties included (the
 gradient goes to each window's first maximum), in fp32 and fp16."""
 import numpy as np
 import pytest

@@ -459,8 +459,27 @@ def test_the_cpu_kernels_live_outside_the_models():
     build compiles every source it holds."""
     from cpu_kernels import SOURCES
     assert not [p.name for p in (ROOT / "models").rglob("*") if p.suffix in (".cc", ".cpp", ".h", ".hpp")]
-    sources = sorted(p.name for p in (ROOT / "cpu_kernels").glob("*.cc"))
-    assert sources == sorted(p.name for p in SOURCES) and "conv.cc" in sources
+    sources = sorted(p.name for p in (ROOT / "cpu_kernels" / "csrc").glob("*.cc"))
+    assert sources == sorted(p.name for p in SOURCES) and "conv.cc" in sources and "runtime.cc" in sources
+    assert not list((ROOT / "cpu_kernels").glob("*.cc"))
+
+
+def test_the_cpu_kernels_share_headers_not_copied_prototypes():
+    """What the op files share is declared once, in csrc/runtime.h (runtime.cc defines it), and every AOT entry
+    point is written with aot.h's macro: no op file declares a function of another, and none spells out the
+    entry signature."""
+    import re
+    csrc = ROOT / "cpu_kernels" / "csrc"
+    runtime_h = (csrc / "runtime.h").read_text()
+    for path in sorted(csrc.glob("*.cc")):
+        text = path.read_text()
+        declared = re.findall(r'^(?:extern "C" )?[\w:]+[ *&]+AmpZoo\w+\([^;{]*\);', text, re.M)
+        assert declared == [], (path.name, declared)
+        assert '#include "runtime.h"' in text, path.name
+        assert "void **params, int *ndims, int64_t **shapes, const char **dtypes, void *" not in text, path.name
+    for name in re.findall(r"\b(AmpZoo\w+)\(", runtime_h):
+        assert re.search(rf"\b{name}\([^;]*\) *\{{", " ".join((csrc / f).read_text() for f in
+                         ("runtime.cc", "omp_weights.cc"))), f"{name} is declared in runtime.h but not defined"
 
 
 def test_the_code_passes_the_linter():

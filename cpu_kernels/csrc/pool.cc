@@ -18,12 +18,10 @@
 #include <vector>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#endif
 
-void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
-int AmpZooThreads();
-void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
-void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
+#include "aot.h"
+#include "runtime.h"
+#endif
 
 namespace {
 
@@ -480,18 +478,10 @@ int Run(int nparam, void **params, int *ndims, int64_t **shapes, const char **dt
 
 }  // namespace
 
-extern "C" int MaxPool2x2Fwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Run(n, params, ndims, shapes, dtypes, false, false);
-}
+AMP_ZOO_AOT(MaxPool2x2Fwd, Run(AOT_PASS, false, false))
 
-extern "C" int MaxPool2x2Bwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Run(n, params, ndims, shapes, dtypes, true, false);
-}
+AMP_ZOO_AOT(MaxPool2x2Bwd, Run(AOT_PASS, true, false))
 
-extern "C" int MaxPool3x3Fwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Run(n, params, ndims, shapes, dtypes, false, true);
-}
+AMP_ZOO_AOT(MaxPool3x3Fwd, Run(AOT_PASS, false, true))
 
-extern "C" int MaxPool3x3Bwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Run(n, params, ndims, shapes, dtypes, true, true);
-}
+AMP_ZOO_AOT(MaxPool3x3Bwd, Run(AOT_PASS, true, true))

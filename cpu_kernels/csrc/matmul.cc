@@ -32,18 +32,8 @@
 #include <unordered_map>
 #include <vector>
 
-dnnl::threadpool_interop::threadpool_iface *AmpZooPool();  // conv.cc
-void AmpZooHalfToFloat(const uint16_t *s, float *d, int64_t n);
-void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n);
-void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
-void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
-void AmpZooRoundThroughHalf(const float *s, float *d, int64_t n);
-void AmpZooParallel(int n, const std::function<void(int, int)> &fn);
-int AmpZooThreads();
-dnnl::engine &AmpZooEngine();
-dnnl::stream &AmpZooStream();
-void AmpZooToBf16(const void *s, bool half, uint16_t *d, int64_t n);
-extern "C" int AmpZooBf16Compute();
+#include "aot.h"
+#include "runtime.h"
 
 namespace {
 
@@ -139,7 +129,7 @@ bool GemmBf16(char ta, char tb, int64_t M, int64_t N, int64_t K, const uint16_t 
 // every pass, 2 in the backward passes only; 0 where the CPU lacks AVX512-BF16)
 bool Bf16(bool half, bool backward) {
   if (!half) return false;
-  const int mode = AmpZooBf16Compute();
+  const int mode = AmpZooCompute();
   return mode == 1 || (mode == 2 && backward);
 }
 
@@ -235,22 +225,11 @@ int Backward(bool bias, int nparam, void **params, int *ndims, int64_t **shapes,
 }  // namespace
 
 // Return codes (MindSpore reports them): 1 a count, shape or dtype these ops do not take, 2 oneDNN failed
-extern "C" int AffineFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Forward(true, n, params, ndims, shapes, dtypes);
-}
-extern "C" int AffineBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Backward(true, n, params, ndims, shapes, dtypes);
-}
-extern "C" int LinearFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Forward(false, n, params, ndims, shapes, dtypes);
-}
-extern "C" int LinearBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Backward(false, n, params, ndims, shapes, dtypes);
-}
-extern "C" int LinearFwd32(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                           void *) {
-  return Forward(false, n, params, ndims, shapes, dtypes);
-}
+AMP_ZOO_AOT(AffineFwd, Forward(true, AOT_PASS))
+AMP_ZOO_AOT(AffineBwd, Backward(true, AOT_PASS))
+AMP_ZOO_AOT(LinearFwd, Forward(false, AOT_PASS))
+AMP_ZOO_AOT(LinearBwd, Backward(false, AOT_PASS))
+AMP_ZOO_AOT(LinearFwd32, Forward(false, AOT_PASS))
 
 // Batched products over equal leading axes (the attention's scores and context, models/transformer.py's
 // BatchMatMul): a [..., M, K] or [..., K, M] (ta), b [..., K, N] or [..., N, K] (tb) -> y [..., M, N], all in
@@ -311,9 +290,7 @@ int Batched(char ta, char tb, int nparam, void **params, int *ndims, int64_t **s
 }  // namespace
 
 #define AMP_ZOO_BMM(NAME, TA, TB)                                                                                 \
-  extern "C" int NAME(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) { \
-    return Batched(TA, TB, n, params, ndims, shapes, dtypes);                                                     \
-  }
+  AMP_ZOO_AOT(NAME, Batched(TA, TB, AOT_PASS))
 AMP_ZOO_BMM(BmmFwdNN, 'N', 'N')
 AMP_ZOO_BMM(BmmFwdNT, 'N', 'T')
 AMP_ZOO_BMM(BmmNN, 'N', 'N')

@@ -13,10 +13,8 @@
 #include <functional>
 #include <vector>
 
-void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
-int AmpZooThreads();
-void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
-void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
+#include "aot.h"
+#include "runtime.h"
 
 namespace {
 
@@ -148,11 +146,5 @@ int Backward(int nparam, void **params, int *ndims, int64_t **shapes, const char
 }  // namespace
 
 // Return codes (MindSpore reports them): 1 a count, shape or dtype these ops do not take
-extern "C" int LayerNormFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                            void *) {
-  return Forward(n, params, ndims, shapes, dtypes);
-}
-extern "C" int LayerNormBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                            void *) {
-  return Backward(n, params, ndims, shapes, dtypes);
-}
+AMP_ZOO_AOT(LayerNormFwd, Forward(AOT_PASS))
+AMP_ZOO_AOT(LayerNormBwd, Backward(AOT_PASS))

@@ -1,4 +1,5 @@
-// Convolution forward and backward for MindSpore's CPU backend, as AOT custom ops (cpu_kernels/cells.py).
+// Convolution forward and backward for MindSpore's CPU backend, as AOT custom ops (cpu_kernels/cells.py), on
+// runtime.cc's pool, engine and stream (runtime.h).
 //
 // MindSpore 2.10's own CPU Conv2D kernels hand oneDNN plain NCHW memory, so oneDNN can only run its im2col +
 // sgemm path (x64:gemm:jit). Given `any` layouts, the same oneDNN library picks its direct blocked kernels
@@ -25,7 +26,6 @@
 // Xeon with AMX) take and give channels-last tensors: there an fp16 activation in the blocked layout is converted
 // and reordered in one pass each way (Arg's `fused`), not a conversion and then a reorder.
 #include <immintrin.h>
-#include <sched.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
 #include <oneapi/dnnl/dnnl_threadpool_iface.hpp>
@@ -33,7 +33,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -41,427 +40,17 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <tuple>
 #include <vector>
 
-struct AmpZooOmpWeights;  // omp_weights.cc
-extern "C" AmpZooOmpWeights *AmpZooOmpWeightsMake(const int64_t *xd, const int64_t *wd, const int64_t *yd,
-                                                  int64_t s, int64_t p, const char *x_tag, const char *dy_tag,
-                                                  const char *dw_tag, const char *impl);
-extern "C" bool AmpZooOmpWeightsRun(AmpZooOmpWeights *w, const void *x, const void *dy, void *dw);
-extern "C" void AmpZooOmpWeightsFree(AmpZooOmpWeights *w);
-void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
-void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
+#include "aot.h"
+#include "runtime.h"
 
 namespace {
 
 using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
-
-// A fixed pool for oneDNN's threadpool runtime: the calling thread works too. A parallel region's n pieces are
-// claimed one at a time by whichever thread comes first, the caller included, so a worker the kernel scheduler has
-// descheduled (another process busy on these cores) never holds the region up: the caller takes its pieces, and
-// the region costs at most what one thread would. Between regions a worker spins for a while
-// (AMP_ZOO_POOL_SPIN_US, default 200 us), as OpenMP's threads do, then sleeps: a training step runs many short
-// regions back to back, and waking a sleeping thread costs tens of microseconds. Once the machine is busy (a
-// region that the caller finished alone while its workers were runnable but not running) the pool stops spinning
-// for the next 1,000 regions, as OpenMP's passive wait policy does: spinning threads would take the very cores
-// the other process is waiting for. (A region counts when it lasted more than twice the spin: a spinning worker
-// would have joined it had it been running.)
-class Pool : public dnnl::threadpool_interop::threadpool_iface {
- public:
-  explicit Pool(int n, int spin_us) : n_(n < 1 ? 1 : n), spin_(std::chrono::microseconds(spin_us)) {
-    for (int t = 1; t < n_; ++t) workers_.emplace_back([this] { Work(); });
-  }
-  ~Pool() override {
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (auto &w : workers_) w.join();
-  }
-  int get_num_threads() const override { return n_; }
-  bool get_in_parallel() const override { return in_parallel_; }
-  uint64_t get_flags() const override { return 0; }  // synchronous: parallel_for returns when all is done
-  void parallel_for(int n, const std::function<void(int, int)> &fn) override {
-    if (n <= 1 || n_ == 1 || in_parallel_) {
-      for (int i = 0; i < n; ++i) fn(i, n);
-      return;
-    }
-    std::lock_guard<std::mutex> one(busy_);  // one parallel region at a time
-    const uint64_t gen = (generation_.load(std::memory_order_relaxed) + 1) & kGenMask;
-    {
-      std::lock_guard<std::mutex> lk(m_);
-      job_ = &fn;
-      done_.store(0, std::memory_order_relaxed);
-      // the ticket a piece is claimed with: generation, pieces, next piece (a worker that comes late for a
-      // region cannot claim a piece of the next one: its generation differs)
-      ticket_.store((gen << 40) | (static_cast<uint64_t>(n) << 20), std::memory_order_release);
-      generation_.store(gen, std::memory_order_release);
-    }
-    wake_.notify_all();
-    const auto start = std::chrono::steady_clock::now();
-    const int mine = Claim(gen);
-    // the caller ran every piece of a region long enough for a spinning worker to have joined: none was running
-    const bool alone = mine == n && std::chrono::steady_clock::now() - start > 2 * spin_;
-    const bool spin = quiet_.load(std::memory_order_relaxed) == 0;
-    if (!Spin(spin, [&] { return done_.load(std::memory_order_acquire) == n; })) {
-      std::unique_lock<std::mutex> lk(m_);
-      finished_.wait(lk, [&] { return done_.load(std::memory_order_acquire) == n; });
-    }
-    job_ = nullptr;
-    if (alone && spin) {  // every worker was away: the cores are busy with something else
-      quiet_.store(1000, std::memory_order_relaxed);
-    } else if (!spin) {
-      quiet_.fetch_sub(1, std::memory_order_relaxed);
-    }
-  }
-
- private:
-  static constexpr uint64_t kGenMask = (uint64_t{1} << 24) - 1;
-  static constexpr uint64_t kField = (uint64_t{1} << 20) - 1;
-
-  // Claim and run pieces of region `gen` until none is left; returns how many this thread ran
-  int Claim(uint64_t gen) {
-    int ran = 0;
-    in_parallel_ = true;
-    for (;;) {
-      uint64_t t = ticket_.load(std::memory_order_acquire);
-      const uint64_t n = (t >> 20) & kField, i = t & kField;
-      if ((t >> 40) != gen || i >= n) break;
-      if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
-      (*job_)(static_cast<int>(i), static_cast<int>(n));  // the region is not done until this piece is: job_ holds
-      ++ran;
-      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<int>(n)) {
-        std::lock_guard<std::mutex> lk(m_);  // the caller may be asleep on finished_
-        finished_.notify_one();
-      }
-    }
-    in_parallel_ = false;
-    return ran;
-  }
-  // Busy-wait up to spin_ for ready() (not at all when `spin` is false); false if it did not come
-  template <typename F>
-  bool Spin(bool spin, F ready) const {
-    if (!spin || spin_.count() == 0) return ready();
-    const auto until = std::chrono::steady_clock::now() + spin_;
-    for (int i = 1;; ++i) {
-      if (ready()) return true;
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return ready();
-    }
-  }
-  void Work() {
-    uint64_t seen = generation_.load(std::memory_order_acquire);
-    for (;;) {
-      const bool spin = quiet_.load(std::memory_order_relaxed) == 0;
-      if (!Spin(spin, [&] { return generation_.load(std::memory_order_acquire) != seen; })) {
-        std::unique_lock<std::mutex> lk(m_);
-        wake_.wait(lk, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
-        if (stop_) return;
-      }
-      seen = generation_.load(std::memory_order_acquire);
-      Claim(seen);
-    }
-  }
-  int n_;
-  std::chrono::microseconds spin_;
-  std::vector<std::thread> workers_;
-  std::mutex m_, busy_;
-  std::condition_variable wake_, finished_;
-  const std::function<void(int, int)> *job_ = nullptr;
-  std::atomic<uint64_t> ticket_{0};
-  std::atomic<int> done_{0};
-  std::atomic<int> quiet_{0};  // regions left without spinning (the machine was found busy)
-  std::atomic<uint64_t> generation_{0};
-  bool stop_ = false;
-  static thread_local bool in_parallel_;
-};
-thread_local bool Pool::in_parallel_ = false;
-
-// The pool's size: AMP_ZOO_CONV_THREADS where set, else the cores this process may run on (its affinity mask,
-// which msrun's core binding and taskset set), divided among msrun's workers when they share the machine's cores
-int Threads() {
-  const char *env = std::getenv("AMP_ZOO_CONV_THREADS");
-  if (env) {
-    const int n = std::atoi(env);
-    return n > 0 ? n : 1;
-  }
-  cpu_set_t mask;
-  int n = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask)
-                                                           : static_cast<int>(std::thread::hardware_concurrency());
-  const char *workers = std::getenv("MS_WORKER_NUM");
-  const int all = static_cast<int>(std::thread::hardware_concurrency());
-  if (workers && std::atoi(workers) > 1 && n >= all) n /= std::min(std::atoi(workers), n);  // not bound per worker
-  return n > 0 ? n : 1;
-}
-
-int SpinMicroseconds() {
-  const char *env = std::getenv("AMP_ZOO_POOL_SPIN_US");
-  int us = env ? std::atoi(env) : 200;
-  return us > 0 ? us : 0;
-}
-
-struct Runtime {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  Pool pool{Threads(), SpinMicroseconds()};
-  dnnl::stream stream = dnnl::threadpool_interop::make_stream(engine, &pool);
-};
-
-Runtime &RT() {
-  static Runtime rt;
-  return rt;
-}
-
-// fp16 <-> fp32 conversions, exact one way and rounded to nearest even the other (an fp32 value past fp16's
-// range becomes inf, as MindSpore's Cast makes it: the loss scale's overflow check then sees it), 16 lanes at a
-// time on AVX-512, 8 with F16C, else one at a time in portable code
-float HalfBitsToFloat(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    int e = -1;
-    uint32_t m = man;
-    do {
-      ++e;
-      m <<= 1;
-    } while (!(m & 0x400u));
-    bits = sign | ((112 - e) << 23) | ((m & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t FloatToHalfBits(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  x &= 0x7fffffffu;
-  if (x >= 0x7f800000u) return sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0);  // inf, NaN
-  if (x >= 0x477ff000u) return sign | 0x7c00u;                                    // rounds past 65504: inf
-  if (x < 0x38800000u) {  // an fp16 subnormal or zero: add 0.5 to land the bits in place, rounding to even
-    float a;
-    std::memcpy(&a, &x, 4);
-    a += 0.5f;
-    uint32_t b;
-    std::memcpy(&b, &a, 4);
-    return sign | static_cast<uint16_t>(b - 0x3f000000u);
-  }
-  const uint32_t odd = (x >> 13) & 1;
-  x += 0xc8000fffu + odd;  // rebias the exponent (-112 << 23) and round to nearest even
-  return sign | static_cast<uint16_t>(x >> 13);
-}
-
-__attribute__((target("avx512f,avx2,f16c"))) void H2F512(const uint16_t *s, float *d, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(d + i, _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + i))));
-  for (; i < n; ++i) d[i] = _cvtsh_ss(s[i]);
-}
-
-__attribute__((target("avx512f,avx2,f16c"))) void F2H512(const float *s, uint16_t *d, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i),
-                        _mm512_maskz_cvtps_ph(0xffff, _mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  for (; i < n; ++i) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
-}
-
-__attribute__((target("avx2,f16c"))) void H2F256(const uint16_t *s, float *d, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(s + i))));
-  for (; i < n; ++i) d[i] = _cvtsh_ss(s[i]);
-}
-
-__attribute__((target("avx2,f16c"))) void F2H256(const float *s, uint16_t *d, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i *>(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
-  for (; i < n; ++i) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
-}
-
-// fp16 or fp32 -> bf16 bits, rounded to nearest even (only where CpuCompute is bf16: the CPU has AVX512-BF16)
-uint16_t FloatToBf16Bits(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN stays NaN
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
-}
-
-__attribute__((target("avx512f,avx512bf16,avx2,f16c"))) void H2B512(const uint16_t *s, uint16_t *d, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 f = _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(s + i)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(f)));
-  }
-  for (; i < n; ++i) d[i] = FloatToBf16Bits(_cvtsh_ss(s[i]));
-}
-
-// fp32 -> the nearest fp16 -> bf16, or back to fp32: an fp32 master weight used by an fp16 convolution takes the
-// values MindSpore's Cast to fp16 gives it, and its fp32 gradient the values an fp16 gradient would hold
-__attribute__((target("avx512f,avx512bf16,avx2,f16c"))) void F2H2B512(const float *s, uint16_t *d, int64_t n) {
-  int64_t i = 0;
-  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 f = _mm512_maskz_cvtph_ps(0xffff, _mm512_maskz_cvtps_ph(0xffff, _mm512_loadu_ps(s + i), kRound));
-    _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + i), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(f)));
-  }
-  for (; i < n; ++i) d[i] = FloatToBf16Bits(_cvtsh_ss(_cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT)));
-}
-
-// The fp16 activations of a bf16 convolution between its blocked neighbours and oneDNN's AMX kernels, which
-// take and give channels-last (nhwc) tensors: one pass each way instead of a conversion and a reorder. Rows
-// [r0, r1) of the n*hw positions; c channels in c/16 blocks of 16 lanes. The values are H2B512's and F2H512's.
-__attribute__((target("avx512f,avx512bf16,avx2,f16c"))) void BlockedHalfToNhwcBf16(const uint16_t *x, uint16_t *d,
-                                                                                  int64_t hw, int64_t c, int64_t r0,
-                                                                                  int64_t r1) {
-  const int64_t blocks = c / 16;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint16_t *from = x + ((r / hw) * blocks * hw + r % hw) * 16;
-    for (int64_t cb = 0; cb < blocks; ++cb) {
-      const __m512 f =
-          _mm512_maskz_cvtph_ps(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(from + cb * hw * 16)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i *>(d + r * c + cb * 16),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(f)));
-    }
-  }
-}
-
-__attribute__((target("avx512f,avx2,f16c"))) void NhwcFloatToBlockedHalf(const float *y, uint16_t *d, int64_t hw,
-                                                                         int64_t c, int64_t r0, int64_t r1) {
-  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  const int64_t blocks = c / 16;
-  for (int64_t r = r0; r < r1; ++r) {
-    uint16_t *to = d + ((r / hw) * blocks * hw + r % hw) * 16;
-    for (int64_t cb = 0; cb < blocks; ++cb)
-      _mm256_storeu_si256(reinterpret_cast<__m256i *>(to + cb * hw * 16),
-                          _mm512_maskz_cvtps_ph(0xffff, _mm512_loadu_ps(y + r * c + cb * 16), kRound));
-  }
-}
-
-// s rounded to the nearest fp16 values into d (d may be s), on this thread
-void RoundThroughHalf(const float *s, float *d, int64_t n) {
-  constexpr int64_t kChunk = 1024;
-  uint16_t h[kChunk];
-  for (int64_t i = 0; i < n; i += kChunk) {
-    const int64_t m = std::min(kChunk, n - i);
-    AmpZooFloatToHalfHere(s + i, h, m);
-    AmpZooHalfToFloatHere(h, d + i, m);
-  }
-}
-
-void H2FPortable(const uint16_t *s, float *d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = HalfBitsToFloat(s[i]);
-}
-
-void F2HPortable(const float *s, uint16_t *d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = FloatToHalfBits(s[i]);
-}
-
-// which conversion this CPU runs: 2 AVX-512, 1 F16C, 0 portable (AMP_ZOO_HALF_ISA caps it, for the tests)
-int HalfIsa() {
-  static const int isa = [] {
-    __builtin_cpu_init();
-    int best = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") ? 2
-               : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 0;
-    const char *cap = std::getenv("AMP_ZOO_HALF_ISA");
-    return cap && std::atoi(cap) < best ? std::max(0, std::atoi(cap)) : best;
-  }();
-  return isa;
-}
-
-// Whether oneDNN runs bf16 dot products here: its effective ISA (the CPU's, under ONEDNN_MAX_CPU_ISA) has them
-bool OneDnnRunsBf16() {
-  using isa = dnnl::cpu_isa;
-  switch (dnnl::get_effective_cpu_isa()) {
-    case isa::isa_default: case isa::sse41: case isa::avx: case isa::avx2: case isa::avx2_vnni:
-    case isa::avx2_vnni_2: case isa::avx512_core: case isa::avx512_core_vnni:
-      return false;
-    default:
-      return true;
-  }
-}
-
-// Whether oneDNN runs AMX here (its effective ISA holds every feature of avx10_1_512_amx): its bf16 kernels are
-// then brgemm kernels on channels-last tensors, not the AVX512-BF16 direct ones
-bool OneDnnRunsAmx() {
-  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx10_1_512_amx);
-  return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & amx) == amx;
-}
-
-// How fp16 convolutions and Dense layers (matmul.cc) multiply here (see the top of this file): 0 fp32; 1 bf16
-// (AMP_ZOO_CPU_COMPUTE=bf16), 2 bf16 in the backward passes only (AMP_ZOO_CPU_COMPUTE=bf16_backward), each only
-// where the CPU has AVX512-BF16 under oneDNN's ISA cap (runtime.cpu_compute sets the variable: models/layers.py).
-// Read at each lookup, so a process (a test) can run each; cpu_kernels.cpu_compute() is the same rule.
-int Bf16Compute() {
-  static const bool bf16 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("f16c") && OneDnnRunsBf16();
-  }();
-  const char *env = std::getenv("AMP_ZOO_CPU_COMPUTE");
-  if (!bf16 || !env) return 0;
-  return !std::strcmp(env, "bf16") ? 1 : !std::strcmp(env, "bf16_backward") ? 2 : 0;
-}
-
-// f(begin, end) over [0, n) in one piece per pool thread when n is large enough to pay for waking them
-void Split(int64_t n, const std::function<void(int64_t, int64_t)> &f) {
-  const int threads = n >= (1 << 16) ? RT().pool.get_num_threads() : 1;
-  if (threads == 1) return f(0, n);
-  RT().pool.parallel_for(threads, [&](int t, int k) {
-    const int64_t a = (n * t / k) & ~int64_t{15}, b = t + 1 == k ? n : (n * (t + 1) / k) & ~int64_t{15};
-    f(a, b);
-  });
-}
-
-}  // namespace
-
-// fp16 bits <-> fp32 over n elements on this thread (eltwise.cc converts chunk by chunk)
-void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n) {
-  const int isa = HalfIsa();
-  (isa == 2 ? H2F512 : isa == 1 ? H2F256 : H2FPortable)(s, d, n);
-}
-
-void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n) {
-  const int isa = HalfIsa();
-  (isa == 2 ? F2H512 : isa == 1 ? F2H256 : F2HPortable)(s, d, n);
-}
-
-// fp32 values rounded to the nearest fp16 values, on the pool's threads (d may be s; matmul.cc uses it too)
-void AmpZooRoundThroughHalf(const float *s, float *d, int64_t n) {
-  Split(n, [&](int64_t a, int64_t b) { RoundThroughHalf(s + a, d + a, b - a); });
-}
-
-// the same on the pool's threads (norm.cc uses them)
-int AmpZooHalfIsa() { return HalfIsa(); }
-
-// whether MindSpore's oneDNN runs AMX here (omp_weights.cc's status)
-bool AmpZooOneDnnRunsAmx() { return OneDnnRunsAmx(); }
-
-void AmpZooHalfToFloat(const uint16_t *s, float *d, int64_t n) {
-  const int isa = HalfIsa();
-  Split(n, [&](int64_t a, int64_t b) { (isa == 2 ? H2F512 : isa == 1 ? H2F256 : H2FPortable)(s + a, d + a, b - a); });
-}
-
-void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n) {
-  const int isa = HalfIsa();
-  Split(n, [&](int64_t a, int64_t b) { (isa == 2 ? F2H512 : isa == 1 ? F2H256 : F2HPortable)(s + a, d + a, b - a); });
-}
-
-namespace {
 
 // A tensor given in the user's plain layout, and the kernel's layout (the same buffer when they agree). A tensor
 // whose dtype is not the kernel's is staged: converted into a buffer of its own layout on the way in, and out of
@@ -485,7 +74,7 @@ struct Arg {
   void *out = nullptr;
   // plain: the user's layout in the kernel's dtype; want: the kernel's layout; bf16: a pass of a bf16 mode
   void Init(const memory::desc &plain, const memory::desc &want, Stage how, bool bf16 = false) {
-    auto &e = RT().engine;
+    auto &e = AmpZooEngine();
     stage = how;
     const memory::dims d = plain.get_dims();
     fused = bf16 && (stage == kHalfBf16 || stage == kHalfFloat) && d.size() == 4 && d[1] % 16 == 0 &&
@@ -504,9 +93,9 @@ struct Arg {
   void Fused(const std::function<void(int64_t, int64_t, int64_t, int64_t)> &f) {
     const memory::dims d = user.get_desc().get_dims();
     const int64_t rows = d[0] * d[2] * d[3], hw = d[2] * d[3], c = d[1];
-    const int threads = rows * c >= (1 << 15) ? RT().pool.get_num_threads() : 1;
+    const int threads = rows * c >= (1 << 15) ? AmpZooThreads() : 1;
     if (threads == 1) return f(hw, c, 0, rows);
-    RT().pool.parallel_for(threads, [&](int t, int k) { f(hw, c, rows * t / k, rows * (t + 1) / k); });
+    AmpZooParallel(threads, [&](int t, int k) { f(hw, c, rows * t / k, rows * (t + 1) / k); });
   }
   int64_t Count() const {
     return static_cast<int64_t>(staged.size()) / (stage == kHalfFloat || stage == kFloatHalfFloat ? 4 : 2);
@@ -515,7 +104,7 @@ struct Arg {
     if (fused) {
       const auto *h = static_cast<const uint16_t *>(p);
       auto *to = static_cast<uint16_t *>(inner.get_data_handle());
-      return Fused([&](int64_t hw, int64_t c, int64_t a, int64_t b) { BlockedHalfToNhwcBf16(h, to, hw, c, a, b); });
+      return Fused([&](int64_t hw, int64_t c, int64_t a, int64_t b) { AmpZooBlockedHalfToNhwcBf16(h, to, hw, c, a, b); });
     }
     if (stage != kNone) {
       const int64_t n = Count();
@@ -526,15 +115,15 @@ struct Arg {
       if (stage == kHalfFloat)
         AmpZooHalfToFloat(h, to32, n);
       else if (stage == kHalfBf16)
-        Split(n, [&](int64_t a, int64_t b) { H2B512(h + a, to16 + a, b - a); });
+        AmpZooSplit(n, [&](int64_t a, int64_t b) { AmpZooHalfToBf16Here(h + a, to16 + a, b - a); });
       else if (stage == kFloatHalfBf16)
-        Split(n, [&](int64_t a, int64_t b) { F2H2B512(f + a, to16 + a, b - a); });
+        AmpZooSplit(n, [&](int64_t a, int64_t b) { AmpZooFloatToBf16Here(f + a, to16 + a, b - a); });
       else
         AmpZooRoundThroughHalf(f, to32, n);
       p = staged.data();
     }
     user.set_data_handle(p);
-    if (reorder) to_inner.execute(RT().stream, user, inner);
+    if (reorder) to_inner.execute(AmpZooStream(), user, inner);
   }
   void Bind(void *p) {  // an output (fp32 in the kernel): it writes here, or into `inner` and Out() reorders
     out = p;
@@ -542,14 +131,14 @@ struct Arg {
   }
   void Out() {
     if (fused) {
-      RT().stream.wait();
+      AmpZooStream().wait();
       const auto *f = static_cast<const float *>(inner.get_data_handle());
       auto *to = static_cast<uint16_t *>(out);
-      return Fused([&](int64_t hw, int64_t c, int64_t a, int64_t b) { NhwcFloatToBlockedHalf(f, to, hw, c, a, b); });
+      return Fused([&](int64_t hw, int64_t c, int64_t a, int64_t b) { AmpZooNhwcFloatToBlockedHalf(f, to, hw, c, a, b); });
     }
-    if (reorder) to_user.execute(RT().stream, inner, user);
+    if (reorder) to_user.execute(AmpZooStream(), inner, user);
     if (stage == kNone) return;
-    RT().stream.wait();
+    AmpZooStream().wait();
     const auto *f = reinterpret_cast<const float *>(staged.data());
     if (stage == kHalfFloat)
       AmpZooFloatToHalf(f, static_cast<uint16_t *>(out), Count());
@@ -600,7 +189,7 @@ struct MatmulWeights {
   static bool Applies(const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s) {
     const char *env = std::getenv("AMP_ZOO_CONV_MATMUL_DW");  // "0": oneDNN's direct kernel (tests compare)
     const int64_t plane = yd[2] * yd[3];
-    const bool wide = !OneDnnRunsAmx() && (s == 2 || (s == 1 && plane <= 196));
+    const bool wide = !AmpZooOneDnnRunsAmx() && (s == 2 || (s == 1 && plane <= 196));
     return !(env && !std::strcmp(env, "0")) && ((s == 1 && plane <= 64) || wide) && xl == tag::nChw16c &&
            yl == tag::nChw16c && wd[2] * wd[3] > 1;
   }
@@ -610,7 +199,7 @@ struct MatmulWeights {
   // round); the matmul stays for the smaller planes (7x7 and 4x4: 1.8-2.1 against 2.4-3.3)
   static bool OpenMpFirst(const memory::dims &yd, int64_t s) {
     const int64_t plane = yd[2] * yd[3];
-    return !OneDnnRunsAmx() && (s == 1 ? plane >= 64 : plane > 64);
+    return !AmpZooOneDnnRunsAmx() && (s == 1 ? plane >= 64 : plane > 64);
   }
 
   int64_t n, ic, h, w, oc, oh, ow, kh, kw, p, st;
@@ -628,7 +217,7 @@ struct MatmulWeights {
 
   // the matmul and its buffers, at the first backward pass (a shape seen in evaluation alone never needs them)
   void Init() {
-    auto &e = RT().engine;
+    auto &e = AmpZooEngine();
     const int64_t rows = n * oh * ow, k = kh * kw * ic;
     memory::desc ad({oc, rows}, dt::bf16, memory::dims{rows, 1}), cd({oc, k}, dt::f32, memory::dims{k, 1});
     memory::desc plain({rows, k}, dt::bf16, memory::dims{k, 1}), packed({rows, k}, dt::bf16, tag::BA16a64b2a);
@@ -651,10 +240,10 @@ struct MatmulWeights {
     const int64_t icb = ic / 16, ocb = oc / 16, plane = oh * ow, rows = n * plane, k = kh * kw * ic;
     const int64_t padded = (rows + 31) / 32 * 32;  // col's rows in the blocked layout
     auto threads = [](int64_t count, const std::function<void(int64_t, int64_t)> &f) {
-      RT().pool.parallel_for(RT().pool.get_num_threads(),
+      AmpZooParallel(AmpZooThreads(),
                              [&](int t, int m) { f(count * t / m, count * (t + 1) / m); });
     };
-    Split(static_cast<int64_t>(xb.size()), [&](int64_t i, int64_t j) { H2B512(x + i, xb.data() + i, j - i); });
+    AmpZooSplit(static_cast<int64_t>(xb.size()), [&](int64_t i, int64_t j) { AmpZooHalfToBf16Here(x + i, xb.data() + i, j - i); });
     // the 16 channels of block cb of x at output row r's tap (i, j), or null: a tap in the padding, or no row
     auto tap = [&](int64_t r, int64_t i, int64_t j, int64_t cb) -> const uint16_t * {
       if (r >= rows) return nullptr;
@@ -694,15 +283,15 @@ struct MatmulWeights {
       std::vector<uint16_t> block(plane * 16);
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t img = t / ocb, cb = t % ocb;
-        H2B512(dy + t * plane * 16, block.data(), plane * 16);
+        AmpZooHalfToBf16Here(dy + t * plane * 16, block.data(), plane * 16);
         for (int64_t l = 0; l < 16; ++l) {
           uint16_t *row = dyt.data() + (cb * 16 + l) * rows + img * plane;
           for (int64_t i = 0; i < plane; ++i) row[i] = block[i * 16 + l];
         }
       }
     });
-    mm.execute(RT().stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-    RT().stream.wait();
+    mm.execute(AmpZooStream(), {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    AmpZooStream().wait();
     threads(oc, [&](int64_t o0, int64_t o1) {  // (kh, kw, ic) -> OIHW, rounded to fp16 once
       std::vector<float> t(k);
       for (int64_t o = o0; o < o1; ++o) {
@@ -712,7 +301,7 @@ struct MatmulWeights {
         if (half)
           AmpZooFloatToHalfHere(t.data(), static_cast<uint16_t *>(dw_out) + o * k, k);
         else
-          RoundThroughHalf(t.data(), static_cast<float *>(dw_out) + o * k, k);
+          AmpZooRoundThroughHalfHere(t.data(), static_cast<float *>(dw_out) + o * k, k);
       }
     });
   }
@@ -740,14 +329,14 @@ struct Conv {
   // dw.inner = the weight gradient of x_w.inner and dy, the parts at once on the pool's threads and summed; false
   // (and from then on MindSpore's oneDNN) where the OpenMP build failed
   bool OmpWeights(const memory &dy) {
-    RT().stream.wait();
+    AmpZooStream().wait();
     const auto *xb = static_cast<const uint16_t *>(x_w.inner.get_data_handle());
     const auto *dyb = static_cast<const uint16_t *>(dy.get_data_handle());
     auto *out = static_cast<float *>(dw.inner.get_data_handle());
     const int64_t n = omp_from.back(), x_img = x_w.inner.get_desc().get_size() / 2 / n,
                   y_img = dy.get_desc().get_size() / 2 / n, size = dw.inner.get_desc().get_size() / 4;
     std::atomic<bool> ok{true};
-    RT().pool.parallel_for(static_cast<int>(omp_dw.size()), [&](int i, int) {
+    AmpZooParallel(static_cast<int>(omp_dw.size()), [&](int i, int) {
       float *to = i == 0 ? out : omp_parts.data() + (i - 1) * size;
       if (!AmpZooOmpWeightsRun(omp_dw[i], xb + omp_from[i] * x_img, dyb + omp_from[i] * y_img, to)) ok = false;
     });
@@ -756,7 +345,7 @@ struct Conv {
       return false;
     }
     if (omp_dw.size() > 1)
-      Split(size, [&](int64_t a, int64_t b) {
+      AmpZooSplit(size, [&](int64_t a, int64_t b) {
         for (size_t k = 1; k < omp_dw.size(); ++k) {
           const float *part = omp_parts.data() + (k - 1) * size;
           for (int64_t j = a; j < b; ++j) out[j] += part[j];
@@ -765,10 +354,10 @@ struct Conv {
     return true;
   }
 
-  // mode (Bf16Compute): 0 fp32 compute, 1 bf16 in all three passes, 2 bf16 in the two backward passes only
+  // mode (AmpZooCompute): 0 fp32 compute, 1 bf16 in all three passes, 2 bf16 in the two backward passes only
   Conv(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s, int64_t p,
        dt xt, dt wt, int mode) {
-    auto &e = RT().engine;
+    auto &e = AmpZooEngine();
     memory::dims st{s, s}, pad{p, p};
     // y has x's dtype, dx x's, dw w's. A pass reads its inputs in fp32, or bf16 (an fp16 convolution in a bf16
     // mode), and writes its outputs in fp32; Arg stages what differs. With fp16 x, an fp32 w holds fp16 values
@@ -804,11 +393,11 @@ struct Conv {
                                                           pad, hint);
     // bf16 blocked layers where oneDNN has no AMX: the direct kernel on OpenMP, when its library is there (on
     // the layers the matmul fits, only where it beats the matmul)
-    if (bf_bwd && !OneDnnRunsAmx() && (!matmul || MatmulWeights::OpenMpFirst(yd, s)) &&
+    if (bf_bwd && !AmpZooOneDnnRunsAmx() && (!matmul || MatmulWeights::OpenMpFirst(yd, s)) &&
         bw.src_desc() == memory::desc(xd, dt::bf16, tag::nChw16c) &&
         bw.diff_dst_desc() == memory::desc(yd, dt::bf16, tag::nChw16c) &&
         bw.diff_weights_desc() == memory::desc(wd, dt::f32, tag::OIhw16i16o)) {
-      const int64_t parts = std::min<int64_t>(RT().pool.get_num_threads(), xd[0]);
+      const int64_t parts = std::min<int64_t>(AmpZooThreads(), xd[0]);
       for (int64_t i = 0; i <= parts; ++i) omp_from.push_back(xd[0] * i / parts);
       for (int64_t i = 0; i < parts; ++i) {
         memory::dims xi = xd, yi = yd;
@@ -834,7 +423,7 @@ struct Conv {
 
   void Forward(void *xp, void *wp, void *yp) {
     std::lock_guard<std::mutex> lk(m);
-    auto &st = RT().stream;
+    auto &st = AmpZooStream();
     x.In(xp);
     w.In(wp);
     y.Bind(yp);
@@ -846,7 +435,7 @@ struct Conv {
   // dxp null: the weights' gradient only (the network's first layer, whose input takes no gradient)
   void Backward(void *xp, void *wp, void *dyp, void *dxp, void *dwp) {
     std::lock_guard<std::mutex> lk(m);
-    auto &st = RT().stream;
+    auto &st = AmpZooStream();
     if (dxp) {
       dy_d.In(dyp);
       w_d.In(wp);
@@ -884,7 +473,7 @@ Conv *Lookup(const int64_t *xs, int xr, const int64_t *ws, const int64_t *ys, in
   const tag xl = Layout(Block(xs, xr)), yl = Layout(Block(ys, yr));
   if (xl == tag::undef || yl == tag::undef) return nullptr;
   memory::dims xd = Dims(xs, xr), wd(ws, ws + 4), yd = Dims(ys, yr);
-  const int bf16 = xt == dt::f16 ? Bf16Compute() : 0;  // fp32 convolutions (O0) always multiply in fp32
+  const int bf16 = xt == dt::f16 ? AmpZooCompute() : 0;  // fp32 convolutions (O0) always multiply in fp32
   Key k{xd[0], xd[1], xd[2], xd[3], Block(xs, xr), wd[0], wd[2], wd[3], yd[2], yd[3], Block(ys, yr), s, p,
         static_cast<int64_t>(xt), static_cast<int64_t>(wt), bf16};
   std::lock_guard<std::mutex> lk(m);
@@ -950,8 +539,8 @@ void Relayout16(const uint16_t *x, uint16_t *y, const memory::dims &d, int64_t b
         }
     }
   };
-  const int threads = RT().pool.get_num_threads();
-  RT().pool.parallel_for(threads, [&](int t, int k) { rows(n * blocks * t / k, n * blocks * (t + 1) / k); });
+  const int threads = AmpZooThreads();
+  AmpZooParallel(threads, [&](int t, int k) { rows(n * blocks * t / k, n * blocks * (t + 1) / k); });
 }
 
 // x in one layout -> y, the same tensor in another (plain NCHW <-> blocked, fp32 or fp16): a oneDNN reorder for
@@ -976,14 +565,14 @@ int Reorder(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   auto &r = cache[k];
   try {
     if (!r) {
-      memory src({d, t, from}, RT().engine, DNNL_MEMORY_NONE), dst({d, t, to}, RT().engine, DNNL_MEMORY_NONE);
+      memory src({d, t, from}, AmpZooEngine(), DNNL_MEMORY_NONE), dst({d, t, to}, AmpZooEngine(), DNNL_MEMORY_NONE);
       r.reset(new std::tuple<memory, memory, dnnl::reorder>(src, dst, dnnl::reorder(src, dst)));
     }
     auto &[src, dst, reorder] = *r;
     src.set_data_handle(params[0]);
     dst.set_data_handle(params[1]);
-    reorder.execute(RT().stream, src, dst);
-    RT().stream.wait();
+    reorder.execute(AmpZooStream(), src, dst);
+    AmpZooStream().wait();
   } catch (const dnnl::error &) {
     return 2;
   }
@@ -992,49 +581,17 @@ int Reorder(int nparam, void **params, int *ndims, int64_t **shapes, const char 
 
 }  // namespace
 
-// The pool, for the loops of norm.cc: fn(t, n) for t < n, on n threads at most
-void AmpZooParallel(int n, const std::function<void(int, int)> &fn) { RT().pool.parallel_for(n, fn); }
-int AmpZooThreads() { return RT().pool.get_num_threads(); }
-dnnl::threadpool_interop::threadpool_iface *AmpZooPool() { return &RT().pool; }  // matmul.cc's sgemm
-dnnl::engine &AmpZooEngine() { return RT().engine; }  // matmul.cc's bf16 matmuls
-dnnl::stream &AmpZooStream() { return RT().stream; }
-// fp16 (half) or fp32 -> bf16 bits on the pool's threads; fp32 goes through the nearest fp16 first, as an fp32
-// master weight used by an fp16 layer does. Only where the bf16 mode runs (AVX512-BF16)
-void AmpZooToBf16(const void *s, bool half, uint16_t *d, int64_t n) {
-  Split(n, [&](int64_t i, int64_t j) {
-    if (half)
-      H2B512(static_cast<const uint16_t *>(s) + i, d + i, j - i);
-    else
-      F2H2B512(static_cast<const float *>(s) + i, d + i, j - i);
-  });
-}
-// How an fp16 convolution multiplies now (Bf16Compute: 0, 1, 2), for cpu_kernels' tests and make doctor
-extern "C" int AmpZooBf16Compute() { return Bf16Compute(); }
-// The pool's threads (Threads()), for cpu_kernels.pool_threads
-extern "C" int AmpZooPoolThreads() { return RT().pool.get_num_threads(); }
-
 // MindSpore's graph mode gave two ops of one AOT function name one gradient between them (every 3x3 convolution
 // took the first layer's weight-only backward), so each forward the Python side builds differently has a name of
 // its own: First (the network's first layer: its gradient computes dw alone) and B (a blocked output: its shape
 // function differs), all four running the same code
-#define CONV_FWD(NAME, S, P)                                                                                   \
-  extern "C" int NAME##_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes,  \
-                                     void *, void *) {                                                        \
-    return Forward(n, params, ndims, shapes, dtypes, S, P);                                                   \
-  }
-#define CONV_OPS(S, P)                                                                                          \
-  CONV_FWD(ConvFwd, S, P)                                                                                       \
-  CONV_FWD(ConvFwdB, S, P)                                                                                      \
-  CONV_FWD(ConvFwdFirst, S, P)                                                                                  \
-  CONV_FWD(ConvFwdFirstB, S, P)                                                                                 \
-  extern "C" int ConvBwd_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, \
-                                      void *, void *) {                                                       \
-    return n == 5 ? Backward(n, params, ndims, shapes, dtypes, S, P) : 1;                                     \
-  }                                                                                                           \
-  extern "C" int ConvBwdW_s##S##_p##P(int n, void **params, int *ndims, int64_t **shapes,                    \
-                                       const char **dtypes, void *, void *) {                                 \
-    return n == 4 ? Backward(n, params, ndims, shapes, dtypes, S, P) : 1;                                     \
-  }
+#define CONV_OPS(S, P)                                                                \
+  AMP_ZOO_AOT(ConvFwd_s##S##_p##P, Forward(AOT_PASS, S, P))                           \
+  AMP_ZOO_AOT(ConvFwdB_s##S##_p##P, Forward(AOT_PASS, S, P))                          \
+  AMP_ZOO_AOT(ConvFwdFirst_s##S##_p##P, Forward(AOT_PASS, S, P))                      \
+  AMP_ZOO_AOT(ConvFwdFirstB_s##S##_p##P, Forward(AOT_PASS, S, P))                     \
+  AMP_ZOO_AOT(ConvBwd_s##S##_p##P, n == 5 ? Backward(AOT_PASS, S, P) : 1)             \
+  AMP_ZOO_AOT(ConvBwdW_s##S##_p##P, n == 4 ? Backward(AOT_PASS, S, P) : 1)
 
 CONV_OPS(1, 0)
 CONV_OPS(1, 1)
@@ -1045,10 +602,6 @@ CONV_OPS(2, 1)
 CONV_OPS(2, 2)
 CONV_OPS(2, 3)
 
-// Two names for one op, each with its own gradient (see CONV_FWD)
-extern "C" int ToBlocked(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Reorder(n, params, ndims, shapes, dtypes);
-}
-extern "C" int ToPlain(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Reorder(n, params, ndims, shapes, dtypes);
-}
+// Two names for one op, each with its own gradient (see CONV_OPS)
+AMP_ZOO_AOT(ToBlocked, Reorder(AOT_PASS))
+AMP_ZOO_AOT(ToPlain, Reorder(AOT_PASS))

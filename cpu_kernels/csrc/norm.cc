@@ -29,11 +29,8 @@
 
 #include <immintrin.h>
 
-void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc: its thread pool
-int AmpZooThreads();
-void AmpZooHalfToFloat(const uint16_t *s, float *d, int64_t n);  // conv.cc: fp16 <-> fp32
-void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n);
-int AmpZooHalfIsa();  // conv.cc: 2 where the AVX-512 conversions run
+#include "aot.h"
+#include "runtime.h"
 
 namespace {
 
@@ -353,11 +350,8 @@ struct View {
 
 thread_local std::vector<float> stage[3];
 
-}  // namespace
-
 // Return codes (MindSpore reports them): 1 a rank, count or dtype these ops do not take
-extern "C" int BatchNormFwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                            void *) {
+int Normalize(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   if (nparam != 11 || !Dtypes(nparam, dtypes, {0, 6})) return 1;
   const int64_t *s = shapes[0], batch = s[0], blocks = s[1], plane = s[2] * s[3];
   const int64_t channels = ndims[0] == 5 ? blocks * s[4] : blocks;
@@ -392,8 +386,7 @@ extern "C" int BatchNormFwd(int nparam, void **params, int *ndims, int64_t **sha
   return 0;
 }
 
-extern "C" int BatchNormBwd(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                            void *) {
+int NormalizeGrad(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes) {
   if (nparam != 11 || !Dtypes(nparam, dtypes, {0, 4, 5})) return 1;
   const int64_t *s = shapes[0], batch = s[0], blocks = s[1], plane = s[2] * s[3];
   const int64_t channels = ndims[0] == 5 ? blocks * s[4] : blocks;
@@ -432,3 +425,8 @@ extern "C" int BatchNormBwd(int nparam, void **params, int *ndims, int64_t **sha
   std::memset(f(10), 0, sizeof(float) * 2);        // d hyper
   return 0;
 }
+
+}  // namespace
+
+AMP_ZOO_AOT(BatchNormFwd, Normalize(AOT_PASS))
+AMP_ZOO_AOT(BatchNormBwd, NormalizeGrad(AOT_PASS))

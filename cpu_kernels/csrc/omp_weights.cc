@@ -19,7 +19,7 @@
 #include <new>
 #include <string>
 
-bool AmpZooOneDnnRunsAmx();  // conv.cc: where it does, conv.cc does not use this file
+#include "runtime.h"
 
 // exported by oneDNN 3, not in its public headers (its graph API declares it the same way)
 extern "C" dnnl_status_t dnnl_memory_desc_create_with_string_tag(dnnl_memory_desc_t *, int, const dnnl_dims_t,

@@ -16,11 +16,8 @@
 #include <functional>
 #include <vector>
 
-void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
-int AmpZooThreads();
-void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
-void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
-float AmpZooScale(const char *dtype, int ndim, const int64_t *shape, const void *p);  // below
+#include "aot.h"
+#include "runtime.h"
 
 namespace {
 
@@ -178,28 +175,8 @@ int ScaledBackward(int nparam, void **params, int *ndims, int64_t **shapes, cons
 
 }  // namespace
 
-// A (1,) scale tensor's value: fp32, or fp16 where a precision flag cast it (PyNative casts a Cell's tensors); NaN
-// if neither (decode.cc reads its scale with it too)
-float AmpZooScale(const char *dtype, int ndim, const int64_t *shape, const void *p) {
-  if (ndim != 1 || shape[0] != 1) return NAN;
-  if (!std::strcmp(dtype, "float32")) return *static_cast<const float *>(p);
-  float f = NAN;
-  if (!std::strcmp(dtype, "float16")) AmpZooHalfToFloatHere(static_cast<const uint16_t *>(p), &f, 1);
-  return f;
-}
-
 // Return codes (MindSpore reports them): 1 a count, shape or dtype these ops do not take
-extern "C" int SoftmaxFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Forward(n, params, ndims, shapes, dtypes);
-}
-extern "C" int SoftmaxBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *, void *) {
-  return Backward(n, params, ndims, shapes, dtypes);
-}
-extern "C" int ScaledSoftmaxFwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                                void *) {
-  return ScaledForward(n, params, ndims, shapes, dtypes);
-}
-extern "C" int ScaledSoftmaxBwd(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                                void *) {
-  return ScaledBackward(n, params, ndims, shapes, dtypes);
-}
+AMP_ZOO_AOT(SoftmaxFwd, Forward(AOT_PASS))
+AMP_ZOO_AOT(SoftmaxBwd, Backward(AOT_PASS))
+AMP_ZOO_AOT(ScaledSoftmaxFwd, ScaledForward(AOT_PASS))
+AMP_ZOO_AOT(ScaledSoftmaxBwd, ScaledBackward(AOT_PASS))

@@ -16,10 +16,10 @@
 #include <cstring>
 #include <functional>
 
-#pragma GCC optimize("fp-contract=off")
+#include "aot.h"
+#include "runtime.h"
 
-void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
-int AmpZooThreads();
+#pragma GCC optimize("fp-contract=off")
 
 namespace {
 
@@ -66,12 +66,6 @@ int Update(int nparam, void **params, int *ndims, int64_t **shapes, const char *
 
 }  // namespace
 
-extern "C" int MomentumUpdate(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                              void *) {
-  return Update(n, params, ndims, shapes, dtypes, false);
-}
+AMP_ZOO_AOT(MomentumUpdate, Update(AOT_PASS, false))
 
-extern "C" int MomentumUpdateNesterov(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                      void *, void *) {
-  return Update(n, params, ndims, shapes, dtypes, true);
-}
+AMP_ZOO_AOT(MomentumUpdateNesterov, Update(AOT_PASS, true))

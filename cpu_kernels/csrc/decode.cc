@@ -32,12 +32,8 @@
 #include <limits>
 #include <vector>
 
-void AmpZooParallel(int n, const std::function<void(int, int)> &fn);  // conv.cc
-int AmpZooThreads();
-void AmpZooHalfToFloatHere(const uint16_t *s, float *d, int64_t n);
-void AmpZooFloatToHalfHere(const float *s, uint16_t *d, int64_t n);
-void AmpZooRoundThroughHalf(const float *s, float *d, int64_t n);
-float AmpZooScale(const char *dtype, int ndim, const int64_t *shape, const void *p);  // softmax.cc
+#include "aot.h"
+#include "runtime.h"
 
 namespace {
 
@@ -244,11 +240,5 @@ int CachedAttention(int nparam, void **params, int *ndims, int64_t **shapes, con
 }  // namespace
 
 // Return codes (MindSpore reports them): 1 a count, shape, dtype or index these ops do not take
-extern "C" int LogSoftmaxTopK(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                              void *) {
-  return TopK(n, params, ndims, shapes, dtypes);
-}
-extern "C" int CachedSelfAttention(int n, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *,
-                                   void *) {
-  return CachedAttention(n, params, ndims, shapes, dtypes);
-}
+AMP_ZOO_AOT(LogSoftmaxTopK, TopK(AOT_PASS))
+AMP_ZOO_AOT(CachedSelfAttention, CachedAttention(AOT_PASS))
