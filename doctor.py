@@ -189,8 +189,7 @@ def check_cpu_kernels(device: str) -> Tuple[str, str]:
     runs (cpu_kernels.weight_gradients), and what an fp16 step of conv + BatchNorm + ReLU costs against fp32, each
     the median of 7 steps taken in turns; on a CPU that runs bf16 (runtime.cpu_compute=bf16: AVX512-BF16, oneDNN
     not capped below it) the fp16 step with bf16 products too."""
-    from cpu_kernels import cpu_compute, has_ops, low_precision, weight_gradients, why_not
-    from models.layers import CPU_COMPUTE
+    from cpu_kernels import configure, cpu_compute, has_ops, low_precision, settings, weight_gradients, why_not
     if device != "CPU":
         return SKIPPED, "the project's CPU kernels run on the CPU only"
     if not has_ops():
@@ -208,29 +207,26 @@ def check_cpu_kernels(device: str) -> Tuple[str, str]:
         grad = ms.value_and_grad(MeanOf(net), None, net.trainable_params())
         grad(x)  # compile
         steps[dtype] = grad
-    # (name, step, products): the kernels read AMP_ZOO_CPU_COMPUTE at each call
+    # (name, step, products): the kernels read cpu_kernels.configure's settings where they run
     variants = [("fp32", steps[ms.float32], "fp32"), ("fp16", steps[ms.float16], "fp32")]
-    if cpu_compute(env="bf16") == "bf16":
+    if cpu_compute(asked="bf16") == "bf16":
         variants.append(("fp16 with bf16 products", steps[ms.float16], "bf16"))
-    before = os.environ.get(CPU_COMPUTE)
+    before = settings().compute
     times = {name: [] for name, _, _ in variants}
     try:
         for _ in range(7):
             for name, step, products in variants:
-                os.environ[CPU_COMPUTE] = products
+                configure(compute=products)
                 t0 = time.perf_counter()
                 step(x)[0].asnumpy()
                 times[name].append(time.perf_counter() - t0)
     finally:
-        if before is None:
-            os.environ.pop(CPU_COMPUTE, None)
-        else:
-            os.environ[CPU_COMPUTE] = before
+        configure(compute=before)
     ms_of = {name: statistics.median(t) * 1e3 for name, t in times.items()}
     parts = [f"{name} {ms_of[name]:.1f} ms ({ms_of['fp32'] / ms_of[name]:.2f}x fp32's speed)"
              for name, _, _ in variants if name != "fp32"]
     auto = ("runtime.cpu_compute=auto trains O1-O3 with bf16 products here (AVX512-BF16); a run's own evaluations "
-            "keep them, eval.py computes fp32" if cpu_compute(env="bf16") == "bf16" else
+            "keep them, eval.py computes fp32" if cpu_compute(asked="bf16") == "bf16" else
             "runtime.cpu_compute=auto computes fp32 products here (no AVX512-BF16)")
     return OK, (f"{low_precision()}; {auto}; bf16 weight gradients: {weight_gradients()}; conv+BatchNorm+ReLU fp32 "
                 f"{ms_of['fp32']:.1f} ms, {', '.join(parts)}")

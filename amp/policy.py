@@ -109,7 +109,7 @@ def cpu_cost_note(device: str, amp_cfg, choice: str = "auto") -> str:
                 f"measured {RESNET_BF16} O0's for ResNet-34, {TRANSFORMER_BF16} for Transformer-Tiny and {LENET_BF16} "
                 f"for LeNet-5 ({where}); runtime.cpu_compute=fp32 multiplies in fp32, as MindSpore's casts do")
     why = ("runtime.cpu_compute=fp32" if choice == "fp32" else
-           "this CPU has no AVX512-BF16" if cpu_compute(env="bf16") == "fp32" else
+           "this CPU has no AVX512-BF16" if cpu_compute(asked="bf16") == "fp32" else
            f"runtime.cpu_compute={choice}, in fp32 here")
     return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step, {where}): the project's "
             f"kernels store fp16 and multiply in fp32 ({why}), so each does fp32's arithmetic plus the "

@@ -68,11 +68,23 @@ class CpuKernels(StrEnum):  # models/layers.py
     off = "off"    # MindSpore's own kernels
 
 
-class CpuCompute(StrEnum):  # models/layers.py set_cpu_compute; conv.cc's Bf16Compute
-    auto = "auto"                    # AMP_ZOO_CPU_COMPUTE where set, else bf16 in training, fp32 in evaluation
+class CpuCompute(StrEnum):  # models/layers.py set_cpu_compute; cpu_kernels.configure
+    auto = "auto"                    # bf16 in training, fp32 in evaluation
     fp32 = "fp32"                    # an fp16 convolution or Dense computes in fp32 (what Cast + Conv2D gives)
     bf16 = "bf16"                    # it multiplies in bf16 on a CPU with AVX512-BF16 (oneDNN's bf16 kernels)
     bf16_backward = "bf16_backward"  # the same in the two backward passes only
+
+
+class CpuWeightGrad(StrEnum):  # cpu_kernels.configure: a bf16 convolution's weight gradient
+    auto = "auto"              # one matmul on small planes, else oneDNN's direct kernel (its OpenMP build if installed)
+    direct = "direct"          # never the matmul: oneDNN's direct kernel
+    threadpool = "threadpool"  # never the OpenMP build: the matmul, or MindSpore's oneDNN on the kernels' pool
+
+
+class CpuHalfIsa(StrEnum):  # cpu_kernels.configure: the fp16 <-> fp32 conversions (the same values either way)
+    auto = "auto"          # AVX-512 or F16C where the CPU has them
+    f16c = "f16c"          # at most F16C
+    portable = "portable"  # portable code
 
 
 class OptimizerName(StrEnum):
@@ -221,6 +233,10 @@ class RuntimeConfig:
     deterministic: bool = False
     cpu_kernels: CpuKernels = CpuKernels.auto  # conv, batch norm and max-pool: the cpu_kernels extension or not
     cpu_compute: CpuCompute = CpuCompute.auto  # how the extension's fp16 convs and Dense layers multiply
+    cpu_threads: int = 0              # the extension's threads; 0: the cores this process may use (msrun: shared)
+    cpu_pool_spin_us: int = 200       # how long an idle thread of the extension spins before it sleeps
+    cpu_weight_grad: CpuWeightGrad = CpuWeightGrad.auto  # how a bf16 convolution's weight gradient runs
+    cpu_half_isa: CpuHalfIsa = CpuHalfIsa.auto  # the fp16 conversions' instructions (tests compare them)
     onednn_isa: str = "auto"          # auto: cap oneDNN at AVX2 on x86 CPUs unless the network has no MindSpore
                                       # convolution (see README); "none": leave it; or an ISA name (AVX2, ...)
     distributed: bool = False
@@ -301,7 +317,8 @@ RANGES = {
     "decode.beam": (1, 64), "decode.length_penalty": (0, 10), "decode.average_last": (1, None),
     "decode.batch_size": (1, None),
     "infer.batch_size": (1, None), "infer.seq_len": (0, None),
-    "runtime.device_id": (0, 63), "runtime.seed": (0, 2**31 - 1),
+    "runtime.device_id": (0, 63), "runtime.seed": (0, 2**31 - 1), "runtime.cpu_threads": (0, 1024),
+    "runtime.cpu_pool_spin_us": (0, 1_000_000),
     "search.tolerance": (0, None), "search.budget_epochs": (0, None), "search.budget_steps": (0, None),
 }
 # Keys whose value may also be exactly this (outside the range): sink_size -1 is "a whole epoch".

@@ -19,7 +19,7 @@ from ampzoo.engine.optim import lr_schedule, scaled_lr
 from ampzoo.engine.step import build_train_step
 from ampzoo.errors import ConfigError, fail
 from ampzoo.machine import machine, machine_kind
-from models.layers import CPU_COMPUTE
+from cpu_kernels import configure, settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -45,18 +45,16 @@ def train_step(cfg, steps_per_epoch: int, steps: int):
 
 
 def under_compute(mode: str, step: Callable[[], float]) -> Callable[[], float]:
-    """The step with the fp16 kernels multiplying as runtime.cpu_compute=mode asks (they read AMP_ZOO_CPU_COMPUTE
-    at each call, so variants built in one process can take turns), the variable as it was afterwards."""
+    """The step with the fp16 kernels multiplying as runtime.cpu_compute=mode asks (cpu_kernels.configure between
+    steps: the kernels read the setting where they run, so variants built in one process can take turns), the
+    setting as it was afterwards."""
     def step_in_mode() -> float:
-        before = os.environ.get(CPU_COMPUTE)
-        os.environ[CPU_COMPUTE] = mode
+        before = settings().compute
+        configure(compute=mode)
         try:
             return step()
         finally:
-            if before is None:
-                os.environ.pop(CPU_COMPUTE)
-            else:
-                os.environ[CPU_COMPUTE] = before
+            configure(compute=before)
     return step_in_mode
 
 

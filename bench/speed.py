@@ -272,7 +272,7 @@ def main(argv: List[str]) -> dict:
             rows[name]["speed_vs_ours_O0"] = ratio(times["ours O0"], times[name])
             rows[name]["speed_vs_ours_O0_95ci"] = ratio_ci(times["ours O0"], times[name])
         if mode:  # what the kernels ran for the value asked (fp32 where the CPU cannot run it)
-            rows[name]["cpu_compute"] = cpu_compute(env=mode) if has_ops() else None
+            rows[name]["cpu_compute"] = cpu_compute(asked=mode) if has_ops() else None
     mach = machine()
     # a number measured without our CPU kernels (no g++ or headers in this environment) must say so
     kernels = f"built: {library().name}" if has_ops() else f"not used: {why_not()}"

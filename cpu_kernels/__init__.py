@@ -1,10 +1,12 @@
 """CPU kernels for MindSpore: oneDNN's direct convolutions, max-pooling and a training BatchNorm as AOT custom ops
-(conv.cc, pool.cc, norm.cc; their Cells in cpu_kernels.cells). An optional extension: `make install` builds it
-(`python -m cpu_kernels.build`) into this environment, never into the sources and never on import.
+(csrc/: conv.cc, pool.cc, norm.cc, ... on runtime.cc; their Cells in cpu_kernels.cells). An optional extension:
+`make install` builds it (`python -m cpu_kernels.build`) into this environment, never into the sources and never
+on import.
 
-    from cpu_kernels import has_ops, why_not
+    from cpu_kernels import configure, has_ops, why_not
     has_ops()    # True: built for this environment, and the oneDNN it links is one its headers fit
     why_not()    # otherwise, why, in one line
+    configure(compute="bf16", threads=2)  # the kernels' settings (the runtime.cpu_* keys), in one call
     low_precision()  # what the kernels do with fp16 and bf16 on this CPU, in one line
     cpu_compute()    # how fp16 convolutions and Dense layers multiply here: "fp32", "bf16", "bf16_backward"
     weight_gradients()  # where a bf16 convolution's weight gradient runs: oneDNN on OpenMP, or why not
@@ -22,6 +24,7 @@ import importlib.util
 import json
 import os
 import sys
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Tuple
@@ -130,8 +133,8 @@ def library() -> Path:
 
 
 def pool_threads() -> int:
-    """The threads the kernels' pool runs (conv.cc's Threads(): AMP_ZOO_CONV_THREADS where set, else the cores this
-    process may run on, shared among msrun's workers that are not bound to cores of their own)."""
+    """The threads the kernels' pool runs (Settings.threads, or auto_threads() where configure gave 0; the cores
+    this process may run on where nothing configured it)."""
     return int(ctypes.CDLL(str(library())).AmpZooPoolThreads())
 
 
@@ -159,18 +162,72 @@ def cpu_flags() -> set:
 NO_BF16_ISA = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}  # caps
 
 
-def cpu_compute(flags: Optional[set] = None, env: Optional[str] = None) -> str:
-    """How fp16 convolutions and Dense layers (matmul.cc) multiply on this CPU (conv.cc's Bf16Compute, the same
-    rule): "fp32"; "bf16" when AMP_ZOO_CPU_COMPUTE=bf16 asks for it (runtime.cpu_compute sets it:
-    models.layers.set_cpu_compute), or "bf16_backward" (the backward passes only) for
-    AMP_ZOO_CPU_COMPUTE=bf16_backward, each only on a CPU with AVX512-BF16 and not under an ONEDNN_MAX_CPU_ISA
-    cap below it (AVX2, for MindSpore's own convolutions). bf16 runs oneDNN's bf16 kernels (fp32 sums, each output
-    rounded once to fp16)."""
+@dataclass(frozen=True)
+class Settings:
+    """What the kernels run with (the runtime.cpu_* keys of the schema, ampzoo.config.RuntimeConfig), passed to the
+    library by `configure` in one call: never through the environment."""
+    compute: str = "fp32"       # fp32, bf16 or bf16_backward: how fp16 convolutions and Dense layers multiply, where
+                                # the CPU can (cpu_compute says what runs)
+    threads: int = 0            # the pool's threads; 0: the cores this process may run on (auto_threads)
+    spin_us: int = 200          # how long an idle pool thread spins before it sleeps (0: it sleeps at once)
+    weight_grad: str = "auto"   # a bf16 convolution's weight gradient: auto (one matmul on small planes, oneDNN's
+                                # direct kernel in its OpenMP build where installed), direct (never the matmul),
+                                # threadpool (never the OpenMP build: the matmul or MindSpore's oneDNN)
+    half_isa: str = "auto"      # the fp16 conversions: auto (AVX-512 or F16C where the CPU has them), f16c, portable
+
+
+COMPUTE = {"fp32": 0, "bf16": 1, "bf16_backward": 2}
+WEIGHT_GRAD = {"auto": (1, 1), "direct": (0, 1), "threadpool": (1, 0)}  # (the matmul, the OpenMP build) allowed
+HALF_ISA = {"auto": 2, "f16c": 1, "portable": 0}
+_settings = Settings()
+
+
+def auto_threads() -> int:
+    """The cores this process may run on (its affinity mask: msrun's core binding, taskset), shared among msrun's
+    workers when they are not bound to cores of their own (MS_WORKER_NUM, msrun's variable)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = int(os.environ.get("MS_WORKER_NUM", "1") or 1) if os.environ.get("MS_ROLE") else 1
+    if workers > 1 and n >= (os.cpu_count() or n):
+        n //= min(workers, n)
+    return max(n, 1)
+
+
+def configure(**changes) -> Settings:
+    """The kernels' settings from now on: `changes` over the current ones (Settings' fields), checked, and passed
+    to the library in one call (AmpZooConfigure) where it is built. A network's kernels read them where they run,
+    so two compute modes compare by calling this between steps. Returns the settings in force. Raises ValueError
+    naming a value that is not valid."""
+    global _settings
+    new = replace(_settings, **changes)
+    for name, valid in (("compute", COMPUTE), ("weight_grad", WEIGHT_GRAD), ("half_isa", HALF_ISA)):
+        if getattr(new, name) not in valid:
+            raise ValueError(f"{name}={getattr(new, name)} is not valid; valid: {', '.join(valid)}")
+    if new.threads < 0 or new.spin_us < 0:
+        raise ValueError(f"threads={new.threads}, spin_us={new.spin_us}: each is 0 or more")
+    if has_ops():
+        matmul, openmp = WEIGHT_GRAD[new.weight_grad]
+        ctypes.CDLL(str(library())).AmpZooConfigure(COMPUTE[new.compute], new.threads or auto_threads(),
+                                                    new.spin_us, HALF_ISA[new.half_isa], matmul, openmp)
+    _settings = new
+    return new
+
+
+def settings() -> Settings:
+    """The settings `configure` last passed (the defaults before it)."""
+    return _settings
+
+
+def cpu_compute(flags: Optional[set] = None, asked: Optional[str] = None) -> str:
+    """How fp16 convolutions and Dense layers (matmul.cc) multiply on this CPU (runtime.cc's Bf16Compute, the same
+    rule): "fp32"; "bf16" or "bf16_backward" (the backward passes only) where asked (`asked`, else the
+    configured Settings.compute: runtime.cpu_compute through models.layers.set_cpu_compute), each only on a CPU
+    with AVX512-BF16 and not under an ONEDNN_MAX_CPU_ISA cap below it (AVX2, for MindSpore's own convolutions).
+    bf16 runs oneDNN's bf16 kernels (fp32 sums, each output rounded once to fp16)."""
     flags = cpu_flags() if flags is None else flags
-    env = os.environ.get("AMP_ZOO_CPU_COMPUTE", "") if env is None else env
+    asked = _settings.compute if asked is None else asked
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     bf16 = {"avx512_bf16", "avx512f", "f16c"} <= flags and cap not in NO_BF16_ISA
-    return env if bf16 and env in ("bf16", "bf16_backward") else "fp32"
+    return asked if bf16 and asked in ("bf16", "bf16_backward") else "fp32"
 
 
 def low_precision(flags: Optional[set] = None) -> str:

@@ -65,7 +65,8 @@ def build_model(cfg, cpu_kernels=None):
     `runtime.cpu_kernels` picks (models.layers; `cpu_kernels` overrides it: "off" for export and Conv+BN
     folding). Then sets oneDNN's ISA cap for it before its first step (ampzoo.runtime.cap_onednn_isa)."""
     layers.set_cpu_kernels(cpu_kernels or cfg.runtime.cpu_kernels)
-    layers.use_cpu_kernels()  # runtime.cpu_kernels=on where they cannot run: the error comes before the build
+    if layers.use_cpu_kernels():  # runtime.cpu_kernels=on where they cannot run: the error comes before the build
+        layers.set_cpu_settings(cfg.runtime)
     net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
     note = cap_onednn_isa(cfg.runtime.onednn_isa, layers.runs_mindspore_conv(net), ms.get_context("device_target"))
     if note:  # the CPU only: on Ascend and GPU oneDNN runs none of the network

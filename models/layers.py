@@ -21,7 +21,6 @@ import mindspore.ops as ops
 
 from ampzoo.config import CpuCompute
 from ampzoo.errors import ConfigError
-from ampzoo.runtime import set_here
 
 log = logging.getLogger("amp_zoo")
 CHOICES = ("auto", "on", "off")
@@ -36,36 +35,43 @@ def set_cpu_kernels(mode: str) -> None:
     _cpu_kernels = str(mode)
 
 
-CPU_COMPUTE = "AMP_ZOO_CPU_COMPUTE"  # what conv.cc and matmul.cc read when an fp16 layer runs
-_SET_BY = "AMP_ZOO_CPU_COMPUTE_BY"   # the process id that set it from runtime.cpu_compute
 COMPUTE_CHOICES = tuple(c.value for c in CpuCompute)
 AUTO_IN_TRAINING = "bf16"  # runtime.cpu_compute=auto in training, where the CPU runs it (docs/configuration.md)
 
 
+# what the kernels read from the environment before their settings were config keys
+OLD_VARIABLES = {"AMP_ZOO_CPU_COMPUTE": "runtime.cpu_compute", "AMP_ZOO_CONV_COMPUTE": "runtime.cpu_compute",
+                 "AMP_ZOO_CONV_THREADS": "runtime.cpu_threads", "AMP_ZOO_POOL_SPIN_US": "runtime.cpu_pool_spin_us"}
+
+
+@lru_cache(maxsize=None)
+def _warn_old_variable(name: str, value: str) -> None:  # cached: each warning comes once a process
+    log.warning("%s=%s is no longer read: set %s=%s", name, value, OLD_VARIABLES[name], value)
+
+
+def set_cpu_settings(runtime_cfg) -> None:
+    """The kernels' pool and weight-gradient settings from the config (runtime.cpu_threads, cpu_pool_spin_us,
+    cpu_weight_grad, cpu_half_isa), in one call to cpu_kernels.configure; none of them changes a number but
+    cpu_weight_grad, and that only in a bf16 weight gradient's order of sums. An old variable set in the
+    environment is named, with the key to set instead."""
+    from cpu_kernels import configure
+    for name in sorted(OLD_VARIABLES):
+        if name in os.environ:
+            _warn_old_variable(name, os.environ[name])
+    configure(threads=int(runtime_cfg.get("cpu_threads", 0)), spin_us=int(runtime_cfg.get("cpu_pool_spin_us", 200)),
+              weight_grad=str(runtime_cfg.get("cpu_weight_grad", "auto")),
+              half_isa=str(runtime_cfg.get("cpu_half_isa", "auto")))
+
+
 def set_cpu_compute(choice: str, training: bool) -> None:
-    """runtime.cpu_compute for the fp16 convolutions and Dense layers run from now on (cpu_kernels.cpu_compute
-    says what runs): a value sets it; auto keeps an AMP_ZOO_CPU_COMPUTE the user set, and otherwise runs
-    AUTO_IN_TRAINING in training and fp32 in evaluation, whose numbers then do not depend on the CPU. bf16 runs
-    only on a CPU with AVX512-BF16; elsewhere the kernels compute in fp32 whatever is asked."""
+    """runtime.cpu_compute for the fp16 convolutions and Dense layers run from now on (cpu_kernels.configure;
+    cpu_kernels.cpu_compute says what runs): auto runs AUTO_IN_TRAINING in training and fp32 in evaluation, whose
+    numbers then do not depend on the CPU. bf16 runs only on a CPU with AVX512-BF16; elsewhere the kernels compute
+    in fp32 whatever is asked."""
     if str(choice) not in COMPUTE_CHOICES:
         raise ConfigError(f"runtime.cpu_compute={choice} is not valid; valid: {', '.join(COMPUTE_CHOICES)}")
-    if _OLD_CPU_COMPUTE in os.environ:
-        _warn_old_variable(os.environ[_OLD_CPU_COMPUTE])
-    ours = set_here(_SET_BY, CPU_COMPUTE)
-    if str(choice) == "auto":
-        if CPU_COMPUTE in os.environ and not ours:  # the user's
-            return
-        choice = AUTO_IN_TRAINING if training else "fp32"
-    os.environ[CPU_COMPUTE], os.environ[_SET_BY] = str(choice), str(os.getpid())
-
-
-_OLD_CPU_COMPUTE = "AMP_ZOO_CONV_COMPUTE"  # its name until 2026-11-28, when it came to cover Dense layers too
-
-
-@lru_cache(maxsize=1)
-def _warn_old_variable(value: str) -> None:  # cached: the warning comes once a process
-    log.warning("%s=%s is no longer read: set runtime.cpu_compute=%s (or %s=%s)", _OLD_CPU_COMPUTE, value, value,
-                CPU_COMPUTE, value)
+    from cpu_kernels import configure
+    configure(compute=(AUTO_IN_TRAINING if training else "fp32") if str(choice) == "auto" else str(choice))
 
 
 @lru_cache(maxsize=1)

@@ -79,6 +79,18 @@ def graph_mode():
 
 
 @pytest.fixture
+def fp32_products():
+    """The CPU kernels at their default settings (fp32 products) for the test, and as they were afterwards."""
+    import dataclasses
+
+    import cpu_kernels
+    before = cpu_kernels.settings()
+    cpu_kernels.configure(**dataclasses.asdict(cpu_kernels.Settings()))
+    yield
+    cpu_kernels.configure(**dataclasses.asdict(before))
+
+
+@pytest.fixture
 def pynative_mode():
     ms.set_context(mode=ms.PYNATIVE_MODE)
     yield

@@ -17,7 +17,10 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from cpu_kernels import LIBRARY, OMP_LIBRARY, cpu_compute, cpu_flags, has_ops, library, weight_gradients, why_not
+from omegaconf import OmegaConf
+
+from cpu_kernels import (LIBRARY, OMP_LIBRARY, configure, cpu_compute, cpu_flags, has_ops, library, settings,
+                         weight_gradients, why_not)
 from cpu_kernels.cells import CpuAddReLU, CpuBatchNorm2d, CpuConv2d, CpuReLU, relayout_ops
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
@@ -44,6 +47,8 @@ CONVERSIONS = """
 import sys, numpy as np
 sys.path.insert(0, {root!r})
 from tests.test_cpu_half import call, edge_halves
+import cpu_kernels
+cpu_kernels.configure(half_isa={isa!r})
 a = edge_halves()
 rng = np.random.RandomState(0)
 b = rng.permutation(a)
@@ -57,12 +62,12 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("isa", ["0", "1", "2"])  # portable, F16C, AVX-512 (capped by AMP_ZOO_HALF_ISA)
+@pytest.mark.parametrize("isa", ["portable", "f16c", "auto"])  # runtime.cpu_half_isa: AVX-512 where the CPU has it
 def test_the_conversions_round_as_numpy_on_every_path(isa):
     """The sum of two fp16 values, computed in fp32 and rounded to fp16 (ties to even, past 65504 to inf,
     subnormals exact), bit for bit as numpy rounds it, on each conversion path a CPU may take."""
-    out = subprocess.run([sys.executable, "-c", CONVERSIONS.format(root=ROOT)], capture_output=True, text=True,
-                         env={**os.environ, "AMP_ZOO_HALF_ISA": isa}, timeout=120)
+    out = subprocess.run([sys.executable, "-c", CONVERSIONS.format(root=ROOT, isa=isa)], capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
@@ -138,10 +143,9 @@ def ulps(a, b) -> float:
 
 
 @pytest.mark.parametrize("stride,padding", [(1, 1), (2, 1), (2, 0)])
-def test_conv_in_fp16_is_fp32_rounded_once(graph_mode, monkeypatch, stride, padding):
+def test_conv_in_fp16_is_fp32_rounded_once(graph_mode, fp32_products, stride, padding):
     """fp16 input and weights in, fp16 out, computed in fp32: the output and both gradients are the fp32
     kernel's on the same (fp16) values, rounded to fp16, within an ulp."""
-    monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE", "fp32")
     rng = np.random.RandomState(3)
     k = 3 if padding else 1
     x, w = rng.randn(2, 16, 8, 8).astype(np.float32), (rng.randn(32, 16, k, k) * 0.2).astype(np.float32)
@@ -190,10 +194,10 @@ def bf16_conv_check(stride: int, padding: int) -> None:
     for name, got, want in (("y", y16, y32), ("dx", dx16, dx32), ("dw", dw16, dw32)):
         assert ulps(got.asnumpy(), want.asnumpy()) <= 1.01, name
     as_stored_check()  # the fp32 weight rounded to fp16, then to bf16, inside the kernel
-    os.environ["AMP_ZOO_CPU_COMPUTE"] = "fp32"  # and the fp32 path differs from it
+    configure(compute="fp32")  # and the fp32 path differs from it
     y16_fp32, dx16_fp32, _ = run(np.float16, x, w)
     assert not np.array_equal(y16_fp32.asnumpy(), y16.asnumpy())
-    os.environ["AMP_ZOO_CPU_COMPUTE"] = "bf16_backward"  # the forward of fp32 compute, the gradients of bf16
+    configure(compute="bf16_backward")  # the forward of fp32 compute, the gradients of bf16
     y16_b, dx16_b, dw16_b = run(np.float16, x, w)
     np.testing.assert_array_equal(y16_b.asnumpy(), y16_fp32.asnumpy())
     np.testing.assert_array_equal(dx16_b.asnumpy(), dx16.asnumpy())
@@ -203,7 +207,7 @@ def bf16_conv_check(stride: int, padding: int) -> None:
 def bf16_blocked_check(size: int = 8, stride: int = 1, channels: int = 32, batch: int = 4) -> None:
     """A 3x3 convolution between blocked layers. On a small plane (ResNet's 8x8 and 4x4 stages; where oneDNN has
     no AMX, up to 14x14 and at stride 2) conv.cc computes its bf16 weight gradient as one matmul over an im2col of
-    x (MatmulWeights, unless AMP_ZOO_CONV_MATMUL_DW=0); where oneDNN's bf16 kernels take channels-last tensors
+    x (MatmulWeights, unless runtime.cpu_weight_grad=direct); where oneDNN's bf16 kernels take channels-last tensors
     (AMX), the fp16 blocked activations go to and from them in one pass each (conv.cc's fused Arg), on the pool's
     threads at 16x16. With 64 input channels the matmul reads its im2col in oneDNN's own blocked layout
     (conv.cc's `blocked`), zero rows padding it to a multiple of 32 (an odd number of rows with batch 3 at 7x7).
@@ -276,13 +280,15 @@ def test_o2_hands_the_conv_its_fp32_weight_as_stored_and_changes_no_number(graph
     as_stored_check()
 
 
-def run_bf16_check(module: str, call: str, **env) -> None:
-    """tests.<module>.<call> in a process of its own with AMP_ZOO_CPU_COMPUTE=bf16 and oneDNN's full ISA (this
-    process caps it below bf16), asserting it printed ok."""
-    env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3", **env}
+def run_bf16_check(module: str, call: str, weight_grad: str = "auto") -> None:
+    """tests.<module>.<call> in a process of its own with the kernels configured for bf16 products (and
+    `weight_grad`) and oneDNN's full ISA (this process caps it below bf16), asserting it printed ok."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3"}
     env.pop("AMP_ZOO_ONEDNN_AUTO", None)
     name = call.split("(")[0]
-    code = f"import sys; sys.path.insert(0, {ROOT!r}); from tests.{module} import {name}; {call}; print('ok')"
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); import cpu_kernels; "
+            f"cpu_kernels.configure(compute='bf16', weight_grad={weight_grad!r}); from tests.{module} import {name}; "
+            f"{call}; print('ok')")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
@@ -290,37 +296,37 @@ def run_bf16_check(module: str, call: str, **env) -> None:
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
 @pytest.mark.parametrize("stride,padding", [(1, 1), (2, 0)])
 def test_conv_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once(stride, padding):
-    """AMP_ZOO_CPU_COMPUTE=bf16 (a CPU with AVX512-BF16): the output, dx and dw are the fp32 kernel's on x, w and
+    """runtime.cpu_compute=bf16 (a CPU with AVX512-BF16): the output, dx and dw are the fp32 kernel's on x, w and
     dy rounded to bf16, summed in fp32 and rounded once to fp16, within an ulp of fp16."""
     run_bf16_check("test_cpu_half", f"bf16_conv_check({stride}, {padding})")
 
 
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
-@pytest.mark.parametrize("matmul_dw, size, stride, channels, batch",
-                         [("1", 8, 1, 32, 4), ("0", 8, 1, 32, 4), ("1", 4, 1, 32, 4), ("1", 14, 1, 64, 4),
-                          ("1", 7, 1, 64, 3), ("0", 7, 1, 64, 3), ("1", 16, 2, 64, 4), ("0", 16, 2, 32, 4)])
-def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(matmul_dw, size, stride, channels, batch):
+@pytest.mark.parametrize("weight_grad, size, stride, channels, batch",
+                         [("auto", 8, 1, 32, 4), ("direct", 8, 1, 32, 4), ("auto", 4, 1, 32, 4),
+                          ("auto", 14, 1, 64, 4), ("auto", 7, 1, 64, 3), ("direct", 7, 1, 64, 3),
+                          ("auto", 16, 2, 64, 4), ("direct", 16, 2, 32, 4)])
+def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(weight_grad, size, stride, channels, batch):
     """A bf16 convolution between blocked layers, its weight gradient as one matmul (conv.cc's MatmulWeights: 8x8
     and smaller at stride 1, and stride 2 where oneDNN has no AMX) or as oneDNN's direct kernel
-    (AMP_ZOO_CONV_MATMUL_DW=0, or 16x16 at stride 1), that kernel in oneDNN on OpenMP where oneDNN has no AMX
-    (omp_weights.cc: a primitive per thread on its share of the batch, 1 and 2 images of 3; in MindSpore's under
-    AMP_ZOO_CONV_OMP_DW=0, the next test). Where the OpenMP one runs, it takes the 8x8 and 14x14 planes at stride
-    1 from the matmul (MatmulWeights::OpenMpFirst), so 4x4 with 32 channels keeps the matmul's plain im2col
-    covered there. y, dx and dw each within an ulp of the fp32 kernel's."""
-    run_bf16_check("test_cpu_half", f"bf16_blocked_check({size}, {stride}, {channels}, {batch})",
-                   AMP_ZOO_CONV_MATMUL_DW=matmul_dw, AMP_ZOO_CONV_OMP_DW="1")
+    (runtime.cpu_weight_grad=direct, or 16x16 at stride 1), that kernel in oneDNN on OpenMP where oneDNN has no
+    AMX (omp_weights.cc: a primitive per thread on its share of the batch, 1 and 2 images of 3; in MindSpore's
+    under runtime.cpu_weight_grad=threadpool, the next test). Where the OpenMP one runs, it takes the 8x8 and
+    14x14 planes at stride 1 from the matmul (MatmulWeights::OpenMpFirst), so 4x4 with 32 channels keeps the
+    matmul's plain im2col covered there. y, dx and dw each within an ulp of the fp32 kernel's."""
+    run_bf16_check("test_cpu_half", f"bf16_blocked_check({size}, {stride}, {channels}, {batch})", weight_grad)
 
 
-def verbose_weight_gradients(size: int = 16, **env) -> list:
+def verbose_weight_gradients(size: int = 16, weight_grad: str = "auto") -> list:
     """The problem strings of the bf16 backward-weights kernels a blocked size x size convolution (batch 4, two
     threads) ran, as oneDNN's verbose log names them, each with the build that ran it: "3.2" for the OpenMP one
     (its log lines start onednn_verbose,exec), "3.10" for MindSpore's (onednn_verbose,v1,primitive,exec); and
     ("matmul", "") for each run of MindSpore's bf16 matmul (conv.cc's MatmulWeights)."""
-    env = {**os.environ, "AMP_ZOO_CPU_COMPUTE": "bf16", "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3",
-           "ONEDNN_VERBOSE": "1", "AMP_ZOO_CONV_THREADS": "2", **env}
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3", "ONEDNN_VERBOSE": "1"}
     env.pop("AMP_ZOO_ONEDNN_AUTO", None)
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from tests.test_cpu_half import bf16_blocked_check; "
-            f"bf16_blocked_check({size}, 1, 32, 4); print('ok')")
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); import cpu_kernels; "
+            f"cpu_kernels.configure(compute='bf16', threads=2, weight_grad={weight_grad!r}); "
+            f"from tests.test_cpu_half import bf16_blocked_check; bf16_blocked_check({size}, 1, 32, 4); print('ok')")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "ok" in result.stdout.splitlines(), result.stderr[-3000:]
     runs = []
@@ -338,21 +344,22 @@ def verbose_weight_gradients(size: int = 16, **env) -> list:
                     "without AMX (this CPU has no AVX512-BF16, or oneDNN runs AMX here)")
 def test_where_onednn_has_no_amx_the_weight_gradient_runs_on_openmp_a_primitive_per_thread():
     """With onednn-cpu-gomp installed (make install), a blocked bf16 convolution's direct weight gradient runs in
-    that oneDNN, two images on each of the two threads; AMP_ZOO_CONV_OMP_DW=0 gives it back to MindSpore's oneDNN,
+    that oneDNN, two images on each of the two threads; runtime.cpu_weight_grad=threadpool gives it back to
+    MindSpore's oneDNN,
     the whole batch at once, and an 8x8 one back to the matmul. All within an ulp of the fp32 kernel
     (bf16_blocked_check). The status line says which runs (make doctor prints it)."""
     status = weight_gradients()
     assert status.startswith("oneDNN 3.") and status.endswith("(OpenMP)"), status
     assert sorted(set(verbose_weight_gradients())) == [("3.2", "mb2")]
-    assert sorted(set(verbose_weight_gradients(AMP_ZOO_CONV_OMP_DW="0"))) == [("3.10", "mb4")]
+    assert sorted(set(verbose_weight_gradients(weight_grad="threadpool"))) == [("3.10", "mb4")]
     # at 8x8 the OpenMP kernel takes the layer from the matmul (MatmulWeights::OpenMpFirst); off, the matmul has it
     assert sorted(set(verbose_weight_gradients(8))) == [("3.2", "mb2")]
-    assert sorted(set(verbose_weight_gradients(8, AMP_ZOO_CONV_OMP_DW="0"))) == [("matmul", "")]
+    assert sorted(set(verbose_weight_gradients(8, weight_grad="threadpool"))) == [("matmul", "")]
 
 
 def test_a_build_without_the_openmp_onednn_names_the_missing_file(tmp_path):
     """Without onednn-cpu-gomp (no libdnnl_omp.so beside the library) the status names the file it looked for;
-    the kernels then run MindSpore's oneDNN, as under AMP_ZOO_CONV_OMP_DW=0 (the blocked-layer tests above)."""
+    the kernels then run MindSpore's oneDNN, as under runtime.cpu_weight_grad=threadpool (the tests above)."""
     copy = tmp_path / LIBRARY
     shutil.copy(library(), copy)
     status = ctypes.CDLL(str(copy)).AmpZooOmpWeightsStatus
@@ -363,11 +370,11 @@ def test_a_build_without_the_openmp_onednn_names_the_missing_file(tmp_path):
         assert status().decode() == f"not installed ({tmp_path / OMP_LIBRARY})"
 
 
-@pytest.mark.parametrize("setting", ["", "fp32", "bf16", "bf16_backward"])
-def test_cpu_compute_says_what_the_library_runs(monkeypatch, setting):
-    """cpu_kernels.cpu_compute() (make doctor, a run's first lines) and conv.cc choose alike for every
-    AMP_ZOO_CPU_COMPUTE: bf16 only when asked for, on a CPU with AVX512-BF16 and oneDNN not capped below it."""
-    monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE", setting)
+@pytest.mark.parametrize("setting", ["fp32", "bf16", "bf16_backward"])
+def test_cpu_compute_says_what_the_library_runs(monkeypatch, fp32_products, setting):
+    """cpu_kernels.cpu_compute() (make doctor, a run's first lines) and runtime.cc choose alike for every
+    runtime.cpu_compute: bf16 only when asked for, on a CPU with AVX512-BF16 and oneDNN not capped below it."""
+    configure(compute=setting)
     lib = ctypes.CDLL(str(library()))
     assert cpu_compute() == ["fp32", "bf16", "bf16_backward"][lib.AmpZooBf16Compute()]
     assert cpu_compute({"avx512f", "f16c", "avx512_bf16"}, "bf16") == "fp32"  # under this process's AVX2 cap
@@ -377,47 +384,40 @@ def test_cpu_compute_says_what_the_library_runs(monkeypatch, setting):
         assert cpu_compute(flags, setting) == (setting if setting.startswith("bf16") else "fp32")
 
 
-def test_runtime_cpu_compute_sets_what_the_kernels_read(monkeypatch):
-    """runtime.cpu_compute (models.layers.set_cpu_compute, before a train step or an evaluation is built):
-    a value sets AMP_ZOO_CPU_COMPUTE; auto keeps the user's AMP_ZOO_CPU_COMPUTE, runs the training default
-    and evaluates in fp32; one set by a parent amp-zoo process is decided afresh; a bad value names the valid."""
+def test_runtime_cpu_compute_sets_what_the_kernels_read(fp32_products):
+    """runtime.cpu_compute (models.layers.set_cpu_compute, before a train step or an evaluation is built) reaches
+    the kernels through cpu_kernels.configure, never the environment: a value is what they are asked; auto runs
+    the training default and evaluates in fp32; a bad value names the valid ones."""
     from ampzoo.errors import ConfigError
     from models.layers import AUTO_IN_TRAINING, set_cpu_compute
-    monkeypatch.delenv("AMP_ZOO_CPU_COMPUTE", raising=False)
-    monkeypatch.delenv("AMP_ZOO_CPU_COMPUTE_BY", raising=False)
+    environment = dict(os.environ)
     set_cpu_compute("bf16_backward", training=True)
-    assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "bf16_backward"
-    set_cpu_compute("auto", training=False)  # ours, not the user's: evaluation computes in fp32
-    assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "fp32"
+    assert settings().compute == "bf16_backward"
+    set_cpu_compute("auto", training=False)  # evaluation computes in fp32
+    assert settings().compute == "fp32"
     set_cpu_compute("auto", training=True)
-    assert os.environ["AMP_ZOO_CPU_COMPUTE"] == AUTO_IN_TRAINING
-    monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE_BY", "1")  # a parent process's choice, inherited
-    set_cpu_compute("auto", training=False)
-    assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "fp32" and os.environ["AMP_ZOO_CPU_COMPUTE_BY"] == str(os.getpid())
-    monkeypatch.delenv("AMP_ZOO_CPU_COMPUTE_BY")
-    monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE", "bf16")  # the user's own
-    for training in (True, False):
-        set_cpu_compute("auto", training=training)
-        assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "bf16"
-    set_cpu_compute("fp32", training=True)  # the config's value wins over the environment
-    assert os.environ["AMP_ZOO_CPU_COMPUTE"] == "fp32"
+    assert settings().compute == AUTO_IN_TRAINING
+    assert dict(os.environ) == environment
     with pytest.raises(ConfigError, match="runtime.cpu_compute=bf8 is not valid; valid: auto, fp32, bf16"):
         set_cpu_compute("bf8", training=True)
+    with pytest.raises(ValueError, match="weight_grad=fast is not valid; valid: auto, direct, threadpool"):
+        configure(weight_grad="fast")
 
 
-def test_the_old_variable_is_named_not_silently_ignored(monkeypatch, caplog):
-    """AMP_ZOO_CONV_COMPUTE (the variable's name before it covered Dense layers) is no longer read: a run that
-    sets it is told once what to set instead."""
+def test_the_old_variables_are_named_not_silently_ignored(monkeypatch, caplog, fp32_products):
+    """AMP_ZOO_CPU_COMPUTE, AMP_ZOO_CONV_THREADS and the others are no longer read (the settings are config keys):
+    a run that sets one is told once what to set instead."""
     from models import layers
     layers._warn_old_variable.cache_clear()
-    monkeypatch.setenv("AMP_ZOO_CONV_COMPUTE", "bf16")
-    monkeypatch.delenv("AMP_ZOO_CPU_COMPUTE", raising=False)
+    monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE", "bf16")
+    monkeypatch.setenv("AMP_ZOO_CONV_THREADS", "1")
     with caplog.at_level("WARNING", logger="amp_zoo"):
-        layers.set_cpu_compute("fp32", training=True)
-        layers.set_cpu_compute("fp32", training=False)
-    said = [r.getMessage() for r in caplog.records if "AMP_ZOO_CONV_COMPUTE" in r.getMessage()]
-    assert said == ["AMP_ZOO_CONV_COMPUTE=bf16 is no longer read: set runtime.cpu_compute=bf16 "
-                    "(or AMP_ZOO_CPU_COMPUTE=bf16)"]
+        for _ in range(2):
+            layers.set_cpu_settings(OmegaConf.create({"cpu_threads": 0}))
+    said = sorted(r.getMessage() for r in caplog.records if "is no longer read" in r.getMessage())
+    assert said == ["AMP_ZOO_CONV_THREADS=1 is no longer read: set runtime.cpu_threads=1",
+                    "AMP_ZOO_CPU_COMPUTE=bf16 is no longer read: set runtime.cpu_compute=bf16"]
+    assert settings().compute == "fp32" and settings().threads == 0
 
 
 def batchnorm_in_training(channels: int, block: int, x: np.ndarray):

@@ -112,24 +112,26 @@ def test_auto_without_the_extension_warns_once_and_trains(bare_python, tmp_path)
     assert (tmp_path / "run" / "metrics.json").is_file()
 
 
-POOL_THREADS = "import os, sys; {pre}; import cpu_kernels; print(cpu_kernels.pool_threads())"
+POOL_THREADS = ("import os, sys; {pre}; import cpu_kernels; cpu_kernels.configure({threads}); "
+                "print(cpu_kernels.pool_threads())")
 
 
-@pytest.mark.parametrize("pre,env,want", [
-    ("pass", {}, "all"),
-    ("os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})", {}, 1),  # taskset -c 0, or msrun's core binding
-    ("pass", {"MS_WORKER_NUM": "2", "MS_ROLE": "MS_WORKER"}, "half"),  # two msrun workers share the cores
-    ("pass", {"AMP_ZOO_CONV_THREADS": "3"}, 3),
+@pytest.mark.parametrize("pre,env,threads,want", [
+    ("pass", {}, "", "all"),
+    ("os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})", {}, "", 1),  # taskset -c 0, or msrun's binding
+    ("pass", {"MS_WORKER_NUM": "2", "MS_ROLE": "MS_WORKER"}, "", "half"),  # two msrun workers share the cores
+    ("pass", {}, "threads=3", 3),  # runtime.cpu_threads=3
+    ("import cpu_kernels; cpu_kernels.pool_threads()", {}, "threads=1", 1),  # a pool already made is made again
 ])
-def test_the_kernels_pool_is_sized_to_the_cores_the_process_may_use(pre, env, want):
+def test_the_kernels_pool_is_sized_to_the_cores_the_process_may_use(pre, env, threads, want):
     """The pool took every core of the machine whatever the process was allowed (issue 78, item 5): it takes the
-    affinity mask's cores, shared among msrun's workers, unless AMP_ZOO_CONV_THREADS says otherwise."""
+    affinity mask's cores, shared among msrun's workers, unless runtime.cpu_threads says otherwise (configure)."""
     if not cpu_kernels.has_ops():
         pytest.skip(cpu_kernels.why_not())
     cores = len(os.sched_getaffinity(0))
-    clean = {k: v for k, v in os.environ.items() if k not in ("AMP_ZOO_CONV_THREADS", "MS_WORKER_NUM", "MS_ROLE")}
-    out = subprocess.run([sys.executable, "-c", POOL_THREADS.format(pre=pre)], env={**clean, **env}, cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+    clean = {k: v for k, v in os.environ.items() if k not in ("MS_WORKER_NUM", "MS_ROLE")}
+    out = subprocess.run([sys.executable, "-c", POOL_THREADS.format(pre=pre, threads=threads)],
+                         env={**clean, **env}, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     expected = {"all": cores, "half": max(1, cores // 2)}.get(want, want)
     assert int(out.stdout.split()[-1]) == expected, (out.stdout, cores)

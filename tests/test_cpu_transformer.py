@@ -3,7 +3,6 @@ whatever comes in and rounds its output once, so in fp32 it matches the MindSpor
 gives what O2's casts gave (within an ulp); the weights go in as stored, and an fp32 weight's gradient in an fp16
 step is still an fp16 value (past 65504 it is inf, which the loss scale's check must see). A Transformer with
 the kernels computes the loss and gradients of the one without them."""
-import os
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from cpu_kernels import cpu_flags, has_ops, why_not
+from cpu_kernels import configure, cpu_flags, has_ops, why_not
 from cpu_kernels.cells import (CpuAttentionSoftmax, CpuBranch, CpuDropout, affine_op, bmm_op, layer_norm_op,
                                scaled_softmax_op, softmax_op)
 from models.layers import set_cpu_kernels
@@ -113,7 +112,7 @@ def bf16_dense_check() -> None:
     exact(y.asnumpy(), xb @ to_bf16(as_half(w2)).T)
     np.testing.assert_array_equal(y.asnumpy(), as_half(y.asnumpy()))
     exact(dx, to_bf16(as_half(dy32)) @ to_bf16(as_half(w2)))
-    os.environ["AMP_ZOO_CPU_COMPUTE"] = "bf16_backward"
+    configure(compute="bf16_backward")
     y, (dx, dw, db) = run(affine_op(True), [x, w, b], dy)
     close_in_fp16(y.asnumpy(), x.astype(np.float32) @ as_half(w).T + as_half(b))
     exact(dw, dyb.T @ xb)
@@ -122,7 +121,7 @@ def bf16_dense_check() -> None:
 @pytest.mark.skipif(not {"avx512_bf16", "avx512f", "f16c"} <= cpu_flags(),
                     reason="this CPU has no AVX512-BF16: fp16 Dense layers multiply in fp32 here")
 def test_dense_in_fp16_on_a_bf16_cpu_is_fp32_on_bf16_operands_rounded_once():
-    """runtime.cpu_compute=bf16 (AMP_ZOO_CPU_COMPUTE) on a CPU with AVX512-BF16: the Transformer's Dense layers
+    """runtime.cpu_compute=bf16 (cpu_kernels.configure) on a CPU with AVX512-BF16: the Transformer's Dense layers
     and logits multiply bf16 operands in oneDNN's bf16 matmul and sum in fp32 (bf16_dense_check)."""
     from tests.test_cpu_half import run_bf16_check
     run_bf16_check("test_cpu_transformer", "bf16_dense_check()")

@@ -24,7 +24,7 @@ def test_the_doctor_on_a_cpu_runs_what_applies_and_names_what_it_skipped():
     assert "bf16 absent, as expected on CPU" in result.stdout
     assert re.search(r"cpu kernels  ok: fp16 stored in fp16 between the kernels and computed in fp32 .*; "
                      r"conv\+BatchNorm\+ReLU fp32 [\d.]+ ms, fp16 [\d.]+ ms \([\d.]+x fp32's speed\)"
-                     + (r", fp16 with bf16 products [\d.]+ ms" if cpu_compute(env="bf16") == "bf16" else r"$"),
+                     + (r", fp16 with bf16 products [\d.]+ ms" if cpu_compute(asked="bf16") == "bf16" else r"$"),
                      result.stdout, re.M), lines
     assert lines[-2].startswith("skipped: no device: the overflow, kernel, sinking and profiler checks ran on the CPU")
     assert lines[-1] == "doctor: 10 checks, none failed" and result.stderr.strip() == ""

@@ -34,7 +34,7 @@ def test_the_run_says_which_products_it_trained_and_evaluated_with(trained):
     kernels = "cpu_kernels" if has_ops() else "mindspore"
     assert [{k: v for k, v in c.items() if k not in ("machine", "products")} for c in metrics["compute"]] == \
         [{"from_step": 0, "kernels": kernels}], metrics["compute"]
-    low = {"fp32", "bf16"} if has_ops() and cpu_compute(env="bf16", flags=None) != "fp32" else {"fp32"}
+    low = {"fp32", "bf16"} if has_ops() and cpu_compute(asked="bf16") != "fp32" else {"fp32"}
     assert metrics["compute"][0]["products"] in ({"fp32"} if recipe == "lenet_o0" else
                                                  low if has_ops() else {"fp32 (MindSpore's casts)"}), metrics["compute"]
     assert metrics["compute"][0]["machine"].startswith(metrics["machine"]["cpu"])

@@ -38,7 +38,8 @@ HELD: Dict[Path, locks.Lock] = {}  # directory -> the lock this process holds un
 MAY_CHANGE = ("trainer.epochs", "trainer.max_steps", "trainer.eval_every", "trainer.ckpt_every",
               "trainer.save_every_steps", "trainer.keep_last", "trainer.log_every", "logger", "resume", "checkpoint",
               "output", "dataset.path", "runtime.profile", "runtime.device", "runtime.device_id", "runtime.onednn_isa",
-              "runtime.cpu_kernels", "runtime.cpu_compute")
+              "runtime.cpu_kernels", "runtime.cpu_compute", "runtime.cpu_threads", "runtime.cpu_pool_spin_us",
+              "runtime.cpu_weight_grad", "runtime.cpu_half_isa")
 TOKENIZER = "tokenizer.model"  # a translation run's own copy of its sentencepiece model (keep_tokenizer)
 SPM_MODEL = "dataset.params.spm_model"
 

@@ -250,7 +250,8 @@ def weights_config(argv: List[str], suffix: str = ".eval.json"):
 # hundredths, and its result must not replace the weight's own.
 NEUTRAL = ("dataset.path", "dataset.params.test_prefix", "dataset.num_workers", "dataset.eval_batch_size",
            "decode.batch_size", "runtime.device_id", "runtime.profile", "runtime.distributed", "runtime.seed",
-           "runtime.deterministic")
+           "runtime.deterministic", "runtime.cpu_threads", "runtime.cpu_pool_spin_us", "runtime.cpu_weight_grad",
+           "runtime.cpu_half_isa")
 
 
 def overrides(argv: List[str]) -> List[str]:

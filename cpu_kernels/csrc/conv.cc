@@ -17,7 +17,7 @@
 // How an fp16 convolution multiplies (CpuCompute):
 // - fp32: its inputs are converted to fp32 and it runs oneDNN's fp32 kernel, so it computes what MindSpore's
 //   Cast + fp32 Conv2D computes;
-// - bf16 (AMP_ZOO_CPU_COMPUTE=bf16, on a CPU with AVX512-BF16): its inputs are rounded to bf16 and it runs
+// - bf16 (runtime.cpu_compute=bf16, on a CPU with AVX512-BF16): its inputs are rounded to bf16 and it runs
 //   oneDNN's bf16 kernel, which multiplies pairs of bf16 in hardware (vdpbf16ps) and accumulates in fp32. On an
 //   AMD EPYC (Zen 4) that runs much faster than fp32; the operands keep 8 bits of mantissa, not fp16's 11.
 //   bf16_backward: the same in the backward passes (dx, dw) only, the forward in fp32. On small planes a bf16
@@ -187,10 +187,9 @@ __attribute__((target("avx512f"))) void InterleaveRows(const uint16_t *a, const 
 // BA16a64b2a, as its AVX512-BF16 kernel does), so the matmul copies neither (docs/benchmarks.md, eighth round).
 struct MatmulWeights {
   static bool Applies(const memory::dims &wd, const memory::dims &yd, tag xl, tag yl, int64_t s) {
-    const char *env = std::getenv("AMP_ZOO_CONV_MATMUL_DW");  // "0": oneDNN's direct kernel (tests compare)
     const int64_t plane = yd[2] * yd[3];
     const bool wide = !AmpZooOneDnnRunsAmx() && (s == 2 || (s == 1 && plane <= 196));
-    return !(env && !std::strcmp(env, "0")) && ((s == 1 && plane <= 64) || wide) && xl == tag::nChw16c &&
+    return AmpZooMatmulWeights() && ((s == 1 && plane <= 64) || wide) && xl == tag::nChw16c &&
            yl == tag::nChw16c && wd[2] * wd[3] > 1;
   }
   // Where the direct kernel runs on oneDNN's OpenMP build (no AMX, Conv::OmpWeights), it beats the matmul on
@@ -393,7 +392,7 @@ struct Conv {
                                                           pad, hint);
     // bf16 blocked layers where oneDNN has no AMX: the direct kernel on OpenMP, when its library is there (on
     // the layers the matmul fits, only where it beats the matmul)
-    if (bf_bwd && !AmpZooOneDnnRunsAmx() && (!matmul || MatmulWeights::OpenMpFirst(yd, s)) &&
+    if (bf_bwd && AmpZooOpenMpWeights() && !AmpZooOneDnnRunsAmx() && (!matmul || MatmulWeights::OpenMpFirst(yd, s)) &&
         bw.src_desc() == memory::desc(xd, dt::bf16, tag::nChw16c) &&
         bw.diff_dst_desc() == memory::desc(yd, dt::bf16, tag::nChw16c) &&
         bw.diff_weights_desc() == memory::desc(wd, dt::f32, tag::OIhw16i16o)) {
@@ -474,8 +473,9 @@ Conv *Lookup(const int64_t *xs, int xr, const int64_t *ws, const int64_t *ys, in
   if (xl == tag::undef || yl == tag::undef) return nullptr;
   memory::dims xd = Dims(xs, xr), wd(ws, ws + 4), yd = Dims(ys, yr);
   const int bf16 = xt == dt::f16 ? AmpZooCompute() : 0;  // fp32 convolutions (O0) always multiply in fp32
+  const int64_t dw = bf16 ? AmpZooMatmulWeights() + 2 * AmpZooOpenMpWeights() + 4 * AmpZooThreads() : 0;
   Key k{xd[0], xd[1], xd[2], xd[3], Block(xs, xr), wd[0], wd[2], wd[3], yd[2], yd[3], Block(ys, yr), s, p,
-        static_cast<int64_t>(xt), static_cast<int64_t>(wt), bf16};
+        static_cast<int64_t>(xt), static_cast<int64_t>(wt), bf16, dw};  // dw: how its weight gradient runs
   std::lock_guard<std::mutex> lk(m);
   auto &c = cache[k];
   if (!c) c.reset(new Conv(xd, wd, yd, xl, yl, s, p, xt, wt, bf16));

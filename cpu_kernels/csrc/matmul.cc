@@ -10,7 +10,7 @@
 // float32 weight's gradient is rounded through float16 (an fp16 gradient past 65504 is inf, as the cast graph
 // makes it, so the loss scale's overflow check still sees it).
 //
-// With float16 activations on a CPU with AVX512-BF16, runtime.cpu_compute=bf16 (AMP_ZOO_CPU_COMPUTE, conv.cc's
+// With float16 activations on a CPU with AVX512-BF16, runtime.cpu_compute=bf16 (cpu_kernels.configure, runtime.cc's
 // Bf16Compute) rounds the operands on to bf16 and runs oneDNN's bf16 matmul (vdpbf16ps, fp32 sums; GemmBf16),
 // which multiplies twice as many pairs an instruction as fp32 FMA. bf16_backward does so in the backward only.
 // The attention's batched products stay in fp32 (a head's 16 x 32 x 16 products are too small to gain).

@@ -8,7 +8,8 @@
 // libdnnl_omp.so) with RTLD_DEEPBIND, so it binds to itself and not to
 // MindSpore's oneDNN beside it, and calls its C API. conv.cc hands it x and dy in bf16 and dw in fp32, in the
 // blocked layouts its own backward-weights pass chose; the result is the same kernel's, summed in another order.
-// Where the library is missing or refuses a shape, conv.cc runs its own pass. AMP_ZOO_CONV_OMP_DW=0 turns it off.
+// Where the library is missing or refuses a shape, conv.cc runs its own pass. runtime.cpu_weight_grad=threadpool
+// turns it off.
 #include <dlfcn.h>
 #include <unistd.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -58,11 +59,6 @@ struct Library {
   bool ok = false;
 
   Library() {
-    const char *env = std::getenv("AMP_ZOO_CONV_OMP_DW");
-    if (env && !std::strcmp(env, "0")) {
-      status = "off (AMP_ZOO_CONV_OMP_DW=0)";
-      return;
-    }
     Dl_info self;
     if (!dladdr(reinterpret_cast<void *>(&AnchorForDladdr), &self) || !self.dli_fname) {
       status = "not found (dladdr)";
@@ -216,5 +212,6 @@ extern "C" void AmpZooOmpWeightsFree(AmpZooOmpWeights *w) {
 // "oneDNN 3.2.0 (OpenMP)", or why not (make doctor, cpu_kernels.weight_gradients)
 extern "C" const char *AmpZooOmpWeightsStatus() {
   static const std::string on_amx = "not used: MindSpore's oneDNN runs AMX here, channels-last";
-  return AmpZooOneDnnRunsAmx() ? on_amx.c_str() : Lib().status.c_str();
+  static const std::string off = "off (runtime.cpu_weight_grad=threadpool)";
+  return AmpZooOneDnnRunsAmx() ? on_amx.c_str() : !AmpZooOpenMpWeights() ? off.c_str() : Lib().status.c_str();
 }

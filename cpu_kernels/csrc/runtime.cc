@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -31,7 +32,7 @@ namespace {
 // claimed one at a time by whichever thread comes first, the caller included, so a worker the kernel scheduler has
 // descheduled (another process busy on these cores) never holds the region up: the caller takes its pieces, and
 // the region costs at most what one thread would. Between regions a worker spins for a while
-// (AMP_ZOO_POOL_SPIN_US, default 200 us), as OpenMP's threads do, then sleeps: a training step runs many short
+// (runtime.cpu_pool_spin_us, default 200 us), as OpenMP's threads do, then sleeps: a training step runs many short
 // regions back to back, and waking a sleeping thread costs tens of microseconds. Once the machine is busy (a
 // region that the caller finished alone while its workers were runnable but not running) the pool stops spinning
 // for the next 1,000 regions, as OpenMP's passive wait policy does: spinning threads would take the very cores
@@ -151,37 +152,59 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
 };
 thread_local bool Pool::in_parallel_ = false;
 
-// The pool's size: AMP_ZOO_CONV_THREADS where set, else the cores this process may run on (its affinity mask,
-// which msrun's core binding and taskset set), divided among msrun's workers when they share the machine's cores
-int Threads() {
-  const char *env = std::getenv("AMP_ZOO_CONV_THREADS");
-  if (env) {
-    const int n = std::atoi(env);
-    return n > 0 ? n : 1;
-  }
+// The kernels' settings, set by cpu_kernels.configure (AmpZooConfigure) when a network is built or configured,
+// read where a kernel runs; the defaults are a network built outside a command's configure()
+struct Settings {
+  std::atomic<int> compute{0};    // asked for: 0 fp32, 1 bf16, 2 bf16 in the backward passes (Bf16Compute)
+  std::atomic<int> half_isa{2};   // the highest conversion to use: 2 AVX-512, 1 F16C, 0 portable (HalfIsa)
+  std::atomic<int> matmul_dw{1};  // a small bf16 weight gradient may run as one matmul (conv.cc's MatmulWeights)
+  std::atomic<int> omp_dw{1};     // the direct one may run in oneDNN's OpenMP build (omp_weights.cc)
+  int threads = 0;                // the pool's threads; 0: the cores this process may run on
+  int spin_us = 200;              // how long an idle pool thread spins before it sleeps
+};
+
+Settings &Set() {
+  static Settings s;
+  return s;
+}
+
+// The pool's size: `asked`, else the cores this process may run on (its affinity mask, which msrun's core
+// binding and taskset set; cpu_kernels.configure shares them among msrun's workers on one machine)
+int Threads(int asked) {
+  if (asked > 0) return asked;
   cpu_set_t mask;
-  int n = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask)
-                                                           : static_cast<int>(std::thread::hardware_concurrency());
-  const char *workers = std::getenv("MS_WORKER_NUM");
-  const int all = static_cast<int>(std::thread::hardware_concurrency());
-  if (workers && std::atoi(workers) > 1 && n >= all) n /= std::min(std::atoi(workers), n);  // not bound per worker
+  const int n = sched_getaffinity(0, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask)
+                                                                 : static_cast<int>(std::thread::hardware_concurrency());
   return n > 0 ? n : 1;
 }
 
-int SpinMicroseconds() {
-  const char *env = std::getenv("AMP_ZOO_POOL_SPIN_US");
-  int us = env ? std::atoi(env) : 200;
-  return us > 0 ? us : 0;
-}
-
+// The pool, and the stream that runs oneDNN's primitives on it, made at first use with the settings, and made
+// again by AmpZooConfigure when the threads or the spin change (between steps: no kernel runs meanwhile)
 struct Runtime {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  Pool pool{Threads(), SpinMicroseconds()};
-  dnnl::stream stream = dnnl::threadpool_interop::make_stream(engine, &pool);
+  std::unique_ptr<Pool> pool;
+  dnnl::stream stream;
+  int threads = 0, spin_us = 0;
+
+  void Make(int n, int spin) {
+    stream = dnnl::stream();
+    pool.reset(new Pool(n, spin));
+    stream = dnnl::threadpool_interop::make_stream(engine, pool.get());
+    threads = n, spin_us = spin;
+  }
 };
+
+std::mutex made_mutex;
+bool made = false;
 
 Runtime &RT() {
   static Runtime rt;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::lock_guard<std::mutex> lk(made_mutex);
+    rt.Make(Threads(Set().threads), Set().spin_us);
+    made = true;
+  });
   return rt;
 }
 
@@ -284,16 +307,14 @@ void F2HPortable(const float *s, uint16_t *d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = FloatToHalfBits(s[i]);
 }
 
-// which conversion this CPU runs: 2 AVX-512, 1 F16C, 0 portable (AMP_ZOO_HALF_ISA caps it, for the tests)
+// which conversion this CPU runs: 2 AVX-512, 1 F16C, 0 portable, at most the setting's (the tests compare them)
 int HalfIsa() {
-  static const int isa = [] {
+  static const int best = [] {
     __builtin_cpu_init();
-    int best = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") ? 2
-               : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 0;
-    const char *cap = std::getenv("AMP_ZOO_HALF_ISA");
-    return cap && std::atoi(cap) < best ? std::max(0, std::atoi(cap)) : best;
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c") ? 2
+           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? 1 : 0;
   }();
-  return isa;
+  return std::max(0, std::min(best, Set().half_isa.load(std::memory_order_relaxed)));
 }
 
 // Whether oneDNN runs bf16 dot products here: its effective ISA (the CPU's, under ONEDNN_MAX_CPU_ISA) has them
@@ -315,26 +336,23 @@ bool OneDnnRunsAmx() {
   return (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & amx) == amx;
 }
 
-// How fp16 convolutions and Dense layers (matmul.cc) multiply here (see the top of this file): 0 fp32; 1 bf16
-// (AMP_ZOO_CPU_COMPUTE=bf16), 2 bf16 in the backward passes only (AMP_ZOO_CPU_COMPUTE=bf16_backward), each only
-// where the CPU has AVX512-BF16 under oneDNN's ISA cap (runtime.cpu_compute sets the variable: models/layers.py).
-// Read at each lookup, so a process (a test) can run each; cpu_kernels.cpu_compute() is the same rule.
+// How fp16 convolutions and Dense layers (matmul.cc) multiply here (see conv.cc's top): 0 fp32; 1 bf16, 2 bf16
+// in the backward passes only, as the settings ask (runtime.cpu_compute), each only where the CPU has AVX512-BF16
+// under oneDNN's ISA cap. cpu_kernels.cpu_compute() is the same rule.
 int Bf16Compute() {
   static const bool bf16 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("f16c") && OneDnnRunsBf16();
   }();
-  const char *env = std::getenv("AMP_ZOO_CPU_COMPUTE");
-  if (!bf16 || !env) return 0;
-  return !std::strcmp(env, "bf16") ? 1 : !std::strcmp(env, "bf16_backward") ? 2 : 0;
+  return bf16 ? Set().compute.load(std::memory_order_relaxed) : 0;
 }
 
 // f(begin, end) over [0, n) in one piece per pool thread when n is large enough to pay for waking them
 void Split(int64_t n, const std::function<void(int64_t, int64_t)> &f) {
-  const int threads = n >= (1 << 16) ? RT().pool.get_num_threads() : 1;
+  const int threads = n >= (1 << 16) ? RT().pool->get_num_threads() : 1;
   if (threads == 1) return f(0, n);
-  RT().pool.parallel_for(threads, [&](int t, int k) {
+  RT().pool->parallel_for(threads, [&](int t, int k) {
     const int64_t a = (n * t / k) & ~int64_t{15}, b = t + 1 == k ? n : (n * (t + 1) / k) & ~int64_t{15};
     f(a, b);
   });
@@ -377,9 +395,9 @@ void AmpZooFloatToHalf(const float *s, uint16_t *d, int64_t n) {
 
 
 // The pool, for the loops of norm.cc: fn(t, n) for t < n, on n threads at most
-void AmpZooParallel(int n, const std::function<void(int, int)> &fn) { RT().pool.parallel_for(n, fn); }
-int AmpZooThreads() { return RT().pool.get_num_threads(); }
-dnnl::threadpool_interop::threadpool_iface *AmpZooPool() { return &RT().pool; }  // matmul.cc's sgemm
+void AmpZooParallel(int n, const std::function<void(int, int)> &fn) { RT().pool->parallel_for(n, fn); }
+int AmpZooThreads() { return RT().pool->get_num_threads(); }
+dnnl::threadpool_interop::threadpool_iface *AmpZooPool() { return RT().pool.get(); }  // matmul.cc's sgemm
 dnnl::engine &AmpZooEngine() { return RT().engine; }  // matmul.cc's bf16 matmuls
 dnnl::stream &AmpZooStream() { return RT().stream; }
 // fp16 (half) or fp32 -> bf16 bits on the pool's threads; fp32 goes through the nearest fp16 first, as an fp32
@@ -395,7 +413,7 @@ void AmpZooToBf16(const void *s, bool half, uint16_t *d, int64_t n) {
 // How an fp16 convolution multiplies now (Bf16Compute: 0, 1, 2), for cpu_kernels' tests and make doctor
 extern "C" int AmpZooBf16Compute() { return Bf16Compute(); }
 // The pool's threads (Threads()), for cpu_kernels.pool_threads
-extern "C" int AmpZooPoolThreads() { return RT().pool.get_num_threads(); }
+extern "C" int AmpZooPoolThreads() { return RT().pool->get_num_threads(); }
 
 void AmpZooSplit(int64_t n, const std::function<void(int64_t, int64_t)> &f) { Split(n, f); }
 void AmpZooRoundThroughHalfHere(const float *s, float *d, int64_t n) { RoundThroughHalf(s, d, n); }
@@ -417,4 +435,18 @@ float AmpZooScale(const char *dtype, int ndim, const int64_t *shape, const void 
   float f = NAN;
   if (!std::strcmp(dtype, "float16")) AmpZooHalfToFloatHere(static_cast<const uint16_t *>(p), &f, 1);
   return f;
+}
+
+bool AmpZooMatmulWeights() { return Set().matmul_dw.load(std::memory_order_relaxed) != 0; }
+bool AmpZooOpenMpWeights() { return Set().omp_dw.load(std::memory_order_relaxed) != 0; }
+
+// cpu_kernels.configure: the settings of the kernels that run from now on; the pool is made again when its
+// threads or spin change. compute 0 fp32, 1 bf16, 2 bf16_backward; threads 0: the cores this process may run on
+extern "C" void AmpZooConfigure(int compute, int threads, int spin_us, int half_isa, int matmul_dw, int omp_dw) {
+  Settings &s = Set();
+  s.compute = compute, s.half_isa = half_isa, s.matmul_dw = matmul_dw, s.omp_dw = omp_dw;
+  s.threads = threads, s.spin_us = spin_us > 0 ? spin_us : 0;
+  std::lock_guard<std::mutex> lk(made_mutex);
+  const int n = Threads(s.threads);
+  if (made && (RT().threads != n || RT().spin_us != s.spin_us)) RT().Make(n, s.spin_us);
 }

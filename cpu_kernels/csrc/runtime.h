@@ -45,6 +45,10 @@ float AmpZooScale(const char *dtype, int ndim, const int64_t *shape, const void 
 // only where the CPU has AVX512-BF16 under oneDNN's ISA cap); whether oneDNN runs AMX here
 int AmpZooCompute();
 bool AmpZooOneDnnRunsAmx();
+// Whether a small bf16 weight gradient may run as one matmul, and the direct one in oneDNN's OpenMP build
+// (runtime.cpu_weight_grad, through cpu_kernels.configure)
+bool AmpZooMatmulWeights();
+bool AmpZooOpenMpWeights();
 
 // A bf16 convolution's weight gradient in the OpenMP build of oneDNN (omp_weights.cc): made for one shape and
 // layout (nullptr where that oneDNN is not loaded or cannot), run (false: it could not), freed
