@@ -470,12 +470,11 @@ def render(rows: List[dict]) -> str:
     sources: List[str] = []  # one per published setting and source, cited by number
     here = ["| recipe | published | reproduced here | seeds | training time | device, notes |",
             "|---|---|---|---|---|---|"]
-    absent = ["| recipe | published | data | run it with |", "|---|---|---|---|"]
+    absent: Dict[str, List[tuple]] = {}  # data group -> (recipe, published), one row a group
     for r in sorted(rows, key=lambda r: r["data"] is None and not r["runs"]):  # sources numbered as shown
         head = f"| `{r['recipe']}` | {published(r['target'], sources)} "
         if r["data"] is None and not r["runs"]:  # its recorded runs show even where its data is not
-            cmd = f"python -m bench.reproduce --data {r['group']}=PATH --only {r['recipe']}"
-            absent.append(head + f"| not found ({r['group']}) | `{cmd}` |")
+            absent.setdefault(r["group"], []).append((r["recipe"], published(r["target"], sources)))
         elif not r["runs"]:
             state = progress(r) if r.get("unfinished") else "not finished yet (`make reproduce` continues it)"
             if not r.get("started", True) and not r.get("unfinished"):
@@ -487,8 +486,13 @@ def render(rows: List[dict]) -> str:
     parts = ["\n".join(here) + "\n"]
     if found:
         parts.append("Data here: " + "; ".join(f"{group} in `{path}`" for group, path in found) + ".\n")
-    if len(absent) > 2:
-        parts.append("Not run here, for want of their data:\n\n" + "\n".join(absent) + "\n")
+    if absent:
+        lines = ["| recipes | published | data | run them with |", "|---|---|---|---|"]
+        for group, recipes in absent.items():
+            cites = " / ".join(dict.fromkeys(cite for _, cite in recipes))
+            lines.append(f"| {', '.join(f'`{name}`' for name, _ in recipes)} | {cites} | not found ({group}) | "
+                         f"`python -m bench.reproduce --data {group}=PATH` (`--only RECIPE` for one) |")
+        parts.append("Not run here, for want of their data:\n\n" + "\n".join(lines) + "\n")
     if sources:
         parts.append("Published settings and sources:\n\n"
                      + "\n".join(f"{i}. {s}" for i, s in enumerate(sources, 1)) + "\n")

@@ -58,7 +58,7 @@ def test_runs_each_seed_once_and_names_absent_data(tmp_path, fake_runner, monkey
     row = next(line for line in table.splitlines() if "`lenet_fashion_o0`" in line)
     assert "**90.15** ± 0.07 (90.10, 90.20)" in row and "| 2 |" in row and "2 min a run, 1,500 samples/s" in row
     absent = next(line for line in table.splitlines() if "`lenet_o2`" in line)
-    assert "not found (mnist)" in absent and "--data mnist=PATH --only lenet_o2" in absent
+    assert "not found (mnist)" in absent and "`python -m bench.reproduce --data mnist=PATH`" in absent
     cited = re.search(r"\| 98.42 top1 \[(\d)\] \|", absent).group(1)  # the published setting, cited by number
     assert re.search(rf"^{cited}\. 98.42 top1: full MNIST, 10 epochs.*; MindSpore model zoo", table, re.M)
     assert rp.reproduce(**args)["table"] == table and len(fake_runner.calls) == 2, "finished runs are not run again"

@@ -533,3 +533,10 @@ def test_the_moved_modules_find_the_checkout():
     from ampzoo.engine import train_run, weights
     assert ampzoo.config.ROOT == train_run.ROOT == models.ROOT == ROOT
     assert weights.WEIGHTS == ROOT / "weights" and (ROOT / "train.py").is_file()
+
+
+def test_the_readme_is_a_guide_of_at_most_350_lines():
+    """The README guides a user (issue 78): measurements live in docs/benchmarks.md, and it stays readable in one
+    sitting."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 350, len(lines)
