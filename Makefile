@@ -23,7 +23,7 @@ $(VENV)/.cpu_kernels: $(VENV)/.installed $(CPU_KERNELS)
 	$(PY) -m cpu_kernels.build
 	@touch $@
 
-# the five packages (ampzoo, amp, models, bench, cpu_kernels) installed editable, so the venv's Python finds them
+# the four packages (ampzoo, amp, bench, cpu_kernels) installed editable, so the venv's Python finds them
 # from any folder (python -m amp.report, a plugin beside your recipes); the root scripts run from the checkout.
 # An older checkout's amp-zoo.pth, which put the whole checkout on the path, goes.
 $(VENV)/.editable: $(VENV)/.installed pyproject.toml

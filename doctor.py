@@ -38,8 +38,8 @@ import mindspore as ms
 from mindspore import nn
 from omegaconf import OmegaConf
 
-from amp.loss_scale import AmpTrainStep, plan_loss_scale, saturation_mode
-from amp.policy import CastOutput
+from ampzoo.amp.loss_scale import AmpTrainStep, plan_loss_scale, saturation_mode
+from ampzoo.amp.policy import CastOutput
 from ampzoo.engine.metrics import NetWithLoss
 from ampzoo.errors import fail
 from ampzoo.runtime import device_hardware, msrun_env, pick_device, plugin_errors, source_commit
@@ -199,7 +199,7 @@ def check_cpu_kernels(device: str) -> Tuple[str, str]:
     steps = {}
     for dtype in (ms.float32, ms.float16):
         body = nn.SequentialCell([CpuConv2d(64, 64, 3, 1, 1), CpuBatchNorm2d(64), CpuReLU()])
-        if dtype == ms.float16:  # as amp.policy's O2 has it: conv and ReLU in fp16, BatchNorm fp32 inside
+        if dtype == ms.float16:  # as ampzoo.amp.policy's O2 has it: conv and ReLU in fp16, BatchNorm fp32 inside
             body.to_float(dtype)
             body[1].add_flags_recursive(fp16=False, fp32=False, bf16=False)
         net = CastOutput(body, ms.float32)

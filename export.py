@@ -26,7 +26,7 @@ from ampzoo.engine.checkpoint import inference_network
 from ampzoo.engine.weights import checkpoint_config, override_tag
 from ampzoo.errors import ConfigError
 from ampzoo.paths import check_writable
-from models import model_args
+from ampzoo.models import model_args
 
 
 def export(cfg) -> Tuple[Path, list]:

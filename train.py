@@ -24,11 +24,11 @@ from mindspore.train import Model
 from omegaconf import OmegaConf
 from tensorboardX import SummaryWriter
 
-from amp.fallback import DivergenceWatch, describe, ladder, not_learning, run_failed
-from amp.policy import compute_line, compute_path, cpu_cost_note
-from amp.precision import precision_report, write_report
-from amp.profile import ProfileSteps
-from amp.telemetry import AmpTelemetry
+from ampzoo.amp.fallback import DivergenceWatch, describe, ladder, not_learning, run_failed
+from ampzoo.amp.policy import compute_line, compute_path, cpu_cost_note
+from ampzoo.amp.precision import precision_report, write_report
+from ampzoo.amp.profile import ProfileSteps
+from ampzoo.amp.telemetry import AmpTelemetry
 from ampzoo.config import register_schema
 from ampzoo.data import create_dataset, task
 from ampzoo.engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, NpuStatusClear, ProgressBar,
@@ -52,8 +52,8 @@ from ampzoo.errors import ConfigError, TracedError, fail
 from ampzoo.interrupt import Interrupted
 from ampzoo.runtime import (any_rank, device_notes, init_distributed, msrun_env, parameter_checksum,
                             seed_everything, set_context, sink_mode)
-from models.decoding import translate
-from models.layers import use_cpu_kernels
+from ampzoo.models.decoding import translate
+from ampzoo.models.layers import use_cpu_kernels
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback

@@ -1,8 +1,2 @@
-"""amp: mixed precision you can see into.
-
-policy.py (which Cells run in which dtype), names.py (the Cell registry behind keep_fp32/force_fp16),
-loss_scale.py (the loss-scaled train step, on every device), telemetry.py (overflow and scale logging),
-fallback.py (the ladder), functional.py (a jit-compiled step for hand-written loops). The commands
-`python -m amp.report | amp.audit | amp.search` live in report/, audit/ and search/ (command.py each): they use
-the engine, which uses this library, so nothing in the library imports them.
-"""
+"""The AMP tools as commands: `python -m amp.report | amp.audit | amp.search` (report/, audit/, search/, a
+command.py each). They drive the engine; the AMP library they report on is ampzoo.amp."""

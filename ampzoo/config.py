@@ -20,8 +20,8 @@ CONF_DIR = ROOT / "conf"
 
 @dataclass(frozen=True)
 class Level:
-    """One amp level: what runs in low precision by default. The schema, the policy (amp/policy.py), the
-    fallback ladder (amp/fallback.py) and the report (amp/report/command.py) all read this table: a new level is
+    """One amp level: what runs in low precision by default. The schema, the policy (ampzoo/amp/policy.py), the
+    fallback ladder (ampzoo/amp/fallback.py) and the report (amp/report/command.py) all read this table: a new level is
     a row."""
     low: str                        # "none": fp32; "white_list": MindSpore's O1 Cells (Conv, Dense, RNN cells);
                                     # "all": every Cell but the keep-list
@@ -62,13 +62,13 @@ class Mode(StrEnum):
     pynative = "pynative"
 
 
-class CpuKernels(StrEnum):  # models/layers.py
+class CpuKernels(StrEnum):  # ampzoo/models/layers.py
     auto = "auto"  # the cpu_kernels extension on the CPU where it is built, else MindSpore's kernels (one warning)
     on = "on"      # the extension, or an error where it cannot run
     off = "off"    # MindSpore's own kernels
 
 
-class CpuCompute(StrEnum):  # models/layers.py set_cpu_compute; cpu_kernels.configure
+class CpuCompute(StrEnum):  # ampzoo/models/layers.py set_cpu_compute; cpu_kernels.configure
     auto = "auto"                    # bf16 in training, fp32 in evaluation
     fp32 = "fp32"                    # an fp16 convolution or Dense computes in fp32 (what Cast + Conv2D gives)
     bf16 = "bf16"                    # it multiplies in bf16 on a CPU with AVX512-BF16 (oneDNN's bf16 kernels)

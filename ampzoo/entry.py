@@ -12,7 +12,7 @@ which works only before MindSpore loads, and makes a Ctrl-C while the command's 
 130 (ampzoo.interrupt.hook). The stop signals themselves are the command's to take: `run` takes them for the
 command's work (ampzoo.interrupt.handled), and gives them back when it ends. Only commands import this module;
 importing a library module leaves the process as it was. oneDNN's ISA cap needs no such place: it is set when a
-network is built (models.build_model).
+network is built (ampzoo.models.build_model).
 """
 import ampzoo.needs  # noqa: F401  (first: a Python without the zoo's packages gets one line, not a traceback)
 
@@ -29,7 +29,7 @@ from ampzoo.runtime import quiet_mindspore
 
 
 def _shadowed() -> Optional[Path]:
-    """A file or folder of the user's named like one of the zoo's own packages (models.py, a models/ folder) that
+    """A file or folder of the user's named like one of the zoo's own packages (models.py, a ampzoo/models/ folder) that
     the import system finds first (`python -m amp.report` puts the current folder first on the path): the zoo
     would import it instead of its own and fail with a traceback, or run the user's code as the zoo's. Its path,
     or None. A plain folder counts too: the editable install finds the zoo's packages after the path's folders."""

@@ -1,7 +1,7 @@
 """One registry for models, datasets and the Cells a keep-list may name (after timm's `_registry.py`).
 
 Registries live here, outside the packages they fill, so registering a model imports this module and not
-`models/__init__.py`:
+`ampzoo/models/__init__.py`:
 
     from ampzoo.registry import MODELS
 
@@ -78,4 +78,4 @@ def _where(obj) -> str:
 
 MODELS = Registry("model")
 DATASETS = Registry("dataset")
-CELLS = Registry("Cell")  # project Cells a keep-list may name, beside mindspore.nn's own (amp/names.py)
+CELLS = Registry("Cell")  # project Cells a keep-list may name, beside mindspore.nn's own (ampzoo/amp/names.py)

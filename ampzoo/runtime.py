@@ -8,9 +8,6 @@ from typing import Optional
 log = logging.getLogger("amp_zoo")
 
 
-AUTO_CAP = "AMP_ZOO_ONEDNN_AUTO"  # the process id that set ONEDNN_MAX_CPU_ISA itself (runtime.onednn_isa=auto)
-
-
 def set_here(marker: str, key: str) -> bool:
     """Whether this process set the environment variable `key` itself (its process id in `marker`). A value an
     amp-zoo parent process set is dropped with its marker, so this process decides afresh."""
@@ -29,11 +26,12 @@ def cap_onednn_isa(choice: str, needs_cap: bool, device: str = "CPU") -> Optiona
     ISA fixes them.
     oneDNN reads ONEDNN_MAX_CPU_ISA when it creates its first primitive, not when MindSpore is imported, so the
     networks built before the first step decide (`needs_cap`: this one runs a MindSpore convolution,
-    models.layers.runs_mindspore_conv). `choice` is runtime.onednn_isa: auto caps at AVX2 while any network
+    ampzoo.models.layers.runs_mindspore_conv). `choice` is runtime.onednn_isa: auto caps at AVX2 while any network
     built in this process needs it and sets ALL otherwise (the CPU kernels and matmuls run oneDNN's AVX-512
     kernels as fast as PyTorch's); an ISA name sets that; "none" sets nothing. A value the user set is left
     alone. Off the CPU (`device` Ascend or GPU) oneDNN runs none of the network: nothing is set, and there is no
     note (None)."""
+    from cpu_kernels import AUTO_CAP  # the kernels' block size reads it (imported here: entry's checks first)
     if device != "CPU":
         return None
     ours = set_here(AUTO_CAP, "ONEDNN_MAX_CPU_ISA")
@@ -55,6 +53,7 @@ def cap_onednn_isa(choice: str, needs_cap: bool, device: str = "CPU") -> Optiona
 
 def onednn_note(device: str = "CPU") -> Optional[str]:
     """The oneDNN cap in force, for a run's records; None off the CPU (oneDNN runs none of the network)."""
+    from cpu_kernels import AUTO_CAP  # the kernels' block size reads it (imported here: entry's checks first)
     if device != "CPU":
         return None
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA")
@@ -329,12 +328,3 @@ def cpu_info():
     except OSError:  # not Linux
         pass
     return cpu, flags
-
-
-def onednn_runs_avx512() -> bool:
-    """Whether oneDNN will run AVX-512 kernels for a network without MindSpore convolutions: the CPU has them
-    and no cap below them was set by the user (the auto cap is lifted for such a network)."""
-    if "avx512f" not in cpu_info()[1]:
-        return False
-    isa = "" if os.environ.get(AUTO_CAP) else os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    return not isa or isa == "ALL" or "AVX512" in isa or "AMX" in isa

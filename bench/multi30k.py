@@ -10,7 +10,7 @@ RUN_DIR is a `train.py recipe=transformer_tiny_multi30k_*` run directory (its co
    cased; the last checkpoint alone beside it. Written to RUN_DIR/multi30k_result.json.
 --no-curve skips step 1 (the final number first, the curve in a later call); --no-final skips step 2.
 --curve-every K scores every K-th epoch and the last (each score is a greedy pass over val).
-Decoding is incremental (models/decoding.py); sentences/s and tokens/s are in each record.
+Decoding is incremental (ampzoo/models/decoding.py); sentences/s and tokens/s are in each record.
 """
 from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
 
@@ -25,7 +25,7 @@ from ampzoo.engine.checkpoint import average_checkpoints, epoch_checkpoints, loa
 from ampzoo.engine.rundir import load_run_config
 from ampzoo.errors import fail
 from bench.common import trained_network
-from models.decoding import translate
+from ampzoo.models.decoding import translate
 
 
 def split_cfg(cfg, prefix: str):

@@ -5,7 +5,7 @@
 
 Ours is the driver's own train step (bench.common.train_step: the recipe's network under its precision policy,
 loss scale and optimizer) at O0 and at the recipe's level; the peer is the same architecture in PyTorch eager
-fp32 (torchvision's ResNet with the recipe's stem, or LeNet-5 as models/lenet.py builds it), SGD with momentum
+fp32 (torchvision's ResNet with the recipe's stem, or LeNet-5 as ampzoo/models/lenet.py builds it), SGD with momentum
 and the recipe's weight decay, on as many threads as MindSpore uses. Inputs are random images of the recipe's
 size and channels (or --size), labels random. A ratio is the median of per-round ratios, so drift on a shared
 machine cancels, with its 95% bootstrap interval over the rounds (`_95ci`): on a noisy machine, give it more
@@ -48,9 +48,10 @@ import mindspore as ms
 import numpy as np
 from mindspore.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
-from amp.profile import op_times
+from ampzoo.amp.profile import op_times
 from ampzoo.machine import machine
-from ampzoo.runtime import AUTO_CAP, onednn_note
+from ampzoo.runtime import onednn_note
+from cpu_kernels import AUTO_CAP
 from bench.common import (alternate, bench_config, describe, pop_option, ratio, ratio_ci, save_result,
                           train_step, under_compute)
 from cpu_kernels import cpu_compute, has_ops, library, why_not

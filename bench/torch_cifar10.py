@@ -34,7 +34,7 @@ from bench.common import bench_config
 
 
 def peer_network(num_classes: int):
-    """torchvision's ResNet-34 with the zoo's CIFAR stem (models/resnet.py, stem=cifar)."""
+    """torchvision's ResNet-34 with the zoo's CIFAR stem (ampzoo/models/resnet.py, stem=cifar)."""
     import torch.nn as tnn
     from torchvision.models import resnet34
     net = resnet34(num_classes=num_classes)

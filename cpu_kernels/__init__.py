@@ -15,7 +15,7 @@ The library links MindSpore's bundled oneDNN (libdnnl.so.3) and is compiled agai
 not newer than it: oneDNN keeps its ABI backward compatible within a major version, so headers newer than the
 runtime are what breaks (a virtual function the runtime's thread-pool interface lacks, enum values it does not
 know). The build records what it was built against (build.json beside the library); loading reads the runtime's
-version through dnnl_version() and refuses a mismatch. models.layers decides whether a network uses these
+version through dnnl_version() and refuses a mismatch. ampzoo.models.layers decides whether a network uses these
 kernels (runtime.cpu_kernels); nothing here imports MindSpore.
 """
 import ctypes
@@ -159,6 +159,19 @@ def cpu_flags() -> set:
     return set()
 
 
+AUTO_CAP = "AMP_ZOO_ONEDNN_AUTO"  # the process id that set ONEDNN_MAX_CPU_ISA itself (ampzoo.runtime.cap_onednn_isa)
+
+
+def onednn_runs_avx512() -> bool:
+    """Whether oneDNN will run AVX-512 kernels for a network without MindSpore convolutions: the CPU has them and
+    no cap below them was set by the user (the zoo's own auto cap, marked by AUTO_CAP, is lifted for such a
+    network: ampzoo.runtime.cap_onednn_isa)."""
+    if "avx512f" not in cpu_flags():
+        return False
+    isa = "" if os.environ.get(AUTO_CAP) else os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    return not isa or isa == "ALL" or "AVX512" in isa or "AMX" in isa
+
+
 NO_BF16_ISA = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}  # caps
 
 
@@ -220,7 +233,7 @@ def settings() -> Settings:
 def cpu_compute(flags: Optional[set] = None, asked: Optional[str] = None) -> str:
     """How fp16 convolutions and Dense layers (matmul.cc) multiply on this CPU (runtime.cc's Bf16Compute, the same
     rule): "fp32"; "bf16" or "bf16_backward" (the backward passes only) where asked (`asked`, else the
-    configured Settings.compute: runtime.cpu_compute through models.layers.set_cpu_compute), each only on a CPU
+    configured Settings.compute: runtime.cpu_compute through ampzoo.models.layers.set_cpu_compute), each only on a CPU
     with AVX512-BF16 and not under an ONEDNN_MAX_CPU_ISA cap below it (AVX2, for MindSpore's own convolutions).
     bf16 runs oneDNN's bf16 kernels (fp32 sums, each output rounded once to fp16)."""
     flags = cpu_flags() if flags is None else flags

@@ -4,7 +4,7 @@ relu(a + b)), whose forward and backward are AOT custom ops from the extension's
 The Transformer's ops come as functions returning the op (affine_op, bmm_op, layer_norm_op, embed_op, add_op in CpuAdd,
 mask_mul_op in CpuDropout, log_softmax_top_k_op and cached_attention_op for decoding), which its Cells call with
 their own parameters.
-models.layers builds them where runtime.cpu_kernels lets it; nothing else should.
+ampzoo.models.layers builds them where runtime.cpu_kernels lets it; nothing else should.
 
 MindSpore 2.10 hands oneDNN plain NCHW tensors for Conv2D and its two gradients, which leaves oneDNN only its
 im2col + sgemm path; PyTorch lets oneDNN pick a blocked layout and run its direct kernels. CpuConv2d does what
@@ -24,8 +24,7 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from ampzoo.runtime import onednn_runs_avx512
-from cpu_kernels import cpu_flags, library
+from cpu_kernels import cpu_flags, library, onednn_runs_avx512
 
 STRIDES, PADDINGS = (1, 2), (0, 1, 2, 3)  # the variants conv.cc exports
 
@@ -87,7 +86,7 @@ class CpuConv2d(nn.Conv2d):
     It computes in fp32 like MindSpore's CPU Conv2D, or multiplies in bf16 (cpu_kernels.cpu_compute). Under
     fp16 it takes fp16 input and returns fp16, converting inside the kernel, so no Cast runs around it
     (MindSpore's Conv2D casts around its own). Its weight it takes as stored (`weights_as_stored`: O2 gives it
-    no precision flag, amp.policy): an fp32 master weight is rounded to fp16 values inside the kernel and its
+    no precision flag, ampzoo.amp.policy): an fp32 master weight is rounded to fp16 values inside the kernel and its
     gradient comes back in fp32 holding fp16 values, so no Cast runs on either.
     out_block: its output in the blocked layout (block_for), else plain NCHW; its input may be either."""
     weights_as_stored = True
@@ -311,8 +310,8 @@ class CpuAdd(nn.Cell):
 
 
 class CpuBranch(nn.Cell):
-    """x -> n references to x (models.layers.Branch) whose gradients are summed by eltwise.cc's Add, fp32 or fp16,
-    each sum computed in fp32 and rounded once: at O2 MindSpore summed them in its fp16 AddN."""
+    """x -> n references to x (ampzoo.models.layers.Branch) whose gradients are summed by eltwise.cc's Add, fp32 or
+    fp16, each sum computed in fp32 and rounded once: at O2 MindSpore summed them in its fp16 AddN."""
 
     def __init__(self, n: int = 2):
         super().__init__()
@@ -419,7 +418,7 @@ def softmax_op():
 class CpuSoftmax(nn.Softmax):
     """nn.Softmax(axis=-1) (keep-lists naming Softmax reach it) running softmax.cc: fp32 or fp16 in, the same
     out, computed in fp32 and rounded once. O2's keep-list needs no Cast around it (`fp32_inside`, which
-    amp.policy reads): at O2 MindSpore ran a Cast before and after the attention's Softmax and its gradient."""
+    ampzoo.amp.policy reads): at O2 MindSpore ran a Cast before and after the attention's Softmax and its gradient."""
     fp32_inside = True
 
     def __init__(self):
@@ -445,7 +444,7 @@ def scaled_softmax_op():
 
 class CpuAttentionSoftmax(nn.Softmax):
     """The attention's probabilities, softmax(scores * scale + bias) over the last axis, in one pass of softmax.cc
-    (models.layers.attention_softmax): fp32 or fp16 scores in, the same out, computed in fp32 and rounded once,
+    (ampzoo.models.layers.attention_softmax): fp32 or fp16 scores in, the same out, computed in fp32 and rounded once,
     the bias (an additive mask) broadcast as numpy does. An nn.Softmax, so keep-lists naming Softmax reach it, and
     `fp32_inside` like CpuSoftmax: at O2 the scaling and the mask ran as MindSpore's fp16 Mul and Add."""
     fp32_inside = True
@@ -553,7 +552,7 @@ class CpuBatchNorm2d(nn.BatchNorm2d):
     """nn.BatchNorm2d (the same parameters and checkpoint) whose training forward and backward run norm.cc's
     loops and write the moving statistics as MindSpore's BatchNorm does. It computes in fp32 on fp32 or fp16
     input and returns the input's dtype: O2's keep-list needs no Cast around it (`fp32_inside`, which
-    amp.policy reads). Evaluation runs MindSpore's own BatchNorm in fp32 (fp16 input widened and the output
+    ampzoo.amp.policy reads). Evaluation runs MindSpore's own BatchNorm in fp32 (fp16 input widened and the output
     rounded back), and fp16 parameters (O3: BatchNorm in low precision) run it in fp16, so those numbers are
     MindSpore's. `block`: its input and output are in that blocked layout (block_for), which MindSpore's
     BatchNorm gets as NCHW."""

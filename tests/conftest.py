@@ -31,8 +31,8 @@ def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600, env=None) -> 
 
 
 def built_with(cpu_kernels: str, build):
-    """build() with runtime.cpu_kernels set to `cpu_kernels` (models.layers), then back to the default, auto."""
-    from models import layers
+    """build() with runtime.cpu_kernels set to `cpu_kernels` (ampzoo.models.layers), then back to the default, auto."""
+    from ampzoo.models import layers
     layers.set_cpu_kernels(cpu_kernels)
     try:
         return build()

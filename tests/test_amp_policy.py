@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from amp.policy import apply_policy
-from amp.precision import precision_report
+from ampzoo.amp.policy import apply_policy
+from ampzoo.amp.precision import precision_report
 
 F16, F32 = "Float16", "Float32"
 
@@ -111,7 +111,7 @@ def test_a_low_precision_run_on_the_cpu_says_first_what_it_costs():
     """One line, on the CPU only and only where something runs in low precision: slower than O0 and why."""
     from omegaconf import OmegaConf
 
-    from amp.policy import cpu_cost_note
+    from ampzoo.amp.policy import cpu_cost_note
     from cpu_kernels import has_ops
     o2 = OmegaConf.create({"level": "O2", "force_fp16": []})
     note = cpu_cost_note("CPU", o2)
@@ -126,7 +126,7 @@ def test_a_run_with_bf16_convolutions_says_first_that_they_cost_accuracy(monkeyp
     from omegaconf import OmegaConf
 
     import cpu_kernels
-    from amp.policy import cpu_cost_note
+    from ampzoo.amp.policy import cpu_cost_note
     if not cpu_kernels.has_ops():
         pytest.skip(cpu_kernels.why_not())
     monkeypatch.setattr(cpu_kernels, "cpu_compute", lambda flags=None, env=None: "bf16")

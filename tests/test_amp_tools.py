@@ -134,7 +134,7 @@ def test_audit_leaves_value_selecting_cells_out_and_marks_a_repeated_keep_list()
     from amp.audit.command import to_markdown
     from ampzoo.data import create_dataset
     from ampzoo.engine.load import load_config
-    from models import build_model
+    from ampzoo.models import build_model
 
     cfg, _ = load_config(["recipe=lenet_o2"])
     batch = next(create_dataset(cfg.dataset, "train").create_tuple_iterator())

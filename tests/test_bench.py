@@ -85,6 +85,6 @@ def test_the_pytorch_peer_of_the_cifar10_card_says_what_it_needs(tmp_path):
             "error: PyTorch is not installed: pip install torch torchvision (bench-only, not in the zoo's install)"]
         return
     from bench.torch_cifar10 import peer_network
-    from models import create_model
+    from ampzoo.models import create_model
     ours = sum(p.size for p in create_model("resnet34", num_classes=10, stem="cifar").trainable_params())
     assert sum(p.numel() for p in peer_network(10).parameters()) == ours

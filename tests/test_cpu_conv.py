@@ -14,7 +14,7 @@ from cpu_kernels import check, cpu_flags, has_ops, why_not
 from cpu_kernels import cells as cpu_conv
 from cpu_kernels.build import build
 from cpu_kernels.cells import CpuConv2d
-from models import create_model
+from ampzoo.models import create_model
 from tests.conftest import built_with, pool_grad, run_cli
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
@@ -134,7 +134,7 @@ def test_resnet_uses_it_and_checkpoints_move_between_the_two(graph_mode, tmp_pat
 def test_off_builds_mindspores_own_layers():
     """runtime.cpu_kernels=off: MindSpore's Conv2d, BatchNorm2d and MaxPool2d (LeNet's written-out
     MaxPool2x2), where auto builds the CPU kernels' Cells."""
-    from models import layers
+    from ampzoo.models import layers
     made = [layers.conv2d(4, 8, 3, 1, 1), layers.batch_norm2d(8), layers.max_pool2d(3, 2, 1), layers.max_pool2d(2, 2)]
     assert [type(c).__name__ for c in made] == ["CpuConv2d", "CpuBatchNorm2d", "CpuMaxPool3x3", "CpuMaxPool2x2"]
     made = built_with("off", lambda: [layers.conv2d(4, 8, 3, 1, 1), layers.batch_norm2d(8), layers.max_pool2d(3, 2, 1),
@@ -306,7 +306,7 @@ import mindspore as ms, numpy as np
 from omegaconf import OmegaConf
 ms.set_device("CPU")
 from ampzoo.runtime import onednn_note
-from models import build_model
+from ampzoo.models import build_model
 model = {"resnet18": {"stem": "cifar", "in_channels": 1}, "lenet5": {"in_channels": 1}}[sys.argv[1]]
 net = build_model(OmegaConf.create({"model": {"name": sys.argv[1], "num_classes": 10, "params": model},
                                     "runtime": {"cpu_kernels": sys.argv[2], "onednn_isa": "auto"}}))
@@ -331,7 +331,7 @@ def test_the_avx2_cap_is_lifted_only_for_a_network_without_mindspores_convolutio
     import sys
 
     from tests.conftest import ROOT
-    from ampzoo.runtime import AUTO_CAP
+    from cpu_kernels import AUTO_CAP
     if platform.machine().lower() not in ("x86_64", "amd64"):
         pytest.skip("the oneDNN cap is set on x86 only")
     avx512 = "avx512f" in open("/proc/cpuinfo").read()

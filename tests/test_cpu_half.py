@@ -245,7 +245,7 @@ def as_stored_check() -> None:
     """O2 hands CpuConv2d its fp32 master weight as stored (no Cast): the output and every gradient are bit for
     bit those of the same network whose weights MindSpore casts to fp16 and back."""
     from omegaconf import OmegaConf
-    from amp.policy import apply_policy, compute_dtype
+    from ampzoo.amp.policy import apply_policy, compute_dtype
 
     class Loss(nn.Cell):
         def __init__(self, net):
@@ -385,11 +385,11 @@ def test_cpu_compute_says_what_the_library_runs(monkeypatch, fp32_products, sett
 
 
 def test_runtime_cpu_compute_sets_what_the_kernels_read(fp32_products):
-    """runtime.cpu_compute (models.layers.set_cpu_compute, before a train step or an evaluation is built) reaches
+    """runtime.cpu_compute (ampzoo.models.layers.set_cpu_compute, before a train step or an evaluation is built) reaches
     the kernels through cpu_kernels.configure, never the environment: a value is what they are asked; auto runs
     the training default and evaluates in fp32; a bad value names the valid ones."""
     from ampzoo.errors import ConfigError
-    from models.layers import AUTO_IN_TRAINING, set_cpu_compute
+    from ampzoo.models.layers import AUTO_IN_TRAINING, set_cpu_compute
     environment = dict(os.environ)
     set_cpu_compute("bf16_backward", training=True)
     assert settings().compute == "bf16_backward"
@@ -407,7 +407,7 @@ def test_runtime_cpu_compute_sets_what_the_kernels_read(fp32_products):
 def test_the_old_variables_are_named_not_silently_ignored(monkeypatch, caplog, fp32_products):
     """AMP_ZOO_CPU_COMPUTE, AMP_ZOO_CONV_THREADS and the others are no longer read (the settings are config keys):
     a run that sets one is told once what to set instead."""
-    from models import layers
+    from ampzoo.models import layers
     layers._warn_old_variable.cache_clear()
     monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE", "bf16")
     monkeypatch.setenv("AMP_ZOO_CONV_THREADS", "1")
@@ -482,8 +482,8 @@ def test_o2_keeps_cpu_batchnorm_fp32_without_casts():
     itself), its parameters stay fp32, and the precision report says it computes in fp32."""
     from omegaconf import OmegaConf
 
-    from amp.policy import CastOutput, apply_policy, compute_dtype
-    from models import create_model
+    from ampzoo.amp.policy import CastOutput, apply_policy, compute_dtype
+    from ampzoo.models import create_model
     net = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=16)
     amp_cfg = OmegaConf.create({"level": "O2", "dtype": "float16", "keep_fp32": None, "force_fp16": []})
     wrapped, _ = apply_policy(net, amp_cfg)
@@ -500,9 +500,9 @@ def test_o2_keeps_cpu_batchnorm_fp32_without_casts():
 
 
 def test_to_nchw_ends_the_blocked_layout_for_a_model_of_your_own(graph_mode):
-    """models.layers' convolution may return (N, C/B, H, W, B); ToNCHW gives the plain tensor MindSpore's own
+    """ampzoo.models.layers' convolution may return (N, C/B, H, W, B); ToNCHW gives the plain tensor MindSpore's own
     convolution gives, and passes a plain one through."""
-    from models.layers import ToNCHW, conv2d
+    from ampzoo.models.layers import ToNCHW, conv2d
     rng = np.random.RandomState(6)
     w = ms.Tensor((rng.randn(16, 3, 3, 3) * 0.2).astype(np.float32))
     ours = conv2d(3, 16, 3, 1, 1, weight_init=w)

@@ -13,7 +13,7 @@ import pytest
 
 import cpu_kernels
 from cpu_kernels import LIBRARY, RECORD, check, mismatch, runtime_version, sources_digest, version_text
-from models import create_model, layers
+from ampzoo.models import create_model, layers
 from tests.conftest import ROOT, built_with
 from ampzoo.errors import ConfigError
 

@@ -14,7 +14,7 @@ import mindspore.ops as ops
 from cpu_kernels import configure, cpu_flags, has_ops, why_not
 from cpu_kernels.cells import (CpuAttentionSoftmax, CpuBranch, CpuDropout, affine_op, bmm_op, layer_norm_op,
                                scaled_softmax_op, softmax_op)
-from models.layers import set_cpu_kernels
+from ampzoo.models.layers import set_cpu_kernels
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
 
@@ -215,7 +215,7 @@ def test_cpu_dropout_draws_nn_dropouts_mask_and_keeps_the_dtype(graph_mode, dtyp
 
 
 def tiny_transformer(kernels: str):
-    from models.transformer import Transformer
+    from ampzoo.models.transformer import Transformer
     set_cpu_kernels(kernels)
     ms.set_seed(0)
     return Transformer(50, d_model=32, heads=4, ffn=64, encoder_layers=2, decoder_layers=2, dropout=0.0, max_len=16)
@@ -323,8 +323,8 @@ def test_o2_keeps_the_kernels_layernorm_and_softmax_fp32_without_casts(graph_mod
     take fp16 and compute in fp32), and the precision report says fp32; the Dense layers run fp16."""
     from omegaconf import OmegaConf
 
-    from amp.policy import CastOutput, apply_policy, compute_dtype
-    from models.transformer import Dense, LayerNorm
+    from ampzoo.amp.policy import CastOutput, apply_policy, compute_dtype
+    from ampzoo.models.transformer import Dense, LayerNorm
     amp_cfg = OmegaConf.create({"level": "O2", "dtype": "float16", "keep_fp32": ["LayerNorm", "Softmax"],
                                 "force_fp16": []})
     wrapped, _ = apply_policy(tiny_transformer("on"), amp_cfg)
@@ -397,8 +397,8 @@ def test_o2_hands_dense_its_fp32_weights_as_stored_and_changes_no_number(graph_m
     casts neither): the loss and every gradient are bit for bit those of the Dense whose parameters MindSpore
     casts to fp16, and the parameters' gradients come back in fp32."""
     from omegaconf import OmegaConf
-    from amp.policy import apply_policy, compute_dtype
-    from models.transformer import Dense
+    from ampzoo.amp.policy import apply_policy, compute_dtype
+    from ampzoo.models.transformer import Dense
 
     class Loss(nn.Cell):
         def __init__(self, net):
@@ -436,7 +436,7 @@ def test_the_token_embedding_kernel_gives_the_numbers_of_the_lookup_mul_and_add(
     weight scores as before), and the table's gradient bit for bit at O0; at O2 it is summed in fp32, where
     MindSpore's fp16 lookup gradient summed in fp16, so within fp16's rounding of the largest row."""
     from omegaconf import OmegaConf
-    from amp.policy import apply_policy
+    from ampzoo.amp.policy import apply_policy
 
     class Embedded(nn.Cell):
         def __init__(self, net):

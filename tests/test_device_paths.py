@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 
 import mindspore as ms
 
-from amp.fallback import DivergenceWatch
-from amp.loss_scale import saturation_mode
-from amp.telemetry import AmpTelemetry, crossed
+from ampzoo.amp.fallback import DivergenceWatch
+from ampzoo.amp.loss_scale import saturation_mode
+from ampzoo.amp.telemetry import AmpTelemetry, crossed
 from ampzoo.engine.callbacks import EpochLog, GracefulStop, TensorBoardLogger
 from ampzoo.engine.checkpoint import last_good_checkpoint
 from ampzoo.engine.load import load_config
@@ -161,7 +161,7 @@ def test_tensorboard_gets_a_point_every_sink():
 def test_profile_window_is_real_steps_after_the_compile_step(monkeypatch, tmp_path):
     import mindspore.profiler as profiler
 
-    from amp import profile as amp_profile
+    from ampzoo.amp import profile as amp_profile
     started = []
     monkeypatch.setattr(profiler, "profile", lambda **kw: SimpleNamespace(start=lambda: started.append(1),
                                                                          stop=lambda: None))
@@ -282,7 +282,7 @@ def test_saturation_mode_is_the_910a_or_a_910b_told_so(monkeypatch):
 
 
 def test_bf16_is_refused_on_a_910a(monkeypatch):
-    from amp import policy
+    from ampzoo.amp import policy
     amp_cfg = OmegaConf.create({"level": "O2", "dtype": "bfloat16", "force_fp16": []})
     monkeypatch.setattr(policy, "ascend_910a", lambda: True)
     with pytest.raises(ConfigError, match="not supported on an Ascend 910A"):
@@ -306,7 +306,7 @@ def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
     nn.Conv2d, nn.BatchNorm2d (and nn.MaxPool2d in the ImageNet stem), and LeNet nn.Conv2d, its written-out
     MaxPool2x2 and Dense layers that run nn.Dense's own construct, whatever the extension does here
     (runtime.cpu_kernels=auto); `on` there is one error naming the device."""
-    from models import create_model, layers
+    from ampzoo.models import create_model, layers
     from tests.conftest import built_with
     from ampzoo.errors import ConfigError
     real = ms.get_context
@@ -319,7 +319,7 @@ def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
         built_with("on", lambda: create_model("lenet5", num_classes=10))
     assert type(resnet.stem[3]) is ms.nn.MaxPool2d
     assert type(lenet.pool).__name__ == "MaxPool2x2"
-    assert type(lenet.conv1) is ms.nn.Conv2d and lenet.fc1.kernel is None  # models.layers.Dense: nn.Dense's own
+    assert type(lenet.conv1) is ms.nn.Conv2d and lenet.fc1.kernel is None  # ampzoo.models.layers.Dense: nn.Dense's own
 
 
 def tokenizer_data(cache_dir):
@@ -467,7 +467,7 @@ def test_saturation_mode_reads_the_npu_status_where_mindspores_own_step_does(mon
     import numpy as np
     import mindspore.nn.wrap.loss_scale as ms_loss_scale
 
-    from amp.loss_scale import AmpTrainStep, plan_loss_scale
+    from ampzoo.amp.loss_scale import AmpTrainStep, plan_loss_scale
     ms.set_context(mode=ms.PYNATIVE_MODE)  # the stand-ins are Python: they run only op by op
     npu = NpuStatus()
     monkeypatch.setattr(ms_loss_scale, "NPUGetFloatStatusV2", npu.get())
@@ -503,7 +503,7 @@ def test_saturation_mode_reads_the_npu_status_where_mindspores_own_step_does(mon
 
 def test_the_profile_reader_prefers_the_devices_kernel_file(tmp_path):
     """A device run profiles the host too: its CPU op file must not stand in for the device's kernels."""
-    from amp.profile import op_times
+    from ampzoo.amp.profile import op_times
     host = tmp_path / "host" / "FRAMEWORK"
     host.mkdir(parents=True)
     (host / "cpu_op_detail_info_0.csv").write_text(
@@ -522,7 +522,7 @@ def test_the_profile_reader_prefers_the_devices_kernel_file(tmp_path):
 def test_every_rank_profiles_the_same_window_and_rank_0_alone_writes_the_summary(monkeypatch, tmp_path):
     import mindspore.profiler as profiler
 
-    from amp import profile as amp_profile
+    from ampzoo.amp import profile as amp_profile
     stopped, folders = [], []
     def stop():
         stopped.append(ctx.args.cur_step_num)

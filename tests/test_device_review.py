@@ -45,7 +45,7 @@ def test_a_checkpoint_records_its_workers_and_global_batch(tmp_path):
 def msrun_run_dir(tmp_path):
     """An msrun run's directory: config.yaml with runtime.distributed=true, and a checkpoint of its LeNet."""
     from ampzoo.engine.load import load_config
-    from models import build_model
+    from ampzoo.models import build_model
     cfg, _ = load_config(["recipe=lenet_o0", "runtime.distributed=true"])
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -70,7 +70,7 @@ def test_the_onednn_notes_are_the_cpus_only(monkeypatch, caplog, device):
     """oneDNN runs none of the network on a device: no ISA cap set, no line about MindSpore's CPU convolutions,
     nothing recorded in metrics.json."""
     from ampzoo.engine.load import load_config
-    from models import build_model, layers
+    from ampzoo.models import build_model, layers
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("AMP_ZOO_ONEDNN_AUTO", raising=False)
     assert cap_onednn_isa("auto", needs_cap=True, device=device) is None
@@ -100,7 +100,7 @@ def test_the_profiler_is_started_once(monkeypatch, tmp_path):
     a warning MindSpore logged, with the profile's window counted from the first."""
     import mindspore.profiler as profiler
 
-    from amp import profile as amp_profile
+    from ampzoo.amp import profile as amp_profile
     assert inspect.signature(profiler.profile).parameters["start_profile"].default is True
     starts = []
 
@@ -223,7 +223,7 @@ def test_a_directory_that_takes_no_fsync_does_not_fail_a_save(tmp_path, monkeypa
 def test_rank_0s_final_evaluation_decides_whether_the_run_failed():
     """Each rank evaluates with its own BatchNorm statistics; at the threshold their verdicts can differ. Rank 0's
     (the one metrics.json holds) decides the exit code of every rank. The all-reduce is stood in for."""
-    from amp.fallback import run_failed
+    from ampzoo.amp.fallback import run_failed
     final = {"top1": 0.1, "loss": 2.3}
     assert run_failed("does not learn", True, final) and not run_failed("does not learn", False, final)
     assert not run_failed(None, True, {"loss": float("nan")})

@@ -251,7 +251,7 @@ import mindspore as ms
 from mindspore.communication import get_rank, init
 from omegaconf import OmegaConf
 
-from amp.functional import FunctionalAmpStep
+from ampzoo.amp.functional import FunctionalAmpStep
 from ampzoo.runtime import parameter_checksum
 
 ms.set_device("CPU")

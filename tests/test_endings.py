@@ -420,7 +420,7 @@ def test_bad_data_after_start_up_leaves_nothing_behind(tmp_path):
 def test_the_fallback_ladder_says_when_precision_is_not_the_cause():
     from omegaconf import OmegaConf
 
-    from amp.fallback import not_learning
+    from ampzoo.amp.fallback import not_learning
     o0 = OmegaConf.create({"level": "O0", "loss_scale": {"type": "none"}})
     o2 = OmegaConf.create({"level": "O2", "loss_scale": {"type": "fixed", "scale": 128.0}})
     chance = {"top1": 0.1, "top5": 0.5, "loss": 64.0}

@@ -143,12 +143,13 @@ def tinynet(num_classes=10, hidden=32):
 @pytest.mark.parametrize("module, source, plugins, message", [
     ("my_models", "x = 1 / 0\n", "my_models",
      "plugin 'my_models' (AMP_ZOO_PLUGINS) failed while importing: ZeroDivisionError: division by zero"),
-    ("my_models", "from models import no_such_api\n", "my_models", "from ampzoo.registry import MODELS"),
+    ("my_models", "from ampzoo.models import no_such_api\n", "my_models", "from ampzoo.registry import MODELS"),
     ("my_models", MODEL, "my_modles", "AMP_ZOO_PLUGINS names 'my_modles', which cannot be imported"),
     ("my_models", MODEL, "", "AMP_ZOO_PLUGINS, which is not set"),
-    # python -m from a folder with a models.py: the zoo imported it instead of its own package (a traceback)
-    ("models", MODEL, "my_models", "models.py has the name of one of amp-zoo's own modules, and this folder comes "
-                                   "first on the path (python -m): rename it (e.g. my_models.py"),
+    # python -m from a folder with a cpu_kernels.py: the zoo imported it instead of its own package (a traceback)
+    ("cpu_kernels", MODEL, "my_models", "cpu_kernels.py has the name of one of amp-zoo's own modules, and this "
+                                        "folder comes first on the path (python -m): rename it (e.g. "
+                                        "my_cpu_kernels.py"),
 ])
 def test_a_plugin_that_does_not_load_is_one_line(tmp_path, module, source, plugins, message):
     _, search = fork(tmp_path, module, source, "tinynet_o2", RECIPE)
@@ -156,11 +157,14 @@ def test_a_plugin_that_does_not_load_is_one_line(tmp_path, module, source, plugi
     assert message in one_error(result)
 
 
-def test_a_plugin_written_for_the_old_api_still_loads(tmp_path):
+def test_a_plugin_written_for_the_old_api_says_what_replaced_it(tmp_path):
+    """`from models import register_model` (deprecated since the registry came) cannot import now that the models
+    live in ampzoo.models: one line says what to write instead."""
     _, search = fork(tmp_path, "my_models", OLD_API, "tinynet_o2", RECIPE)
-    result = run_cli("-m amp.report", search, "recipe=tinynet_o2", cwd=tmp_path, env={"AMP_ZOO_PLUGINS": "my_models"})
-    assert result.returncode == 0 and "| 1 | Dense | float16 |" in result.stdout, result.stderr[-2000:]
-    assert "models.register_model is deprecated; use `from ampzoo.registry import MODELS`" in result.stderr
+    line = one_error(run_cli("-m amp.report", search, "recipe=tinynet_o2", cwd=tmp_path,
+                             env={"AMP_ZOO_PLUGINS": "my_models"}))
+    assert ("plugin 'my_models' (AMP_ZOO_PLUGINS) uses the old API (`from models import register_model`): register "
+            "models with `from ampzoo.registry import MODELS` and `@MODELS.register()`") in line, line
 
 
 def test_a_recipe_not_found_names_the_folders_searched(tmp_path):
@@ -171,7 +175,7 @@ def test_a_recipe_not_found_names_the_folders_searched(tmp_path):
 
 SHADOWING = '''
 from ampzoo.registry import MODELS
-from models.lenet import LeNet5
+from ampzoo.models.lenet import LeNet5
 
 
 @MODELS.register({args})
@@ -195,7 +199,7 @@ def test_a_plugin_registering_a_shipped_models_name_is_refused_or_named(tmp_path
     env, search = fork(tmp_path, "my_models", SHADOWING.format(args='"lenet5"'), "tinynet_o2", RECIPE)
     line = one_error(run_cli("train.py", "recipe=lenet_o2", f"hydra.run.dir={tmp_path / 'run'}", env=env))
     assert ("plugin 'my_models' (AMP_ZOO_PLUGINS): my_models.my_lenet5 registers the model name 'lenet5', which "
-            "models.lenet.lenet5 has") in line and "override=True" in line, line
+            "ampzoo.models.lenet.lenet5 has") in line and "override=True" in line, line
     env, _ = fork(tmp_path, "my_models", SHADOWING.format(args='"lenet5", override=True'), "tinynet_o2", RECIPE)
     run = tmp_path / "run"
     result = run_cli("train.py", "recipe=lenet_o2", "trainer.max_steps=1", "logger.progress_bar=false",
@@ -207,11 +211,11 @@ def test_a_plugin_registering_a_shipped_models_name_is_refused_or_named(tmp_path
 
 
 @pytest.mark.parametrize("module, message", [
-    ("models", "AMP_ZOO_PLUGINS names 'models', a module of amp-zoo itself"),
+    ("bench", "AMP_ZOO_PLUGINS names 'bench', a module of amp-zoo itself"),
     ("code", "plugin 'code' (AMP_ZOO_PLUGINS) registered no model, dataset or Cell: the module imported is /"),
 ])
 def test_a_plugin_that_another_module_shadows_is_one_line(tmp_path, module, message):
-    """A plugin file named like a module that comes first on the path (the zoo's own models, the standard
+    """A plugin file named like a module that comes first on the path (the zoo's own bench, the standard
     library's code) was never imported, silently: the model it registers was then "not registered"."""
     _, search = fork(tmp_path, module, MODEL, "tinynet_o2", RECIPE)
     result = run_cli(f"{ROOT / 'train.py'}", search, "recipe=tinynet_o2", cwd=tmp_path,

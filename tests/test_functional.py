@@ -4,11 +4,11 @@ import numpy as np
 import mindspore as ms
 import mindspore.nn as nn
 
-from amp.functional import FunctionalAmpStep
-from amp.policy import apply_policy
+from ampzoo.amp.functional import FunctionalAmpStep
+from ampzoo.amp.policy import apply_policy
 from ampzoo.compose import compose
 from ampzoo.data import create_dataset
-from models import create_model
+from ampzoo.models import create_model
 
 
 def test_functional_step_trains_lenet_with_dynamic_scale(graph_mode):

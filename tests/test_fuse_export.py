@@ -7,7 +7,7 @@ import pytest
 import mindspore as ms
 import mindspore.nn as nn
 
-from models import create_model
+from ampzoo.models import create_model
 from tests.conftest import run_cli
 from ampzoo.engine.fuse import fuse_conv_bn
 

@@ -9,7 +9,7 @@ import mindspore.nn as nn
 
 from cpu_kernels import has_ops, why_not
 from cpu_kernels.cells import CpuMaxPool2x2
-from models.layers import MaxPool2x2
+from ampzoo.models.layers import MaxPool2x2
 from tests.conftest import built_with, pool_grad
 
 built = pytest.mark.skipif(not has_ops(), reason=why_not())
@@ -53,7 +53,7 @@ def test_cpu_maxpool_odd_sizes_and_nan(graph_mode, dtype):
 
 def test_lenet_pools_on_the_cpu_kernels_where_they_run(graph_mode):
     """The training network pools with CpuMaxPool2x2 on the CPU; an export (cpu_kernels=off) with MaxPool2x2."""
-    from models import create_model
+    from ampzoo.models import create_model
     assert type(built_with("off", lambda: create_model("lenet5", num_classes=10)).pool) is MaxPool2x2
     if has_ops():
         assert type(create_model("lenet5", num_classes=10).pool) is CpuMaxPool2x2
@@ -105,7 +105,7 @@ def test_lenet_on_the_cpu_kernels_computes_what_mindspores_layers_compute(graph_
     """LeNet-5 on the CPU kernels (CpuConv2d, the Dense layers' AffineFwd, CpuReLU, CpuMaxPool2x2) and on
     MindSpore's own layers (runtime.cpu_kernels=off, as export.py builds it): the same parameter names and
     shapes, so a checkpoint of one loads into the other, and in fp32 the same outputs and weight gradients."""
-    from models import create_model
+    from ampzoo.models import create_model
     ours = create_model("lenet5", num_classes=10)
     theirs = built_with("off", lambda: create_model("lenet5", num_classes=10))
     assert type(ours.conv1).__name__ == "CpuConv2d" and ours.fc1.kernel is not None

@@ -7,8 +7,8 @@ from omegaconf import OmegaConf
 import mindspore as ms
 import mindspore.nn as nn
 
-from amp.loss_scale import AmpTrainStep, plan_loss_scale
-from amp.policy import apply_policy
+from ampzoo.amp.loss_scale import AmpTrainStep, plan_loss_scale
+from ampzoo.amp.policy import apply_policy
 
 RNG = np.random.RandomState(0)
 X = RNG.randn(16, 12).astype(np.float32)
@@ -218,7 +218,7 @@ def test_the_cpu_kernels_unscale_and_check_as_mindspores_ops_do(graph_mode, monk
     """On the CPU with the CPU kernels, the unscale and the overflow check are one pass (cpu_kernels'
     UnscaleSum): the overflow verdict and the weights after the step are those of MindSpore's Mul and
     ReduceSum, bit for bit."""
-    from amp import loss_scale as module
+    from ampzoo.amp import loss_scale as module
     from cpu_kernels import has_ops, why_not
     if not has_ops():
         pytest.skip(why_not())
@@ -241,7 +241,7 @@ def test_with_the_fused_optimizer_the_update_unscales_and_steps_as_mindspores_op
     """The recipes' Momentum on the CPU kernels unscales the gradients as it updates (the check only reads
     them): the verdict, the scale's next value and the weights are those of MindSpore's unscale, check and
     nn.Momentum, bit for bit, over three steps."""
-    from amp import loss_scale as module
+    from ampzoo.amp import loss_scale as module
     from ampzoo.engine.optim import Momentum
     from cpu_kernels import has_ops, why_not
     if not has_ops():

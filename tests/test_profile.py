@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from amp.profile import cell_path
+from ampzoo.amp.profile import cell_path
 
 
 @pytest.mark.parametrize("scope, path", [
@@ -24,7 +24,7 @@ def test_ops_are_attributed_to_their_cell(scope, path):
 
 
 def test_root_ops_count_for_the_model_and_unscoped_ops_apart():
-    from amp.profile import UNSCOPED, summarise
+    from ampzoo.amp.profile import UNSCOPED, summarise
     rows = [("Default/network-NetWithLoss/net-CastOutput/cell-Transformer/MatMul-op0", "MatMul", 6.0),
             ("Default/network-NetWithLoss/net-CastOutput/cell-Transformer/encoder-CellList/0-EncoderLayer/"
              "norm-CastOutput/cell-LayerNorm/LayerNorm-op1", "LayerNorm", 1.0),

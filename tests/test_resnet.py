@@ -10,11 +10,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import mindspore as ms
 import mindspore.nn as nn
 
-from amp.loss_scale import AmpTrainStep, plan_loss_scale
-from amp.policy import apply_policy
+from ampzoo.amp.loss_scale import AmpTrainStep, plan_loss_scale
+from ampzoo.amp.policy import apply_policy
 from ampzoo.data import create_dataset
 from ampzoo.engine.load import load_config
-from models import create_model
+from ampzoo.models import create_model
 from tests.conftest import run_cli
 from ampzoo.compose import compose
 from ampzoo.errors import ConfigError

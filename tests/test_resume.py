@@ -222,7 +222,7 @@ def test_a_disk_too_small_for_two_checkpoints_is_refused_before_training(tmp_pat
 
     from ampzoo.engine.checkpoint import check_disk_space
     from ampzoo.errors import ConfigError
-    from models import create_model
+    from ampzoo.models import create_model
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10 * 2**20, 10 * 2**20 - 2**19, 2**19))
@@ -290,7 +290,7 @@ def test_a_runs_own_checkpoint_with_a_flipped_byte_is_refused(tmp_path):
     evaluated or trained on from the changed weight), as a shipped weight's sha256 refuses it."""
     from ampzoo.engine.checkpoint import AtomicCheckpoint, read_checkpoint
     from ampzoo.errors import ConfigError
-    from models import create_model
+    from ampzoo.models import create_model
 
     saver = AtomicCheckpoint(tmp_path, "lenet5", every_epochs=1, keep_last=1, steps_per_epoch=10)
     path = saver.save(create_model("lenet5", num_classes=10), 10)
@@ -318,7 +318,7 @@ def test_a_fallback_keeps_a_damaged_checkpoint_it_passes_over(tmp_path):
     divergence's); one that does not read (a failed CRC) was removed as "not finite" too: it is passed over
     and kept, the log naming why."""
     from ampzoo.engine.checkpoint import AtomicCheckpoint, last_good_checkpoint
-    from models import create_model
+    from ampzoo.models import create_model
 
     saver = AtomicCheckpoint(tmp_path, "lenet5", every_epochs=1, keep_last=5, steps_per_epoch=10)
     good = saver.save(create_model("lenet5", num_classes=10), 10)

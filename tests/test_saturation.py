@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 
 import mindspore as ms
 
-from amp.fallback import DivergenceWatch
-from amp.telemetry import AmpTelemetry
+from ampzoo.amp.fallback import DivergenceWatch
+from ampzoo.amp.telemetry import AmpTelemetry
 from ampzoo.engine.checkpoint import last_good_checkpoint, resume_point
 from tests.test_device_paths import Context, NpuStatus, fallback_cfg, saturating_net
 
@@ -21,7 +21,7 @@ def step_910a(monkeypatch):
     """resnet34_o2's setting (a fixed scale that keeps every update) on a 910A whose forward pass saturates."""
     import mindspore.nn.wrap.loss_scale as ms_loss_scale
 
-    from amp.loss_scale import AmpTrainStep, plan_loss_scale
+    from ampzoo.amp.loss_scale import AmpTrainStep, plan_loss_scale
     ms.set_context(mode=ms.PYNATIVE_MODE)  # the stand-ins are Python: they run only op by op
     npu = NpuStatus()
     monkeypatch.setattr(ms_loss_scale, "NPUGetFloatStatusV2", npu.get())
@@ -86,7 +86,7 @@ def test_an_evaluation_that_saturated_is_not_counted_as_the_next_steps_overflow(
     left set (MindSpore's own cell), that step counts a non-finite update and the watch stops the run."""
     import mindspore.nn.wrap.loss_scale as ms_loss_scale
 
-    from amp.loss_scale import AmpTrainStep, plan_loss_scale
+    from ampzoo.amp.loss_scale import AmpTrainStep, plan_loss_scale
     from ampzoo.engine.callbacks import NpuStatusClear
     ms.set_context(mode=ms.PYNATIVE_MODE)
     npu = NpuStatus()

@@ -138,8 +138,8 @@ def test_a_search_directory_with_other_settings_is_refused(tmp_path):
 
 
 def test_bisection_and_keep_list_compression():
-    from amp.ranking import Unit, bisect, keep_list, rank
-    from models import create_model
+    from ampzoo.amp.ranking import Unit, bisect, keep_list, rank
+    from ampzoo.models import create_model
 
     calls = []
 
@@ -184,7 +184,7 @@ def test_a_winner_is_named_only_when_the_budget_can_tell_candidates_apart():
     candidates undecided (and say what budget would decide); rivals that diverged decide even with one seed."""
     from omegaconf import OmegaConf
 
-    from amp.ranking import Candidate
+    from ampzoo.amp.ranking import Candidate
     from amp.search.command import inconclusive
     s = OmegaConf.create({"tolerance": 0.5, "budget_steps": 40, "budget_epochs": 0})
     cfg = OmegaConf.create({"trainer": {"epochs": 10}})

@@ -14,23 +14,24 @@ from ampzoo.config import Config, RANGES
 from ampzoo.engine.load import check_command_line, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("ampzoo", "amp", "models", "cpu_kernels", "bench")  # the five importable names (pyproject.toml)
+PACKAGES = ("ampzoo", "amp", "cpu_kernels", "bench")  # the four importable names (pyproject.toml)
 SCRIPTS = ("train", "eval", "export", "doctor")  # the root scripts: run, never imported
 
 # The architecture, bottom up. A module may import its own layer and the layers below it, never one above.
 # A module belongs to the layer of the longest prefix that names it.
 LAYERS = [
+    ("the CPU kernels: an extension that imports nothing of the zoo", ["cpu_kernels"]),
     ("core: errors, registry, config schema, composition, options, MindSpore set-up", ["ampzoo"]),
-    ("networks and data: the model zoo's Cells, decoding, the readers and pipelines, the CPU kernels extension",
-     ["models", "ampzoo.data", "cpu_kernels"]),
-    ("the AMP library: policy, loss scaling, telemetry, divergence watch, profiler", ["amp"]),
+    ("networks and data: the model zoo's Cells, decoding, the readers and pipelines",
+     ["ampzoo.models", "ampzoo.data"]),
+    ("the AMP library: policy, loss scaling, telemetry, divergence watch, profiler", ["ampzoo.amp"]),
     ("the engine: config loading, loss and optimizer, checkpoints, callbacks, run directories, weights",
      ["ampzoo.engine"]),
     ("the process: train.py's command line and sweep, its run directory as one object, the one line of a failed "
      "step, train.log", ["ampzoo.engine.process"]),
     ("commands: the drivers, the self-check, the AMP tools (python -m amp.report | amp.audit | amp.search) and the "
      "release tooling (reproduce, verify, ship, the FP32-vs-AMP matrix)",
-     [*SCRIPTS, "amp.report", "amp.audit", "amp.search", "bench"]),
+     [*SCRIPTS, "amp", "bench"]),
     ("the lab: one-off experiments, each answered in docs/benchmarks.md; nothing imports them", ["bench.lab"]),
 ]
 
@@ -109,7 +110,8 @@ def find_cycle(graph):
 
 def test_the_import_graph_is_acyclic():
     graph = import_graph()
-    assert {"ampzoo.config", "ampzoo.engine.load", "ampzoo.errors", "models", "ampzoo.data", "train"} <= set(graph)
+    assert {"ampzoo.config", "ampzoo.engine.load", "ampzoo.errors", "ampzoo.models", "ampzoo.data", "train"} \
+        <= set(graph)
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     assert graph["ampzoo.errors"] == [] and graph["ampzoo.registry"] == ["ampzoo.errors"], \
         "the leaves import nothing of ours"
@@ -118,7 +120,8 @@ def test_the_import_graph_is_acyclic():
 
 # The units of the package graph: a top-level package, or one of these parts of one (ampzoo's core, its engine and
 # its data are three units; the amp library and each of its commands are units of their own; the lab is one)
-UNITS = ("ampzoo.engine", "ampzoo.data", "amp.report", "amp.audit", "amp.search", "bench.lab")
+UNITS = ("ampzoo.engine", "ampzoo.data", "ampzoo.models", "ampzoo.amp", "amp.report", "amp.audit", "amp.search",
+         "bench.lab")
 
 
 def unit_of(module: str) -> str:
@@ -133,21 +136,33 @@ def package_graph(graph):
     return {p: sorted(t - {p}) for p, t in packages.items()}
 
 
+def test_the_top_level_packages_form_layers():
+    """The importable packages import downward only (issue 78): the commands (amp's, bench's) -> ampzoo (its
+    core, models, data, AMP library and engine) -> cpu_kernels, which imports nothing of the zoo."""
+    top = {}
+    for a, targets in import_graph().items():
+        top.setdefault(a.split(".")[0], set()).update(b.split(".")[0] for b in targets)
+    top = {p: sorted(t - {p}) for p, t in top.items()}
+    assert find_cycle(top) is None, " -> ".join(find_cycle(top))
+    assert top["cpu_kernels"] == [] and top["ampzoo"] == ["cpu_kernels"]
+    assert "bench" not in top["amp"] and "amp" not in top["ampzoo"]
+
+
 def test_the_package_graph_is_acyclic():
-    """amp is a library the engine builds on: a command that imports the engine (python -m amp.report | amp.audit
-    | amp.search) is a unit of its own, and the amp library imports neither it nor the engine."""
+    """The AMP library is one the engine builds on: a command that imports the engine (python -m amp.report |
+    amp.audit | amp.search) is a unit of its own, and the library imports neither it nor the engine."""
     packages = package_graph(import_graph())
-    assert {"ampzoo", "ampzoo.engine", "ampzoo.data", "amp", "amp.report", "bench", "bench.lab"} <= set(packages)
+    assert {"ampzoo", "ampzoo.engine", "ampzoo.data", "ampzoo.amp", "amp.report", "bench", "bench.lab"} <= set(packages)
     assert find_cycle(packages) is None, " -> ".join(find_cycle(packages))
-    assert not {"ampzoo.engine", "amp.report", "amp.audit", "amp.search"} & set(packages["amp"])
+    assert not {"ampzoo.engine", "amp.report", "amp.audit", "amp.search"} & set(packages["ampzoo.amp"])
     assert "ampzoo.engine" in packages["amp.report"], "the commands are units: their edges count"
     assert [p for p, targets in packages.items() if "bench.lab" in targets] == [], "the product imports no experiment"
 
 
 def test_a_cycle_between_units_would_be_found():
-    graph = {"amp.policy": ["amp.report.command"], "amp.report.command": ["ampzoo.engine.load"],
-             "ampzoo.engine.load": ["amp.policy"]}
-    assert find_cycle(package_graph(graph)) == ["amp", "amp.report", "ampzoo.engine", "amp"]
+    graph = {"ampzoo.amp.policy": ["amp.report.command"], "amp.report.command": ["ampzoo.engine.load"],
+             "ampzoo.engine.load": ["ampzoo.amp.policy"]}
+    assert find_cycle(package_graph(graph)) == ["amp.report", "ampzoo.engine", "ampzoo.amp", "amp.report"]
 
 
 def test_nothing_imports_a_root_script():
@@ -158,16 +173,18 @@ def test_nothing_imports_a_root_script():
     assert {a: b for a, b in importers.items() if b} == {}
 
 
-def test_only_the_five_packages_are_importable(tmp_path):
-    """From a folder of the user's, the installed checkout (make install: pip install -e .) gives exactly the five
-    packages: the root scripts and the old top-level names are not importable."""
+def test_only_the_four_packages_are_importable(tmp_path):
+    """From a folder of the user's, the installed checkout (make install: pip install -e .) gives exactly the four
+    packages: the root scripts and the old top-level names (models, since it moved into ampzoo) are not
+    importable."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GLOG_v")}
     code = ("import importlib.util as u\n"
-            "import ampzoo, amp, models, bench, cpu_kernels\n"
-            "print(sorted(n for n in ('train', 'eval', 'export', 'doctor', 'zoo', 'engine', 'data', 'tools', 'lab') "
+            "import ampzoo, amp, bench, cpu_kernels\n"
+            "print(sorted(n for n in ('train', 'eval', 'export', 'doctor', 'zoo', 'engine', 'data', 'tools', 'lab', "
+            "'models') "
             "if u.find_spec(n) is not None))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:] + "\n(make install puts the five packages into the venv)"
+    assert out.returncode == 0, out.stderr[-2000:] + "\n(make install puts the four packages into the venv)"
     assert out.stdout.split("\n")[-2] == "[]"
     usage = subprocess.run([sys.executable, "-m", "amp.report", "--help"], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=300)
@@ -335,7 +352,7 @@ def test_only_the_entry_helper_sets_up_mindspore():
                      for node in ast.walk(ast.parse(path.read_text()))
                      if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("cap_onednn_isa",
                                                                                         "quiet_mindspore"))
-    assert callers == ["ampzoo.entry", "models"]
+    assert callers == ["ampzoo.entry", "ampzoo.models"]
     libraries = [m for m in project_modules() if m.split(".")[0] in ("ampzoo", "amp", "models")
                  and m != "ampzoo.entry" and not m.endswith("__main__")]
     code = ("import os, importlib\n"
@@ -529,7 +546,7 @@ def test_the_moved_modules_find_the_checkout():
     """A module that finds the checkout from its own file (the recipes, train.py, the shipped weights) names the
     repository root, at whatever depth it sits in its package."""
     import ampzoo.config
-    import models
+    import ampzoo.models as models
     from ampzoo.engine import train_run, weights
     assert ampzoo.config.ROOT == train_run.ROOT == models.ROOT == ROOT
     assert weights.WEIGHTS == ROOT / "weights" and (ROOT / "train.py").is_file()

@@ -19,7 +19,7 @@ import mindspore.nn as nn
 import numpy as np
 import pytest
 
-from models import create_model
+from ampzoo.models import create_model
 
 pytest.importorskip("torch", reason="pip install torch==2.14.1 torchvision==0.29.1")
 pytest.importorskip("torchvision", reason="pip install torch==2.14.1 torchvision==0.29.1")
@@ -28,7 +28,7 @@ BN = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running
 
 
 def our_name(torch_name: str, bn_layers: set) -> str:
-    """torchvision's parameter name -> ours (models/resnet.py)."""
+    """torchvision's parameter name -> ours (ampzoo/models/resnet.py)."""
     name = torch_name.replace("downsample.", "down.")
     if name.startswith(("conv1.", "bn1.")):
         name = name.replace("conv1.", "stem.0.", 1).replace("bn1.", "stem.1.", 1)

@@ -12,14 +12,14 @@ import pytest
 import sacrebleu
 from omegaconf import OmegaConf
 
-from amp.names import portable
-from amp.loss_scale import AmpTrainStep, plan_loss_scale
-from amp.policy import apply_policy
-from amp.precision import precision_report
+from ampzoo.amp.names import portable
+from ampzoo.amp.loss_scale import AmpTrainStep, plan_loss_scale
+from ampzoo.amp.policy import apply_policy
+from ampzoo.amp.precision import precision_report
 from ampzoo.data.translation import BOS, EOS, read_pairs, tokenizer
 from ampzoo.engine.metrics import FlatCrossEntropy, NetWithLoss
-from models import create_model
-from models.decoding import beam_search, bleu, greedy, length_penalty, scores
+from ampzoo.models import create_model
+from ampzoo.models.decoding import beam_search, bleu, greedy, length_penalty, scores
 from tests.conftest import ROOT, run_cli
 from ampzoo.compose import compose
 from ampzoo.errors import ConfigError
@@ -259,7 +259,7 @@ def test_incremental_decoding_equals_full_recompute(copy_model, beam, cache_kern
     """The cached step (keys/values in a fixed buffer, reordered on the device as beams swap) gives the same
     hypotheses as re-running the whole decoder at every step, greedy and with beams; with the CPU kernels'
     self-attention against the cache and with the gather and scatter that run where they do not (Ascend, GPU)."""
-    from models.decoding import IncrementalDecoder, full_recompute_step, unwrap
+    from ampzoo.models.decoding import IncrementalDecoder, full_recompute_step, unwrap
     net, src = copy_model
     max_len = 14
     attention = [layer.self_attn for layer in unwrap(net).decoder]
@@ -287,7 +287,7 @@ def test_incremental_decoding_equals_full_recompute(copy_model, beam, cache_kern
 def test_chunked_top_k_is_topk(graph_mode, width, k):
     """Decoding's top k (best chunks first) returns what a full sort does, for vocabularies that do not divide
     into chunks too."""
-    from models.decoding import top_k
+    from ampzoo.models.decoding import top_k
     x = np.random.RandomState(width).randn(64, width).astype(np.float32)
     values, ids = top_k(ms.Tensor(x), k)
     want = np.argsort(-x, axis=1, kind="stable")[:, :k]
@@ -310,7 +310,7 @@ def test_multi_bleu_is_the_papers_scorer_by_hand():
     """multi-bleu.perl (fairseq's scorer, the paper's 41.02): corpus n-gram counts, not a mean of sentence
     scores; the brevity penalty exp(1 - r/c); no smoothing. Counted by hand: sentence 1 matches 5/6 unigrams,
     3/5 bigrams, 2/4 trigrams, 1/3 4-grams; sentence 2 adds 2/2 and 1/1; c = 8 tokens against r = 9."""
-    from models.decoding import multi_bleu
+    from ampzoo.models.decoding import multi_bleu
     one = (["the cat sat on the mat"], ["the cat sat on a mat"])
     assert multi_bleu(*one)[0] == pytest.approx(100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)  # 53.73
     two = (one[0] + ["dogs run"], one[1] + ["the dogs run"])

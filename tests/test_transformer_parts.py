@@ -8,12 +8,12 @@ import mindspore as ms
 import mindspore.nn as nn
 import mindspore.ops as ops
 
-from amp.names import portable
-from amp.policy import apply_policy
+from ampzoo.amp.names import portable
+from ampzoo.amp.policy import apply_policy
 from ampzoo.data.translation import make_batches
-from models import create_model
-from models.layers import set_cpu_kernels
-from models.transformer import Dense, LayerNorm
+from ampzoo.models import create_model
+from ampzoo.models.layers import set_cpu_kernels
+from ampzoo.models.transformer import Dense, LayerNorm
 from tests.test_transformer import TINY, tiny_batch
 from ampzoo.compose import compose
 from ampzoo.engine.metrics import LabelSmoothedCrossEntropy
@@ -154,8 +154,8 @@ def test_o2_keep_list_holds_on_a_real_forward_pass(pynative_mode):
     """Forward hooks see what each Cell really returned: LayerNorm and Softmax outputs fp32 (then cast back
     to fp16 at their edge), Dense and the attention matmuls fp16. The CPU kernels' LayerNorm and Softmax compute
     in fp32 and return fp16 themselves (fp32_inside: no Cast at their edge), and the report says fp32."""
-    from amp.policy import compute_dtype
-    from models.transformer import BatchMatMul
+    from ampzoo.amp.policy import compute_dtype
+    from ampzoo.models.transformer import BatchMatMul
     cfg = compose(["recipe=transformer_tiny_multi30k_o2"])
     assert list(cfg.amp.keep_fp32) == ["LayerNorm", "Softmax"] and cfg.amp.loss_scale.type.value == "dynamic"
     net, _ = apply_policy(create_model("transformer", num_classes=50, **TINY), cfg.amp)
@@ -178,7 +178,7 @@ def test_o2_keep_list_holds_on_a_real_forward_pass(pynative_mode):
 
 
 def test_decode_batches_are_one_shape_sorted_and_cover_every_sentence():
-    from models.decoding import decode_batches
+    from ampzoo.models.decoding import decode_batches
     rng = np.random.RandomState(3)
     data = examples(rng.randint(1, 30, 23))
     seen, shapes, previous_max = [], set(), 0

@@ -158,7 +158,7 @@ def test_a_weight_shipped_in_fp16_loads_into_the_fp32_network(tmp_path):
     import numpy as np
 
     from ampzoo.engine.checkpoint import load_weights
-    from models import create_model
+    from ampzoo.models import create_model
 
     net = create_model("lenet5", num_classes=10)
     half = [{"name": p.name, "data": ms.Tensor(p.asnumpy()).astype(ms.float16)} for p in net.get_parameters()]
@@ -226,7 +226,7 @@ def test_a_head_for_another_class_count_starts_fresh(tmp_path):
     import numpy as np
 
     from ampzoo.engine.checkpoint import initial_weights
-    from models import create_model
+    from ampzoo.models import create_model
 
     ten = create_model("lenet5", num_classes=10)
     ms.save_checkpoint(ten, str(tmp_path / "ten.ckpt"))
@@ -271,7 +271,7 @@ def test_a_first_convolution_is_adapted_to_the_datas_channels(tmp_path, saved, w
     import numpy as np
 
     from ampzoo.engine.checkpoint import initial_weights
-    from models import create_model
+    from ampzoo.models import create_model
 
     ms.set_seed(0)
     source = create_model("lenet5", num_classes=10, in_channels=saved)

@@ -28,10 +28,10 @@ import mindspore as ms
 import mindspore.nn as nn
 import numpy as np
 
-from amp.names import portable
-from amp.policy import apply_policy, compute_dtype, compute_path
-from amp.precision import units
-from amp.ranking import EXACT
+from ampzoo.amp.names import portable
+from ampzoo.amp.policy import apply_policy, compute_dtype, compute_path
+from ampzoo.amp.precision import units
+from ampzoo.amp.ranking import EXACT
 from ampzoo.cli import pop_option
 from ampzoo.data import create_dataset
 from ampzoo.engine.checkpoint import load_weights
@@ -40,7 +40,7 @@ from ampzoo.engine.weights import as_trained, weights_argv
 from ampzoo.errors import ConfigError, fail
 from ampzoo.paths import check_writable
 from ampzoo.runtime import set_context
-from models import build_model
+from ampzoo.models import build_model
 
 FP16_MAX = 65504.0
 FP16_TINY = 2.0 ** -24  # smallest fp16 subnormal: anything smaller in magnitude becomes 0
@@ -88,7 +88,7 @@ def unit_flops(cell, inputs, output: np.ndarray) -> int:
 
 def audit(net_builder, amp_cfg, batch, tolerance: float = 1e-2) -> Dict:
     """net_builder() -> a fresh fp32 network; batch: the network's inputs (Tensors). One row per compute unit
-    (amp.precision.units: the Cells a keep-list names, e.g. Dense, LayerNorm, Softmax, BatchMatMul)."""
+    (ampzoo.amp.precision.units: the Cells a keep-list names, e.g. Dense, LayerNorm, Softmax, BatchMatMul)."""
     ms.set_context(mode=ms.PYNATIVE_MODE)
     net = net_builder()
     net.set_train(False)
@@ -214,7 +214,7 @@ def main(argv: List[str]) -> None:
         if smoke_note:
             print(smoke_note, file=sys.stderr)
         device = set_context(cfg.runtime)
-        from models.layers import set_cpu_compute, use_cpu_kernels
+        from ampzoo.models.layers import set_cpu_compute, use_cpu_kernels
         set_cpu_compute(cfg.runtime.cpu_compute, training=True)  # the products the recipe trains with
         import mindspore as ms
         ms.set_seed(cfg.runtime.seed)

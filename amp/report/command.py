@@ -8,14 +8,14 @@ compiler casts by), not from the recipe; the reason comes from the policy that s
 """
 from typing import Dict, List
 
-from amp.policy import apply_policy
-from amp.precision import diff, precision_report, to_markdown
+from ampzoo.amp.policy import apply_policy
+from ampzoo.amp.precision import diff, precision_report, to_markdown
 from ampzoo.config import LEVELS
 from ampzoo.engine.checkpoint import load_weights
 from ampzoo.engine.load import load_config
 from ampzoo.engine.weights import as_trained, weights_argv
 from ampzoo.errors import fail
-from models import build_model
+from ampzoo.models import build_model
 
 
 def build_report(overrides: List[str]) -> Dict:

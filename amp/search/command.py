@@ -43,7 +43,7 @@ import mindspore as ms
 from omegaconf import OmegaConf
 
 from amp.audit.command import audit
-from amp.ranking import Candidate, Unit, bisect, candidate, matching, rank
+from ampzoo.amp.ranking import Candidate, Unit, bisect, candidate, matching, rank
 from ampzoo.data import create_dataset, task
 from ampzoo.engine import train_run
 from ampzoo.engine.load import load_config
@@ -53,7 +53,7 @@ from ampzoo.errors import ConfigError, fail
 from ampzoo.interrupt import Interrupted
 from ampzoo.paths import check_writable
 from ampzoo.runtime import set_context
-from models import build_model
+from ampzoo.models import build_model
 
 METRICS = {"top1": 100.0, "top5": 100.0, "loss": -1.0, "bleu": 1.0, "bleu_lowercase": 1.0}  # reported unit, sign
 SET_BY_SEARCH = {  # keys the search sets for every run -> what to give instead

@@ -18,7 +18,7 @@ import numpy as np
 from mindspore.train import Callback
 from tqdm import tqdm
 
-from amp.telemetry import crossed
+from ampzoo.amp.telemetry import crossed
 from ampzoo import interrupt
 from ampzoo.errors import write_error
 

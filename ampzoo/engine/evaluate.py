@@ -8,7 +8,7 @@ from mindspore.train import Model
 from ampzoo.data import create_dataset, task
 from ampzoo.engine.checkpoint import inference_network
 from ampzoo.engine.metrics import NetWithEval, create_loss, metrics
-from models.decoding import translate
+from ampzoo.models.decoding import translate
 
 
 def evaluate(cfg) -> dict:

@@ -8,8 +8,8 @@ from typing import Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf, open_dict
 
-from amp.names import check_policy_names
-from amp.policy import check_device_dtype, keep_fp32_names
+from ampzoo.amp.names import check_policy_names
+from ampzoo.amp.policy import check_device_dtype, keep_fp32_names
 from ampzoo import data  # (and registers the datasets)
 from ampzoo.compose import check_shadowed, check_slips, compose, expand_home, hydra_flags, one_line, sweep
 from ampzoo.config import Config, RANGES, SPECIAL
@@ -17,7 +17,7 @@ from ampzoo.errors import ConfigError, fail
 from ampzoo.paths import check_writable
 from ampzoo.registry import DATASETS, MODELS
 from ampzoo.runtime import msrun_env, pick_device
-from models import check_model, import_plugins, model_args  # (and registers the models)
+from ampzoo.models import check_model, import_plugins, model_args  # (and registers the models)
 
 
 def load_config(argv: List[str], composed=None, smoke: bool = True,

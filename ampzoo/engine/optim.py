@@ -79,7 +79,7 @@ class Momentum(nn.Momentum):
     nn.Momentum adds the decay in two ops of its own (w * wd, then AddN), unscales in a third, and reads each
     decayed weight through a second Load, so MindSpore copies the weight once for each Load (TensorMove: "a
     parameter loaded more than once"). On the CPU these were a seventh of ResNet-34's O2 step outside its
-    convolutions (docs/benchmarks.md). With the CPU kernels (models.layers.use_cpu_kernels) each parameter
+    convolutions (docs/benchmarks.md). With the CPU kernels (ampzoo.models.layers.use_cpu_kernels) each parameter
     takes cpu_kernels' MomentumUpdate instead: the same update (accum = momentum * accum + g + wd * w;
     w -= lr * accum, or Nesterov's) in one pass, on the same `moments` parameters, so checkpoints and resume
     are unchanged. Elsewhere (Ascend, GPU, runtime.cpu_kernels=off, parameters not in fp32) the step is
@@ -123,7 +123,7 @@ class Momentum(nn.Momentum):
 
 def fused_momentum_op(nesterov: bool):
     """cpu_kernels' MomentumUpdate where the network runs the CPU kernels, else None."""
-    from models.layers import use_cpu_kernels
+    from ampzoo.models.layers import use_cpu_kernels
     if ms.get_context("device_target") != "CPU" or not use_cpu_kernels():
         return None
     from cpu_kernels.cells import momentum_op

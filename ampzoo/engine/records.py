@@ -52,7 +52,7 @@ COMPUTE = "compute.jsonl"  # in the run directory: a line per process of the run
 
 
 def record_compute(run_dir: Path, step: int, path: dict) -> None:
-    """The compute path (amp.policy.compute_path) of this process of the run, from `step`, with its machine."""
+    """The compute path (ampzoo.amp.policy.compute_path) of this process of the run, from `step`, with its machine."""
     mach = machine()
     line = {"from_step": step, **path, "machine": f"{machine_kind(mach)}, family {mach['family']}"}
     with open(Path(run_dir) / COMPUTE, "a") as f:

@@ -4,17 +4,17 @@ from typing import NamedTuple
 
 import mindspore.nn as nn
 
-from amp.loss_scale import AmpTrainStep, LossScalePlan, plan_loss_scale
-from amp.policy import apply_policy
+from ampzoo.amp.loss_scale import AmpTrainStep, LossScalePlan, plan_loss_scale
+from ampzoo.amp.policy import apply_policy
 from ampzoo.engine.metrics import NetWithLoss, create_loss
 from ampzoo.engine.optim import create_optimizer
-from models import build_model
-from models.layers import set_cpu_compute
+from ampzoo.models import build_model
+from ampzoo.models.layers import set_cpu_compute
 
 
 class TrainStep(NamedTuple):
     net: nn.Cell           # the network under its policy (what eval and checkpoints see)
-    policy: object         # amp.policy's record of which Cells run in which precision
+    policy: object         # ampzoo.amp.policy's record of which Cells run in which precision
     plan: LossScalePlan
     cell: AmpTrainStep     # call it with a batch: one optimizer update (or one micro-batch of update_freq)
     loss_fn: nn.Cell

@@ -7,7 +7,7 @@ config with any key=value given over it (`amp.level=O0`: an O2 run's fp32 weight
 would serve them; fp16 on a CPU only adds casts). Reports, on the
 test split: sentences/s and tokens/s for greedy and for beam search at the recipe's beam (5 for
 Transformer-Tiny), with BLEU; and, on the first `--check` test sentences, whether the incremental decoder's
-hypotheses equal the full-recompute reference's (models/decoding.py) at beam 1 and beam 4. Written to
+hypotheses equal the full-recompute reference's (ampzoo/models/decoding.py) at beam 1 and beam 4. Written to
 bench/results/decode.json.
 """
 from ampzoo.entry import run  # first: a command's start-up, before MindSpore loads
@@ -24,7 +24,8 @@ from ampzoo.data.translation import encode_pairs, params
 from ampzoo.engine.rundir import load_run_config
 from ampzoo.errors import fail
 from bench.common import pop_option, save_result, trained_network
-from models.decoding import (IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy, translate)
+from ampzoo.models.decoding import (IncrementalDecoder, beam_search, decode_batches, full_recompute_step, greedy,
+                                    translate)
 
 
 def main(argv) -> dict:

@@ -32,7 +32,7 @@ if MODE == "in-process":
     cap_onednn_isa("auto", needs_cap=True)
 import numpy as np, mindspore as ms, mindspore.nn as nn
 ms.set_device("CPU"); ms.set_context(mode=ms.GRAPH_MODE)
-from models import create_model
+from ampzoo.models import create_model
 
 def median_ms(fn, n):
     fn(); fn()

@@ -13,7 +13,8 @@ The same as `recipe=transformer_tiny_multi30k_o0 setting=cased_4k`, read from th
   (ampzoo.data.sampling.epoch_order with runtime.seed): the very batches our run trained on, in the same order;
 - optimization: Adam (betas, eps from the recipe), the recipe's inverse-sqrt learning rate per step
   (ampzoo.engine.optim.lr_schedule), label smoothing 0.1 over the vocabulary ignoring padding, fp32;
-- evaluation: greedy decoding of val (models.decoding.greedy, up to max_len tokens), scored with models.decoding.bleu
+- evaluation: greedy decoding of val (ampzoo.models.decoding.greedy, up to max_len tokens), scored with
+  ampzoo.models.decoding.bleu
   (sacrebleu 13a, lowercased and cased) on detokenized output against the raw references: what bench.multi30k
   reports per epoch for our run.
 Writes OUT_DIR/curve.json (resumable: a checkpoint per epoch, `last.pt`) and, with --ours, a plot of both curves
@@ -35,8 +36,8 @@ from ampzoo.engine.optim import lr_schedule, scaled_lr
 from ampzoo.errors import fail
 from bench.common import bench_config
 from bench.multi30k import plot, split_cfg
-from models.decoding import decode_batches, greedy, scores
-from models.transformer import sinusoids
+from ampzoo.models.decoding import decode_batches, greedy, scores
+from ampzoo.models.transformer import sinusoids
 
 
 def build_peer(vocab: int, d: int, heads: int, ffn: int, layers: int, dropout: float, max_len: int):
@@ -80,7 +81,8 @@ def build_peer(vocab: int, d: int, heads: int, ffn: int, layers: int, dropout: f
 
 
 def peer_step(model, src):
-    """The peer as a models.decoding Step for one batch: its own prefix, the whole of it decoded again each step."""
+    """The peer as an ampzoo.models.decoding Step for one batch: its own prefix, the whole of it decoded again each
+    step."""
     import torch
 
     memory, src_pad = model.encode(src)

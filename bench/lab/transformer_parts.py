@@ -22,7 +22,7 @@ import mindspore.ops as ops
 import numpy as np
 
 import ampzoo.engine.metrics as M
-import models.transformer as T
+import ampzoo.models.transformer as T
 from bench.common import alternate, bench_config, pop_option, ratio, save_result, train_step
 
 

@@ -20,12 +20,12 @@ import mindspore.ops as ops
 import numpy as np
 from omegaconf import OmegaConf
 
-from amp.policy import apply_policy
+from ampzoo.amp.policy import apply_policy
 from ampzoo.data import create_dataset
 from ampzoo.engine.checkpoint import read_checkpoint
 from ampzoo.engine.metrics import NetWithLoss, create_loss
 from bench.common import bench_config, pop_option, save_result
-from models import build_model
+from ampzoo.models import build_model
 
 
 def gradients(cfg, level: str, scale: float, params, batch) -> dict:

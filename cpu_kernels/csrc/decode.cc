@@ -1,4 +1,4 @@
-// A decoding step's own ops (models/decoding.py, IncrementalDecoder) as AOT custom ops (cpu_kernels/cells.py:
+// A decoding step's own ops (ampzoo/models/decoding.py, IncrementalDecoder) as AOT custom ops (cpu_kernels/cells.py:
 // log_softmax_top_k_op, cached_attention_op).
 //
 // A beam-search step's last ops in one pass over each row: over a vocabulary of 10,000, MindSpore's CPU graph ran

@@ -1,7 +1,7 @@
-// A Transformer's token embedding, as AOT custom ops (cpu_kernels/cells.py: embed_op; models.transformer).
+// A Transformer's token embedding, as AOT custom ops (cpu_kernels/cells.py: embed_op; ampzoo.models.transformer).
 //
 // EmbedFwd (table, ids, positions, scale -> y): y[b, t] = table[ids[b, t]] * scale + positions[t], a Transformer's
-// token embedding scaled and added to its positions (models.transformer.TokenEmbedding), the table float32 as
+// token embedding scaled and added to its positions (ampzoo.models.transformer.TokenEmbedding), the table float32 as
 // stored, the positions float32 (or float16, where a precision flag cast them), y float32 or float16. In
 // float16 each value is rounded where MindSpore's float16 ops round it (the row, the scale, their product, the
 // position, the sum), so y is O2's embedding bit for bit, without

@@ -1,4 +1,4 @@
-// LayerNorm over the last axis (models/transformer.py's LayerNorm) as AOT custom ops (cpu_kernels/cells.py:
+// LayerNorm over the last axis (ampzoo/models/transformer.py's LayerNorm) as AOT custom ops (cpu_kernels/cells.py:
 // layer_norm_op), for float32 or float16 activations and float32 or float16 gamma and beta, computing in float32
 // whatever comes in (as O2's keep-list runs it), each output rounded once to its dtype. MindSpore's LayerNorm
 // forward is one kernel, but its backward was written out of ReduceMean, Sub and Mul ops (about a fifth of a

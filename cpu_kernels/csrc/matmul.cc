@@ -1,4 +1,4 @@
-// A Transformer's affine maps (models/transformer.py: Dense, the tied output projection) as AOT custom ops
+// A Transformer's affine maps (ampzoo/models/transformer.py: Dense, the tied output projection) as AOT custom ops
 // (cpu_kernels/cells.py: affine_op, linear_op), for float32 or float16 activations and float32 or float16
 // weights. MindSpore's CPU MatMul in float16 casts its inputs to float32, multiplies and casts back, with a
 // slower Cast kernel each way (docs/benchmarks.md, "Mixed precision on the CPU"), and an O2 Dense casts its
@@ -231,7 +231,7 @@ AMP_ZOO_AOT(LinearFwd, Forward(false, AOT_PASS))
 AMP_ZOO_AOT(LinearBwd, Backward(false, AOT_PASS))
 AMP_ZOO_AOT(LinearFwd32, Forward(false, AOT_PASS))
 
-// Batched products over equal leading axes (the attention's scores and context, models/transformer.py's
+// Batched products over equal leading axes (the attention's scores and context, ampzoo/models/transformer.py's
 // BatchMatMul): a [..., M, K] or [..., K, M] (ta), b [..., K, N] or [..., N, K] (tb) -> y [..., M, N], all in
 // one dtype, float32 or float16; each product a sequential sgemm, the products split over the pool's threads.
 // BmmFwdNN and BmmFwdNT are the forward ops (cells.py gives them their gradients); BmmNN, BmmNT, BmmTN the same

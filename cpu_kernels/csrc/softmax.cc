@@ -1,4 +1,4 @@
-// Softmax over the last axis (the attention's, models/transformer.py) as AOT custom ops (cpu_kernels/cells.py:
+// Softmax over the last axis (the attention's, ampzoo/models/transformer.py) as AOT custom ops (cpu_kernels/cells.py:
 // CpuSoftmax), for float32 or float16, computing in float32 whatever comes in (as O2's keep-list runs it) and
 // rounding each output once. At O2 MindSpore ran Casts on both sides of the fp32 Softmax and of its gradient.
 //

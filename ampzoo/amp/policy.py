@@ -18,7 +18,7 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 from mindspore import dtype as mstype
 
-from amp.names import NN_CELLS, resolve, split_keep
+from ampzoo.amp.names import NN_CELLS, resolve, split_keep
 from ampzoo.cells import replace_child
 from ampzoo.config import LEVELS
 from ampzoo.errors import ConfigError

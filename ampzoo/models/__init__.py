@@ -11,19 +11,18 @@ import logging
 import os
 import sys
 import traceback
-import warnings
 from pathlib import Path
-from typing import Callable, List
+from typing import List
 
 import mindspore as ms
 
 from ampzoo.errors import ConfigError, choices_hint
 from ampzoo.registry import CELLS, DATASETS, MODELS
 from ampzoo.runtime import cap_onednn_isa
-from models import layers, lenet, resnet, transformer  # noqa: F401  (the models register themselves)
+from ampzoo.models import layers, lenet, resnet, transformer  # noqa: F401  (the models register themselves)
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: its top-level packages and scripts
 
 
 def check_model_params(name: str, params: dict) -> None:
@@ -62,7 +61,7 @@ def create_model(name: str, num_classes: int, **params):
 
 def build_model(cfg, cpu_kernels=None):
     """The recipe's model: `cfg.model` (name, num_classes, params), built in fp32 from the layers
-    `runtime.cpu_kernels` picks (models.layers; `cpu_kernels` overrides it: "off" for export and Conv+BN
+    `runtime.cpu_kernels` picks (ampzoo.models.layers; `cpu_kernels` overrides it: "off" for export and Conv+BN
     folding). Then sets oneDNN's ISA cap for it before its first step (ampzoo.runtime.cap_onednn_isa)."""
     layers.set_cpu_kernels(cpu_kernels or cfg.runtime.cpu_kernels)
     if layers.use_cpu_kernels():  # runtime.cpu_kernels=on where they cannot run: the error comes before the build
@@ -72,14 +71,6 @@ def build_model(cfg, cpu_kernels=None):
     if note:  # the CPU only: on Ascend and GPU oneDNN runs none of the network
         logging.getLogger("amp_zoo").info(note)
     return net
-
-
-def register_model(fn: Callable) -> Callable:
-    """Deprecated: the API before the registry (`from models import register_model`, then `@register_model`).
-    Use `from ampzoo.registry import MODELS` and `@MODELS.register()`."""
-    warnings.warn("models.register_model is deprecated; use `from ampzoo.registry import MODELS` and "
-                  "`@MODELS.register()`", FutureWarning, stacklevel=2)
-    return MODELS.register()(fn)
 
 
 def plugin_names() -> List[str]:
@@ -105,6 +96,10 @@ def import_plugins() -> None:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
+            if e.name == "models":  # the package the old register_model lived in, now ampzoo.models
+                raise ConfigError(f"plugin {name!r} (AMP_ZOO_PLUGINS) uses the old API (`from models import "
+                                  f"register_model`): register models with `from ampzoo.registry import MODELS` and "
+                                  f"`@MODELS.register()`") from None
             where = "the current folder" if e.name == name else f"{name!r}'s own imports"
             raise ConfigError(f"AMP_ZOO_PLUGINS names {name!r}, which cannot be imported: {e} (looked on "
                               f"PYTHONPATH and in {where}); give a module name such as my_models for "

@@ -174,7 +174,7 @@ def dropout(p: float) -> nn.Dropout:
 class Dense(nn.Dense):
     """nn.Dense (a subclass: the same parameters, and keep-lists naming Dense reach it) on 2-D inputs, whose affine
     map runs the CPU kernels' AffineFwd where they run: the fp32 weight goes in as it is stored, so O2 casts
-    nothing around it (weights_as_stored, amp.policy), and fp16 activations are multiplied as
+    nothing around it (weights_as_stored, ampzoo.amp.policy), and fp16 activations are multiplied as
     runtime.cpu_compute says. Elsewhere it is nn.Dense."""
 
     def __init__(self, in_channels, out_channels, weight_init=None):

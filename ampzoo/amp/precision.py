@@ -10,7 +10,7 @@ from typing import Dict, Iterator, List, Tuple
 
 import mindspore.nn as nn
 
-from amp.policy import CastOutput, Policy, compute_dtype
+from ampzoo.amp.policy import CastOutput, Policy, compute_dtype
 
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 

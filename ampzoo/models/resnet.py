@@ -12,7 +12,7 @@ from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import MODELS
-from models.layers import add_relu, batch_norm2d, branch, conv2d, max_pool2d, relu
+from ampzoo.models.layers import add_relu, batch_norm2d, branch, conv2d, max_pool2d, relu
 
 
 def conv(in_ch, out_ch, k, stride=1, input_grad=True):

@@ -15,7 +15,7 @@ matmul is 2-D (a 3-D activation times a 2-D weight makes MindSpore broadcast the
 reduce it again in the backward); self-attention projects Q, K and V in one matmul; masks are additive biases
 built once.
 
-Decoding (`models/decoding.py`) runs `decode_step`: one target position per call, with the keys and values of
+Decoding (`ampzoo/models/decoding.py`) runs `decode_step`: one target position per call, with the keys and values of
 earlier positions in fixed-shape caches (rows, heads, max_len, head dim) per layer, so graph mode compiles
 once per source shape, and only the top candidates of the last position leave the device.
 """
@@ -30,8 +30,8 @@ from mindspore.common.initializer import Normal, XavierUniform
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import CELLS, MODELS
-from models.layers import (add, affine_kernel, attention_softmax, bmm_kernel, branch, cached_attention_kernel, dropout,
-                           embed_kernel, layer_norm_kernel, relu)
+from ampzoo.models.layers import (add, affine_kernel, attention_softmax, bmm_kernel, branch, cached_attention_kernel,
+                                  dropout, embed_kernel, layer_norm_kernel, relu)
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
@@ -81,7 +81,8 @@ class Dense(nn.Dense):
         super().__init__(d_in, d_out, weight_init=XavierUniform())
         self.kernel = affine_kernel(bias=True)  # None: the graph holds the other branch
         self.affine = AffineFunction()
-        self.weights_as_stored = self.kernel is not None  # O2 gives it no precision flag, so no Cast (amp.policy)
+        # O2 gives it no precision flag, so no Cast (ampzoo.amp.policy)
+        self.weights_as_stored = self.kernel is not None
 
     def construct(self, x):
         x2 = x.reshape(-1, self.in_channels)
@@ -122,7 +123,7 @@ class NormFunction(nn.Cell):
 class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm over the last axis: still a LayerNorm for keep-lists (a subclass), with the same parameters
     (gamma, beta). Where the CPU kernels run, their LayerNorm, which takes fp16 or fp32 and computes in fp32, so
-    a keep-list needs no Cast around it (`fp32_inside`, as amp.policy reads it); else NormFunction."""
+    a keep-list needs no Cast around it (`fp32_inside`, as ampzoo.amp.policy reads it); else NormFunction."""
 
     def __init__(self, d_model: int, epsilon: float = 1e-5):
         super().__init__((d_model,), epsilon=epsilon)
@@ -305,7 +306,8 @@ class TokenEmbedding(nn.Embedding):
     def construct(self, ids, positions=None):
         if positions is None:
             return super().construct(ids)
-        op = self.kernel(getattr(self, "amp_compute", "float32") == "float16")  # amp_compute: set at O2 (amp.policy)
+        # amp_compute: set at O2 (ampzoo.amp.policy)
+        op = self.kernel(getattr(self, "amp_compute", "float32") == "float16")
         return op(self.embedding_table, ids, positions, self.scale_tensor)
 
 
@@ -369,7 +371,7 @@ class Transformer(nn.Cell):
         memory, src_bias = self.encode(src)
         return self.decode(tgt_in, memory, src_bias)
 
-    # Incremental decoding (eval only): see models/decoding.py. States are flat tuples of per-layer tensors
+    # Incremental decoding (eval only): see ampzoo/models/decoding.py. States are flat tuples of per-layer tensors
     # (k0, v0, k1, v1, ...): slicing one stacked tensor is a StridedSlice, which is slow on a CPU.
     def start_decoding(self, src, beam: int = 1):
         """Cross-attention keys/values of the encoder output per layer, the source bias, and an empty

@@ -4,7 +4,7 @@ The names are every Cell class of `mindspore.nn`, the project's own Cells (`@CEL
 ampzoo/registry.py), and a few group names (`BatchNorm` means BatchNorm1d/2d/3d). MindSpore's precision lists
 take Cells, not Primitives: a Primitive name is rejected with the Cell to use instead.
 `amp.keep_fp32` also takes sub-module paths of the network (`fc3`, `decoder.layers.3.ffn`): a name that does
-not start with a capital letter is a path, checked against the built network by amp.policy.apply_policy.
+not start with a capital letter is a path, checked against the built network by ampzoo.amp.policy.apply_policy.
 """
 import difflib
 from typing import Dict, List, Tuple, Type
@@ -27,7 +27,7 @@ GROUPS: Dict[str, Tuple[str, ...]] = {
 PRIMITIVE_TO_CELL = {
     "Conv2D": "Conv2d", "Conv3D": "Conv3d", "Conv2DTranspose": "Conv2dTranspose", "MatMul": "Dense",
     "BatchNorm": "BatchNorm2d", "BiasAdd": "Dense", "MaxPool": "MaxPool2d", "AvgPool": "AvgPool2d",
-    "BatchMatMul": "BatchMatMul (models/transformer.py)", "Gather": "Embedding",
+    "BatchMatMul": "BatchMatMul (ampzoo/models/transformer.py)", "Gather": "Embedding",
 }
 # Subclasses that precision reports name, where a network builds them on some devices only -> the mindspore.nn
 # class to name instead (it matches the subclass too, on every device), and what the subclass is
@@ -38,9 +38,9 @@ DEVICE_CELLS = {"CpuConv2d": ("Conv2d", "the CPU build of Conv2d (cpu_kernels)")
                 "CpuReLU": ("ReLU", "the CPU build of ReLU (cpu_kernels)"),
                 "CpuSoftmax": ("Softmax", "the CPU build of Softmax (cpu_kernels)"),
                 "CpuAttentionSoftmax": ("Softmax", "the CPU build of the attention's masked Softmax (cpu_kernels)"),
-                "AttentionSoftmax": ("Softmax", "the attention's scaled, masked Softmax (models/layers.py)"),
+                "AttentionSoftmax": ("Softmax", "the attention's scaled, masked Softmax (ampzoo/models/layers.py)"),
                 "CpuDropout": ("Dropout", "the CPU build of Dropout (cpu_kernels)"),
-                "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (models/layers.py)")}
+                "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (ampzoo/models/layers.py)")}
 
 
 def portable(class_name: str) -> str:

@@ -306,11 +306,11 @@ def saturation_mode(device: str, ascend_910a: bool, ascend_910b: bool) -> bool:
 
 def fused_unscale_op(device: str, distributed: bool):
     """The CPU kernels' unscale-and-sum op where the step can use it (the CPU, one process, the kernels in use:
-    models.layers.use_cpu_kernels), else None. With several ranks the gradients are all-reduced between the
+    ampzoo.models.layers.use_cpu_kernels), else None. With several ranks the gradients are all-reduced between the
     unscale and the check, so the two stay apart there."""
     if device != "CPU" or distributed:
         return None
-    from models.layers import use_cpu_kernels
+    from ampzoo.models.layers import use_cpu_kernels
     if not use_cpu_kernels():
         return None
     from cpu_kernels.cells import unscale_sum_op

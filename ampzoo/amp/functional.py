@@ -1,6 +1,6 @@
 """A jit-compiled AMP step for hand-written loops (PyNative debugging, custom steps).
 
-    step = FunctionalAmpStep(net, loss_fn, optimizer, cfg.amp.loss_scale)   # net: after amp.policy
+    step = FunctionalAmpStep(net, loss_fn, optimizer, cfg.amp.loss_scale)   # net: after ampzoo.amp.policy
     loss, overflow, scale = step(images, labels)
     step.telemetry()   # same counters as AmpTrainStep
 
@@ -21,7 +21,7 @@ from mindspore.amp import DynamicLossScaler, StaticLossScaler, all_finite
 from mindspore.context import ParallelMode
 from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
 
-from amp.loss_scale import TELEMETRY
+from ampzoo.amp.loss_scale import TELEMETRY
 
 
 class FunctionalAmpStep:

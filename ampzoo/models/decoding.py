@@ -22,7 +22,7 @@ import numpy as np
 import sacrebleu
 
 from ampzoo.data.translation import BOS, EOS, PAD, encode_pairs, params
-from models.layers import log_softmax_top_k_kernel
+from ampzoo.models.layers import log_softmax_top_k_kernel
 
 # step(last_tokens (rows,), t, reorder (rows,)) -> (log-probabilities (rows, k), token ids (rows, k)) of the
 # best k next tokens at position t + 1, after reordering the hypotheses' state by `reorder`.

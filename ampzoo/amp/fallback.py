@@ -16,7 +16,7 @@ from typing import List, Optional
 from mindspore.train import Callback
 from omegaconf import OmegaConf
 
-from amp.telemetry import crossed
+from ampzoo.amp.telemetry import crossed
 from ampzoo.config import LEVELS
 
 

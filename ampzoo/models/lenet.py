@@ -4,11 +4,11 @@ from mindspore.common.initializer import Normal
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import MODELS
-from models.layers import Dense, conv2d, max_pool2d, relu
+from ampzoo.models.layers import Dense, conv2d, max_pool2d, relu
 
 
 class LeNet5(nn.Cell):
-    """Its layers are models.layers': on the CPU its convolutions, ReLUs, pooling and Dense layers run the CPU
+    """Its layers are ampzoo.models.layers': on the CPU its convolutions, ReLUs, pooling and Dense layers run the CPU
     kernels, which take fp16 in and out at O2, so no Cast runs between them."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1):

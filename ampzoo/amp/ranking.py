@@ -4,9 +4,9 @@ candidates and judges them."""
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from amp.names import portable, resolve, split_keep
-from amp.policy import check_paths
-from amp.precision import units as unit_cells
+from ampzoo.amp.names import portable, resolve, split_keep
+from ampzoo.amp.policy import check_paths
+from ampzoo.amp.precision import units as unit_cells
 from ampzoo.errors import ConfigError
 
 # Cells that only select or move values, exact in any dtype (by the class a keep-list names: CpuMaxPool2x2 is MaxPool2d)
