@@ -43,17 +43,25 @@ def header_version(include: Path):
 
 def omp_onednn() -> Optional[Tuple[Path, str]]:
     """(libdnnl.so.3, its package version) of the onednn-cpu-gomp wheel (requirements-data.txt): oneDNN built on
-    OpenMP, for omp_weights.cc; None when it is not installed."""
+    OpenMP, for omp_weights.cc; None when it is not installed. The wheel installs the library three times
+    (libdnnl.so, .so.3 and .so.3.2: a wheel holds no symbolic links), 54 MB each; the two others become links to
+    libdnnl.so.3, so the environment holds one copy."""
     try:
         dist = importlib.metadata.distribution("onednn-cpu-gomp")
     except importlib.metadata.PackageNotFoundError:
         return None
-    for f in dist.files or []:
-        if f.name == "libdnnl.so.3":
-            path = Path(dist.locate_file(f)).resolve()
-            if path.is_file():
-                return path, dist.version
-    return None
+    copies = {f.name: Path(dist.locate_file(f)) for f in dist.files or [] if f.name.startswith("libdnnl.so")}
+    main = copies.get("libdnnl.so.3")
+    if main is None or not main.is_file():
+        return None
+    for name, path in copies.items():
+        if name != main.name and path.is_file() and not path.is_symlink() and path.parent == main.parent \
+                and path.stat().st_size == main.stat().st_size and path.read_bytes() == main.read_bytes():
+            partial = path.with_name(f".{name}.link")
+            partial.unlink(missing_ok=True)
+            partial.symlink_to(main.name)
+            os.replace(partial, path)
+    return main.resolve(), dist.version
 
 
 def build(out_dir: Path, werror: bool = False) -> Path:

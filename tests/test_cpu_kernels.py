@@ -135,3 +135,22 @@ def test_the_kernels_pool_is_sized_to_the_cores_the_process_may_use(pre, env, th
     assert out.returncode == 0, out.stderr
     expected = {"all": cores, "half": max(1, cores // 2)}.get(want, want)
     assert int(out.stdout.split()[-1]) == expected, (out.stdout, cores)
+
+
+def test_the_environment_holds_one_copy_of_the_openmp_onednn():
+    """onednn-cpu-gomp's wheel installs its 54 MB library three times (a wheel holds no links); the build leaves
+    one file and two links to it (issue 78), and the kernels load that release only (omp_weights.cc: 3.2)."""
+    import importlib.metadata
+
+    from cpu_kernels.build import omp_onednn
+    try:
+        dist = importlib.metadata.distribution("onednn-cpu-gomp")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("onednn-cpu-gomp is not installed (x86-64 only: make install)")
+    omp_onednn()
+    copies = [Path(dist.locate_file(f)) for f in dist.files or [] if f.name.startswith("libdnnl.so")]
+    assert len(copies) == 3 and len({p.resolve() for p in copies}) == 1, copies
+    assert sum(not p.is_symlink() for p in copies) == 1
+    if cpu_kernels.has_ops():
+        status = cpu_kernels.weight_gradients()
+        assert status.startswith(("oneDNN 3.2.", "not used: MindSpore's oneDNN runs AMX")), status

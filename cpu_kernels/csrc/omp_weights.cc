@@ -93,8 +93,10 @@ struct Library {
     const dnnl_version_t *v = dnnl_version();
     const std::string version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
                                 std::to_string(v->patch);
-    if (v->major != 3 || v->cpu_runtime != DNNL_RUNTIME_OMP) {
-      status = "refused: " + path + " is oneDNN " + version + ", not oneDNN 3 on OpenMP";
+    // the release requirements-data.txt pins (onednn-cpu-gomp==2023.2.0): its C API, and the values of the enums
+    // this file passes, are the ones it was checked against; another release is refused, not trusted
+    if (v->major != 3 || v->minor != 2 || v->cpu_runtime != DNNL_RUNTIME_OMP) {
+      status = "refused: " + path + " is oneDNN " + version + ", not the pinned oneDNN 3.2 on OpenMP";
       dlclose(h);
       return;
     }
