@@ -31,8 +31,9 @@ from ampzoo.amp.profile import ProfileSteps
 from ampzoo.amp.telemetry import AmpTelemetry
 from ampzoo.config import register_schema
 from ampzoo.data import create_dataset, task
-from ampzoo.engine.callbacks import (EpochLog, Evaluator, GracefulStop, LauncherWatch, NpuStatusClear, ProgressBar,
-                                     SafeWriter, StepOffset, StepTimer, StopAtStep, TensorBoardLogger, planned_epochs)
+from ampzoo.engine.callbacks import (BusyMachine, EpochLog, Evaluator, GracefulStop, LauncherWatch, NpuStatusClear,
+                                     ProgressBar, SafeWriter, StepOffset, StepTimer, StopAtStep, TensorBoardLogger,
+                                     planned_epochs)
 from ampzoo.engine.checkpoint import (AtomicCheckpoint, check_disk_space, initial_weights, restart_checkpoint,
                                       restore_weights)
 from ampzoo.engine.load import load_config, user_keys, validate
@@ -54,6 +55,7 @@ from ampzoo.runtime import (any_rank, device_notes, init_distributed, msrun_env,
                             seed_everything, set_context, sink_mode)
 from ampzoo.models.decoding import translate
 from ampzoo.models.layers import use_cpu_kernels
+from cpu_kernels import pool_busy, pool_threads
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -307,6 +309,8 @@ def rung_callbacks(run: Run, number: int, start: Start, report: dict, first: lis
         callbacks.append(TensorBoardLogger(run.writer, lr_at, run.per_step, t.log_every, run.timer))
     if run.cfg.logger.progress_bar and run.is_main and sys.stderr.isatty():  # piped: log lines, no bar in them
         callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every, epochs))
+    if run.device == "CPU" and use_cpu_kernels():  # a machine shared with another process says so, once
+        callbacks.append(BusyMachine(pool_busy, t.log_every, pool_threads()))
     if t.max_steps > 0:
         callbacks.append(StopAtStep(t.max_steps))
     if run.cfg.runtime.profile and number == 0:  # every rank: they stop to parse at the same step

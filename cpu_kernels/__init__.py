@@ -138,6 +138,12 @@ def pool_threads() -> int:
     return int(ctypes.CDLL(str(library())).AmpZooPoolThreads())
 
 
+def pool_busy() -> int:
+    """How often the kernels' pool found the machine busy so far: a parallel region its caller ran alone while its
+    threads were runnable but not running (another process held the cores). 0 where the library is not built."""
+    return int(ctypes.CDLL(str(library())).AmpZooPoolBusy()) if has_ops() else 0
+
+
 def weight_gradients() -> str:
     """Where a bf16 convolution's direct weight gradient runs, in a clause: "oneDNN 3.2.0 (OpenMP)" when
     omp_weights.cc loaded the OpenMP build beside the library (onednn-cpu-gomp, requirements-data.txt), else why

@@ -786,3 +786,19 @@ def test_a_stop_at_the_end_of_a_sink_does_not_evaluate_the_test_set_first(tmp_pa
         assert ctx.stopped and stop.step == 2 * SINK and evaluated == [True], "stopped without evaluating"
     finally:
         stop.on_train_end(ctx)
+
+
+def test_a_run_on_a_busy_machine_says_so_once(caplog):
+    """The kernels' pool finds the machine busy when another process holds its cores (issue 78, item 5): a run
+    says so in one line, once, when the findings are enough evidence; a few (its own data threads) are not."""
+    from ampzoo.engine.callbacks import BusyMachine
+    found = iter([10, 11, 13, 15, 40, 90])  # at train begin, then at each check
+    watch = BusyMachine(lambda: next(found), every=5, threads=2)
+    ctx = Context()
+    watch.on_train_begin(ctx)
+    with caplog.at_level(logging.WARNING, logger="amp_zoo"):
+        for step in range(1, 26):
+            ctx.args.cur_step_num = step
+            watch.on_train_step_end(ctx)
+    said = [r.getMessage() for r in caplog.records if "the machine is busy" in r.getMessage()]
+    assert len(said) == 1 and "waiting 5 times" in said[0] and "runtime.cpu_threads" in said[0], said

@@ -107,13 +107,14 @@ def cpu_cost_note(device: str, amp_cfg, choice: str = "auto") -> str:
         return (f"amp.level={amp_cfg.level} on the CPU: the project's kernels store fp16 and multiply in bf16 with "
                 f"fp32 sums{' in the backward passes' if products == 'bf16_backward' else ''} ({why}); O2's step "
                 f"measured {RESNET_BF16} O0's for ResNet-34, {TRANSFORMER_BF16} for Transformer-Tiny and {LENET_BF16} "
-                f"for LeNet-5 ({where}); runtime.cpu_compute=fp32 multiplies in fp32, as MindSpore's casts do")
+                f"for LeNet-5 on a quiet machine ({where}); runtime.cpu_compute=fp32 multiplies in fp32, as "
+                f"MindSpore's casts do")
     why = ("runtime.cpu_compute=fp32" if choice == "fp32" else
            "this CPU has no AVX512-BF16" if cpu_compute(asked="bf16") == "fp32" else
            f"runtime.cpu_compute={choice}, in fp32 here")
-    return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step, {where}): the project's "
-            f"kernels store fp16 and multiply in fp32 ({why}), so each does fp32's arithmetic plus the "
-            f"conversions; on Ascend and GPU fp16 runs natively")
+    return (f"amp.level={amp_cfg.level} on the CPU is slower than O0 (0.75-0.9x its step on a quiet machine, "
+            f"{where}): the project's kernels store fp16 and multiply in fp32 ({why}), so each does fp32's "
+            f"arithmetic plus the conversions; on Ascend and GPU fp16 runs natively")
 
 
 def compute_path(device: str, amp_cfg, kernels_used: bool) -> dict:

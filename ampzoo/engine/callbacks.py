@@ -280,6 +280,34 @@ class NpuStatusClear(Callback):
                      "next training step counts only its own overflow", run_context.original_args().cur_epoch_num)
 
 
+class BusyMachine(Callback):
+    """On the CPU kernels: one line, once, when another process takes the cores this run trains on (the kernels'
+    pool found its threads runnable but not running, `busy()` times in all, each at least 1,000 parallel regions
+    after the last), since its steps are then slower than its first line's figures, a quiet machine's. FOUND
+    findings are evidence enough; fewer may be this run's own data-loading threads. Checked every `every` steps."""
+
+    FOUND = 5
+
+    def __init__(self, busy: Callable[[], int], every: int, threads: int):
+        self.busy, self.every, self.threads = busy, max(int(every), 1), threads
+        self.start: Optional[int] = None
+        self.said = False
+
+    def on_train_begin(self, run_context):
+        self.start = self.busy()
+
+    def on_train_step_end(self, run_context):
+        if self.said or run_context.original_args().cur_step_num % self.every:
+            return
+        found = self.busy() - (self.start or 0)
+        if found >= self.FOUND:
+            self.said = True
+            log.warning("the machine is busy: another process runs on the %d core(s) this run's CPU kernels use (their "
+                        "pool found its threads waiting %d times), so its steps are slower than its first line's "
+                        "figures, a quiet machine's; give the run its cores alone, or set runtime.cpu_threads to "
+                        "the cores it may have", self.threads, found)
+
+
 class StopAtStep(Callback):
     def __init__(self, max_steps: int):
         self.max_steps = max_steps

@@ -52,6 +52,7 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
     for (auto &w : workers_) w.join();
   }
   int get_num_threads() const override { return n_; }
+  int busy() const { return found_busy_.load(std::memory_order_relaxed); }  // times the machine was found busy
   bool get_in_parallel() const override { return in_parallel_; }
   uint64_t get_flags() const override { return 0; }  // synchronous: parallel_for returns when all is done
   void parallel_for(int n, const std::function<void(int, int)> &fn) override {
@@ -83,6 +84,7 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
     job_ = nullptr;
     if (alone && spin) {  // every worker was away: the cores are busy with something else
       quiet_.store(1000, std::memory_order_relaxed);
+      found_busy_.fetch_add(1, std::memory_order_relaxed);
     } else if (!spin) {
       quiet_.fetch_sub(1, std::memory_order_relaxed);
     }
@@ -146,6 +148,7 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
   std::atomic<uint64_t> ticket_{0};
   std::atomic<int> done_{0};
   std::atomic<int> quiet_{0};  // regions left without spinning (the machine was found busy)
+  std::atomic<int> found_busy_{0};  // how often it was found busy
   std::atomic<uint64_t> generation_{0};
   bool stop_ = false;
   static thread_local bool in_parallel_;
@@ -414,6 +417,8 @@ void AmpZooToBf16(const void *s, bool half, uint16_t *d, int64_t n) {
 extern "C" int AmpZooBf16Compute() { return Bf16Compute(); }
 // The pool's threads (Threads()), for cpu_kernels.pool_threads
 extern "C" int AmpZooPoolThreads() { return RT().pool->get_num_threads(); }
+// How often the pool found the machine busy (its threads runnable but not running), for cpu_kernels.pool_busy
+extern "C" int AmpZooPoolBusy() { return RT().pool->busy(); }
 
 void AmpZooSplit(int64_t n, const std::function<void(int64_t, int64_t)> &f) { Split(n, f); }
 void AmpZooRoundThroughHalfHere(const float *s, float *d, int64_t n) { RoundThroughHalf(s, d, n); }
