@@ -166,7 +166,7 @@ def test_a_cycle_between_units_would_be_found():
 
 
 def test_nothing_imports_a_root_script():
-    """train.py, eval.py, export.py and doctor.py are commands the user runs; no module of the five packages imports
+    """train.py, eval.py, export.py and doctor.py are commands the user runs; no module of the four packages imports
     them (or runs them by name), so what a package needs of a driver lives in the package."""
     importers = {a: [b for b in targets if b in SCRIPTS] for a, targets in import_graph().items()
                  if a.split(".")[0] in PACKAGES}
