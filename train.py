@@ -55,7 +55,6 @@ from ampzoo.runtime import (any_rank, device_notes, init_distributed, msrun_env,
                             seed_everything, set_context, sink_mode)
 from ampzoo.models.decoding import translate
 from ampzoo.models.layers import use_cpu_kernels
-from cpu_kernels import pool_busy, pool_threads
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -310,7 +309,7 @@ def rung_callbacks(run: Run, number: int, start: Start, report: dict, first: lis
     if run.cfg.logger.progress_bar and run.is_main and sys.stderr.isatty():  # piped: log lines, no bar in them
         callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every, epochs))
     if run.device == "CPU" and use_cpu_kernels():  # a machine shared with another process says so, once
-        callbacks.append(BusyMachine(pool_busy, t.log_every, pool_threads()))
+        callbacks.append(BusyMachine(t.log_every))
     if t.max_steps > 0:
         callbacks.append(StopAtStep(t.max_steps))
     if run.cfg.runtime.profile and number == 0:  # every rank: they stop to parse at the same step
@@ -320,10 +319,9 @@ def rung_callbacks(run: Run, number: int, start: Start, report: dict, first: lis
 
 
 def finish(run: Run, rung: Rung, transitions: list, summaries: list) -> float:
-    """Final evaluation (and BLEU on the test split for translation), metrics.json; a run that ends at chance
-    after falling back (or with a loss that is not finite) fails, a short one at chance is warned about. Under
-    msrun every rank takes rank 0's verdict before rank 0 decodes: after that no rank enters a collective, so none
-    waits on its device (HCCL's timeout) while rank 0 decodes on the host."""
+    """Final evaluation (and BLEU for translation), metrics.json; a run that ends at chance after falling back (or
+    with a loss that is not finite) fails, a short one at chance is warned about. Under msrun every rank takes rank
+    0's verdict before rank 0 decodes, so none then waits in a collective (HCCL's timeout) while rank 0 decodes."""
     cfg = run.cfg
     steps_done, fell_back, translating = rung.last_step, bool(transitions), task(cfg) == "translation"
 

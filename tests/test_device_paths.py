@@ -793,7 +793,7 @@ def test_a_run_on_a_busy_machine_says_so_once(caplog):
     says so in one line, once, when the findings are enough evidence; a few (its own data threads) are not."""
     from ampzoo.engine.callbacks import BusyMachine
     found = iter([10, 11, 13, 15, 40, 90])  # at train begin, then at each check
-    watch = BusyMachine(lambda: next(found), every=5, threads=2)
+    watch = BusyMachine(5, busy=lambda: next(found), threads=2)
     ctx = Context()
     watch.on_train_begin(ctx)
     with caplog.at_level(logging.WARNING, logger="amp_zoo"):

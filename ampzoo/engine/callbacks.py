@@ -288,8 +288,10 @@ class BusyMachine(Callback):
 
     FOUND = 5
 
-    def __init__(self, busy: Callable[[], int], every: int, threads: int):
-        self.busy, self.every, self.threads = busy, max(int(every), 1), threads
+    def __init__(self, every: int, busy: Optional[Callable[[], int]] = None, threads: Optional[int] = None):
+        from cpu_kernels import pool_busy, pool_threads
+        self.busy, self.every = busy or pool_busy, max(int(every), 1)
+        self.threads = pool_threads() if threads is None else threads
         self.start: Optional[int] = None
         self.said = False
 
