@@ -213,8 +213,8 @@ def test_each_transformer_weight_composes_the_config_it_was_trained_with(name):
     before = json.loads((Path(__file__).parent / "shipped_configs.json").read_text())[name]
     entry = ENTRIES[name]
     now = plain(compose([f"recipe={entry['recipe']}", *entry["overrides"]]))
-    # keys the schema gained since, none of which changes what trains or decodes (cpu_compute: no
-    # convolution in a Transformer; the kernels' threads, spin, weight-gradient path and conversions)
+    # keys the schema gained since, none of which changes what these weights decode (cpu_compute: eval.py
+    # evaluates fp32 products under auto; the kernels' threads, spin, weight-gradient path and conversions)
     assert set(now) - set(before) <= {"runtime.cpu_kernels", "infer.seq_len", "runtime.cpu_compute",
                                       "dataset.eval_split", "runtime.cpu_threads", "runtime.cpu_pool_spin_us",
                                       "runtime.cpu_weight_grad", "runtime.cpu_half_isa"}
