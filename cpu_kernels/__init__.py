@@ -132,23 +132,30 @@ def library() -> Path:
     return path
 
 
+@lru_cache(maxsize=1)
+def loaded() -> ctypes.CDLL:
+    """The built library, loaded into this process (the same handle MindSpore's custom ops use: one pool, one
+    set of settings); raises RuntimeError (with why_not) when there is none."""
+    return ctypes.CDLL(str(library()))
+
+
 def pool_threads() -> int:
     """The threads the kernels' pool runs (Settings.threads, or auto_threads() where configure gave 0; the cores
     this process may run on where nothing configured it)."""
-    return int(ctypes.CDLL(str(library())).AmpZooPoolThreads())
+    return int(loaded().AmpZooPoolThreads())
 
 
 def pool_busy() -> int:
     """How often the kernels' pool found the machine busy so far: a parallel region its caller ran alone while its
     threads were runnable but not running (another process held the cores). 0 where the library is not built."""
-    return int(ctypes.CDLL(str(library())).AmpZooPoolBusy()) if has_ops() else 0
+    return int(loaded().AmpZooPoolBusy()) if has_ops() else 0
 
 
 def weight_gradients() -> str:
     """Where a bf16 convolution's direct weight gradient runs, in a clause: "oneDNN 3.2.0 (OpenMP)" when
     omp_weights.cc loaded the OpenMP build beside the library (onednn-cpu-gomp, requirements-data.txt), else why
     not (then MindSpore's threadpool oneDNN runs it). Loads the library; raises RuntimeError without one."""
-    status = ctypes.CDLL(str(library())).AmpZooOmpWeightsStatus
+    status = loaded().AmpZooOmpWeightsStatus
     status.restype = ctypes.c_char_p
     return status().decode()
 
@@ -225,8 +232,8 @@ def configure(**changes) -> Settings:
         raise ValueError(f"threads={new.threads}, spin_us={new.spin_us}: each is 0 or more")
     if has_ops():
         matmul, openmp = WEIGHT_GRAD[new.weight_grad]
-        ctypes.CDLL(str(library())).AmpZooConfigure(COMPUTE[new.compute], new.threads or auto_threads(),
-                                                    new.spin_us, HALF_ISA[new.half_isa], matmul, openmp)
+        loaded().AmpZooConfigure(COMPUTE[new.compute], new.threads or auto_threads(),
+                                 new.spin_us, HALF_ISA[new.half_isa], matmul, openmp)
     _settings = new
     return new
 

@@ -39,6 +39,14 @@ _FILES: List[logging.Handler] = []
 _RECORD: Optional[tuple] = None  # (run directory, .hydra subdir, task config, hydra config, overrides)
 
 
+def hydra_folder(run_dir: Path) -> str:
+    """Where this command's `.hydra/` record goes in `run_dir`: `.hydra` for the run's first command, then
+    `.hydra/resume-N`, one more than the resumes recorded so far."""
+    first = run_dir / ".hydra"
+    return f".hydra/resume-{len(list(first.glob('resume-*'))) + 1}" if (first / "overrides.yaml").is_file() \
+        else ".hydra"
+
+
 def hydra_overrides(resume_subdir: List[str]) -> List[str]:
     """Where Hydra writes this command's `.hydra/` record: `resume_subdir` (the resume's own folder) in a single
     process and on a rank 0 that msrun named; nowhere on the other processes of msrun (their rank's record is rank
@@ -59,10 +67,7 @@ def before_rank(task_cfg, hydra_cfg, run_dir: Path) -> None:
         if rank != 0:
             rank_logging()
         return
-    subdir = ".hydra"
-    if (run_dir / ".hydra" / "overrides.yaml").is_file():
-        subdir = f".hydra/resume-{len(list((run_dir / '.hydra').glob('resume-*'))) + 1}"
-    _RECORD = (run_dir, subdir, task_cfg, OmegaConf.create({"hydra": hydra_cfg}),
+    _RECORD = (run_dir, hydra_folder(run_dir), task_cfg, OmegaConf.create({"hydra": hydra_cfg}),
                OmegaConf.create(list(hydra_cfg.overrides.task)))
     _HELD = _Held()
     for handler in list(logging.root.handlers):

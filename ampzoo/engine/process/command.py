@@ -23,7 +23,7 @@ from ampzoo import interrupt
 from ampzoo.compose import expand_home, hydra_flags, one_line, sweep
 from ampzoo.config import CONF_DIR
 from ampzoo.engine.load import check_command_line
-from ampzoo.engine.process.before_init import before_rank, hydra_overrides
+from ampzoo.engine.process.before_init import before_rank, hydra_folder, hydra_overrides
 from ampzoo.engine.process.directory import RunDir, first_process, note_missing
 from ampzoo.engine.process.logs import file_handlers, log_trace
 from ampzoo.errors import ConfigError, fail
@@ -55,10 +55,8 @@ def resume_subdir(overrides: List[str]) -> List[str]:
     """A resume keeps the run's first .hydra/ (the command that started it) and records its own command line in
     .hydra/resume-N/, as config.resume-N.yaml beside config.yaml."""
     run_dir = given(overrides, "hydra.run.dir")
-    first = Path(run_dir).expanduser() / ".hydra" if run_dir else None
-    if first is None or not given(overrides, "resume") or not (first / "overrides.yaml").is_file():
-        return []
-    return [f"hydra.output_subdir=.hydra/resume-{len(list(first.glob('resume-*'))) + 1}"]
+    folder = hydra_folder(Path(run_dir).expanduser()) if run_dir and given(overrides, "resume") else ".hydra"
+    return [f"hydra.output_subdir={folder}"] if folder != ".hydra" else []
 
 
 def hydra_argv(argv: List[str]) -> List[str]:
