@@ -54,7 +54,7 @@ from ampzoo.interrupt import Interrupted
 from ampzoo.runtime import (any_rank, device_notes, init_distributed, msrun_env, parameter_checksum,
                             seed_everything, set_context, sink_mode)
 from ampzoo.models.decoding import translate
-from ampzoo.models.layers import use_cpu_kernels
+from ampzoo.engine.network import runs_kernels
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback
@@ -211,7 +211,7 @@ def build_step(run: Run, amp_cfg, start: Start):
     log.info("precision: %s", report["summary"])
     if note := cpu_cost_note(run.device, amp_cfg, str(run.cfg.runtime.cpu_compute)):  # what fp16 costs on the CPU
         log.info(note)
-    path = compute_path(run.device, amp_cfg, run.device == "CPU" and use_cpu_kernels())
+    path = compute_path(run.device, amp_cfg, runs_kernels(step.net))
     log.info(compute_line(path))
     asked = str(run.cfg.runtime.cpu_compute)
     if asked in ("bf16", "bf16_backward") and path["kernels"] == "cpu_kernels" and path["products"] == "fp32":
@@ -264,7 +264,7 @@ def train_rung(run: Run, number: int, amp_cfg, start: Start) -> Rung:
     offset = StepOffset(start.step)
     status = NpuStatusClear(step.cell.clear_status) if getattr(step.cell, "saturation_mode", False) else None
     callbacks = rung_callbacks(run, number, start, report, [offset, run.timer, watch, telemetry], stop, checkpoints,
-                               status)
+                               status, runs_kernels(step.net))
     def last_step() -> int:  # the global step trained to so far (a resume that trained none: where it started)
         return run.timer.steps[-1] if run.timer.steps else start.step
 
@@ -290,7 +290,7 @@ def save_nothing(network, step) -> None:
 
 
 def rung_callbacks(run: Run, number: int, start: Start, report: dict, first: list, stop, checkpoints,
-                   status=None) -> list:
+                   status=None, kernels: bool = False) -> list:
     """The callbacks of one rung, in order: `first` (step offset, timer, watch, telemetry), logs, evaluation, the
     910A's status clear (`status`, after the evaluation it clears), the launcher's watch, the stop and the
     checkpoints, then TensorBoard, progress bar, step budget and profiler."""
@@ -308,7 +308,7 @@ def rung_callbacks(run: Run, number: int, start: Start, report: dict, first: lis
         callbacks.append(TensorBoardLogger(run.writer, lr_at, run.per_step, t.log_every, run.timer))
     if run.cfg.logger.progress_bar and run.is_main and sys.stderr.isatty():  # piped: log lines, no bar in them
         callbacks.append(ProgressBar(run.steps_per_epoch, t.log_every, epochs))
-    if run.device == "CPU" and use_cpu_kernels():  # a machine shared with another process says so, once
+    if kernels:  # a machine shared with another process says so, once
         callbacks.append(BusyMachine(t.log_every))
     if t.max_steps > 0:
         callbacks.append(StopAtStep(t.max_steps))

@@ -62,13 +62,13 @@ class Mode(StrEnum):
     pynative = "pynative"
 
 
-class CpuKernels(StrEnum):  # ampzoo/models/layers.py
+class CpuKernels(StrEnum):  # ampzoo/engine/network.py
     auto = "auto"  # the cpu_kernels extension on the CPU where it is built, else MindSpore's kernels (one warning)
     on = "on"      # the extension, or an error where it cannot run
     off = "off"    # MindSpore's own kernels
 
 
-class CpuCompute(StrEnum):  # ampzoo/models/layers.py set_cpu_compute; cpu_kernels.configure
+class CpuCompute(StrEnum):  # ampzoo/engine/network.py set_cpu_compute; cpu_kernels.configure
     auto = "auto"                    # bf16 in training, fp32 in evaluation
     fp32 = "fp32"                    # an fp16 convolution or Dense computes in fp32 (what Cast + Conv2D gives)
     bf16 = "bf16"                    # it multiplies in bf16 on a CPU with AVX512-BF16 (oneDNN's bf16 kernels)

@@ -12,7 +12,7 @@ which works only before MindSpore loads, and makes a Ctrl-C while the command's 
 130 (ampzoo.interrupt.hook). The stop signals themselves are the command's to take: `run` takes them for the
 command's work (ampzoo.interrupt.handled), and gives them back when it ends. Only commands import this module;
 importing a library module leaves the process as it was. oneDNN's ISA cap needs no such place: it is set when a
-network is built (ampzoo.models.build_model).
+network is built (ampzoo.engine.network.build_model).
 """
 import ampzoo.needs  # noqa: F401  (first: a Python without the zoo's packages gets one line, not a traceback)
 

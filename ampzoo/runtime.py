@@ -26,7 +26,7 @@ def cap_onednn_isa(choice: str, needs_cap: bool, device: str = "CPU") -> Optiona
     ISA fixes them.
     oneDNN reads ONEDNN_MAX_CPU_ISA when it creates its first primitive, not when MindSpore is imported, so the
     networks built before the first step decide (`needs_cap`: this one runs a MindSpore convolution,
-    ampzoo.models.layers.runs_mindspore_conv). `choice` is runtime.onednn_isa: auto caps at AVX2 while any network
+    ampzoo.engine.network.runs_mindspore_conv). `choice` is runtime.onednn_isa: auto caps at AVX2 while any network
     built in this process needs it and sets ALL otherwise (the CPU kernels and matmuls run oneDNN's AVX-512
     kernels as fast as PyTorch's); an ISA name sets that; "none" sets nothing. A value the user set is left
     alone. Off the CPU (`device` Ascend or GPU) oneDNN runs none of the network: nothing is set, and there is no

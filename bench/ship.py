@@ -32,7 +32,7 @@ from ampzoo.machine import machine, machine_kind
 from ampzoo.runtime import set_context
 from bench.reproduce import data_groups, training_wall_time
 from bench.verify import score
-from ampzoo.models import build_model
+from ampzoo.engine.network import build_model
 
 SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
         "logger", "runtime.device_id", "dataset.path",  # groups, or keys: where a run ran and how it was watched

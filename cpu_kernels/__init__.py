@@ -15,8 +15,9 @@ The library links MindSpore's bundled oneDNN (libdnnl.so.3) and is compiled agai
 not newer than it: oneDNN keeps its ABI backward compatible within a major version, so headers newer than the
 runtime are what breaks (a virtual function the runtime's thread-pool interface lacks, enum values it does not
 know). The build records what it was built against (build.json beside the library); loading reads the runtime's
-version through dnnl_version() and refuses a mismatch. ampzoo.models.layers decides whether a network uses these
-kernels (runtime.cpu_kernels); nothing here imports MindSpore.
+version through dnnl_version() and refuses a mismatch. cpu_kernels.accelerate applies them to a finished network
+(ampzoo.engine.network decides whether a network gets them: runtime.cpu_kernels); nothing in this file imports
+MindSpore.
 """
 import ctypes
 import hashlib
@@ -246,7 +247,7 @@ def settings() -> Settings:
 def cpu_compute(flags: Optional[set] = None, asked: Optional[str] = None) -> str:
     """How fp16 convolutions and Dense layers (matmul.cc) multiply on this CPU (runtime.cc's Bf16Compute, the same
     rule): "fp32"; "bf16" or "bf16_backward" (the backward passes only) where asked (`asked`, else the
-    configured Settings.compute: runtime.cpu_compute through ampzoo.models.layers.set_cpu_compute), each only on a CPU
+    configured Settings.compute: runtime.cpu_compute through ampzoo.engine.network.set_cpu_compute), each only on a CPU
     with AVX512-BF16 and not under an ONEDNN_MAX_CPU_ISA cap below it (AVX2, for MindSpore's own convolutions).
     bf16 runs oneDNN's bf16 kernels (fp32 sums, each output rounded once to fp16)."""
     flags = cpu_flags() if flags is None else flags

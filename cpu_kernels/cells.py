@@ -1,22 +1,23 @@
-"""The Cells of the CPU kernels: CpuConv2d, CpuBatchNorm2d, CpuMaxPool2x2, CpuMaxPool3x3 and CpuReLU, each a subclass
-of the MindSpore Cell it replaces (the same parameters, so the same checkpoint), and CpuAddReLU (a residual block's
-relu(a + b)), whose forward and backward are AOT custom ops from the extension's library (cpu_kernels.library()).
-The Transformer's ops come as functions returning the op (affine_op, bmm_op, layer_norm_op, embed_op, add_op in CpuAdd,
-mask_mul_op in CpuDropout, log_softmax_top_k_op and cached_attention_op for decoding), which its Cells call with
-their own parameters.
-ampzoo.models.layers builds them where runtime.cpu_kernels lets it; nothing else should.
+"""The Cells of the CPU kernels, each a subclass of the MindSpore Cell it stands for, with the same parameters (so
+the same checkpoint): CpuConv2d, CpuBatchNorm2d, CpuMaxPool2x2, CpuMaxPool3x3, CpuReLU, CpuDropout, CpuDense,
+CpuLayerNorm and CpuSoftmax, whose forward and backward are AOT custom ops from the extension's library
+(cpu_kernels.library()). Each has `from_cell(cell)`, which builds it around the parameters of the Cell it replaces
+(as torch.ao's `from_float`), or returns None for a configuration its ops do not run; cpu_kernels.accelerate swaps
+them into a finished network. The ops also come as functions returning the op (affine_op, bmm_op, layer_norm_op,
+embed_op, add_op, eltwise_op, scaled_softmax_op, log_softmax_top_k_op, cached_attention_op), for Cells of a model's
+own that stand for a unit of it (a residual join, an attention's softmax).
 
 MindSpore 2.10 hands oneDNN plain NCHW tensors for Conv2D and its two gradients, which leaves oneDNN only its
 im2col + sgemm path; PyTorch lets oneDNN pick a blocked layout and run its direct kernels. CpuConv2d does what
 PyTorch does. The pooling (pool.cc) and BatchNorm (norm.cc) loops replace MindSpore kernels that took several
 times PyTorch's time; docs/configuration.md has the measurements.
 
-The blocked layout: between these kernels a tensor of C channels is kept in oneDNN's blocked layout when the
-block (`block()`: 16 channels a vector on AVX-512, 8 on AVX2) divides C, as a (N, C/B, H, W, B) tensor with channel
-c at block c // B, lane c % B (`block_for`). Every layer of C channels reads and writes that layout, so no reorder
-runs into or out of each kernel: the convolutions read their input's layout from its rank, CpuBatchNorm2d runs on
-the blocks, CpuMaxPool3x3 reorders around its NCHW loops, and element-wise ops (ReLU, the residual sum) and a
-mean over (H, W) followed by a flatten do not care. The input and the weights stay NCHW and OIHW.
+The blocked layout: inside a stage (BlockedSequentialCell, which accelerate makes of a SequentialCell whose layers
+all take it) a tensor of C channels is kept in oneDNN's blocked layout when the block (`block()`: 16 channels a
+vector on AVX-512, 8 on AVX2) divides C, as a (N, C/B, H, W, B) tensor with channel c at block c // B, lane c % B
+(`block_for`). The stage reorders once on the way in and once on the way out, so every tensor outside it is plain
+NCHW. Inside, the convolutions read their input's layout from its rank, CpuBatchNorm2d runs on the blocks,
+CpuMaxPool3x3 reorders around its NCHW loops, and element-wise Cells (`layout = "any"`) do not care.
 """
 from functools import lru_cache
 
@@ -27,6 +28,30 @@ import mindspore.ops as ops
 from cpu_kernels import cpu_flags, library, onednn_runs_avx512
 
 STRIDES, PADDINGS = (1, 2), (0, 1, 2, 3)  # the variants conv.cc exports
+
+
+class KernelCell:
+    """What every Cell of these kernels is (runs_kernels finds them). `layout` says what it takes inside a blocked
+    stage: "blocked" (it is told its block: CpuConv2d, CpuBatchNorm2d), "any" (element-wise, or it reads the layout
+    from the rank), or None (plain NCHW only: such a Cell ends a stage). The precision interface the zoo's AMP
+    reads (ampzoo.amp.policy) is two class attributes: `weights_as_stored` (it takes fp16 activations and the fp32
+    master weights as stored: no Cast on either) and `fp32_inside` (it takes fp16, computes in fp32 and rounds
+    its output: a keep-list needs no Cast around it)."""
+    layout = None
+    weights_as_stored = False
+    fp32_inside = False
+
+
+def share_parameters(new, old):
+    """`new` (a Cell just built) holds `old`'s Parameter objects under the same attribute names, so the optimizer,
+    a checkpoint and `old` all see one set; returns `new`. Raises ValueError if `new` would hold a Parameter of its
+    own (a checkpoint of the swapped network would then differ)."""
+    for name, param in old._params.items():
+        setattr(new, name, param)
+    extra = set(new._params) - set(old._params)
+    if extra:
+        raise ValueError(f"{type(new).__name__} has parameters {sorted(extra)} that {type(old).__name__} lacks")
+    return new
 
 
 def supports_conv(stride: int, padding: int) -> bool:
@@ -81,22 +106,43 @@ def conv_op(stride: int, padding: int, input_grad: bool = True, out_block: int =
     return ops.Custom(f"{lib}:{name}", out_shape=shape, out_dtype=lambda x, w: x, func_type="aot", bprop=bprop)
 
 
-class CpuConv2d(nn.Conv2d):
+class CpuConv2d(KernelCell, nn.Conv2d):
     """nn.Conv2d (pad_mode "pad" or "valid", no bias) whose forward and backward run oneDNN's direct kernels.
     It computes in fp32 like MindSpore's CPU Conv2D, or multiplies in bf16 (cpu_kernels.cpu_compute). Under
     fp16 it takes fp16 input and returns fp16, converting inside the kernel, so no Cast runs around it
     (MindSpore's Conv2D casts around its own). Its weight it takes as stored (`weights_as_stored`: O2 gives it
     no precision flag, ampzoo.amp.policy): an fp32 master weight is rounded to fp16 values inside the kernel and its
     gradient comes back in fp32 holding fp16 values, so no Cast runs on either.
-    out_block: its output in the blocked layout (block_for), else plain NCHW; its input may be either."""
+    out_block: its output in the blocked layout (block_for), else plain NCHW; its input may be either.
+    input_grad=False: the network's first layer (conv_op)."""
     weights_as_stored = True
+    layout = "blocked"
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, weight_init=None,
                  input_grad=True, out_block=0):
         super().__init__(in_channels, out_channels, kernel_size, stride=stride,
                          pad_mode="pad" if padding else "valid", padding=padding, has_bias=False,
                          weight_init=weight_init)
+        self.input_grad, self.out_block = input_grad, out_block
         self.conv = conv_op(stride, padding, input_grad, out_block)
+
+    @classmethod
+    def from_cell(cls, conv: nn.Conv2d, input_grad: bool = True):
+        """The kernel Cell for a bias-free, ungrouped square nn.Conv2d (pad_mode pad or valid, NCHW) of a stride and
+        padding conv.cc exports, around its weight; else None."""
+        k, stride = conv.kernel_size, conv.stride
+        padding = conv.padding if conv.pad_mode == "pad" else 0 if conv.pad_mode == "valid" else None
+        if (conv.has_bias or conv.group != 1 or tuple(conv.dilation) != (1, 1) or k[0] != k[1]
+                or stride[0] != stride[1] or not isinstance(padding, int) or conv.data_format != "NCHW"
+                or not supports_conv(stride[0], padding)):
+            return None
+        new = cls(conv.in_channels, conv.out_channels, k[0], stride[0], padding, "zeros", input_grad)
+        return share_parameters(new, conv)
+
+    def set_block(self, block: int) -> None:
+        """Its output in the blocked layout of `block` channels (block_for), or plain NCHW (0)."""
+        self.out_block = block
+        self.conv = conv_op(self.stride[0], self.padding, self.input_grad, block)
 
     def construct(self, x):
         channels = x.shape[1] * x.shape[4] if x.ndim == 5 else x.shape[1]  # NCHW, or blocked (block_for)
@@ -160,8 +206,8 @@ def max_pool_op(k: int = 2):
     return ops.Custom(f"{lib}:MaxPool{k}x{k}Fwd", out_shape=shape, out_dtype=lambda x: x, func_type="aot", bprop=bprop)
 
 
-class CpuMaxPool2x2(nn.MaxPool2d):
-    """nn.MaxPool2d(2, 2) (for keep-lists and reports) running pool.cc's loops, in fp32 or fp16."""
+class CpuMaxPool2x2(KernelCell, nn.MaxPool2d):
+    """nn.MaxPool2d(2, 2) (for keep-lists and reports) running pool.cc's loops, in fp32 or fp16; plain NCHW."""
 
     def __init__(self):
         super().__init__(kernel_size=2, stride=2)
@@ -171,10 +217,25 @@ class CpuMaxPool2x2(nn.MaxPool2d):
         return self.pool(x)
 
 
-class CpuMaxPool3x3(nn.MaxPool2d):
+def max_pool_from_cell(pool: nn.MaxPool2d):
+    """CpuMaxPool2x2 for a 2x2/2 nn.MaxPool2d without padding, CpuMaxPool3x3 for 3x3/2 with padding 1 (ResNet's
+    ImageNet stem); else None."""
+    if getattr(pool, "return_indices", False) or getattr(pool, "ceil_mode", None):
+        return None
+    pad = tuple(pool.padding) if pool.use_pad else (0, 0, 0)
+    window = (pool.kernel_size, pool.stride, pad)
+    if window in ((2, 2, (0, 0, 0)), ((2, 2), (2, 2), (0, 0, 0))) and pool.pad_mode == "VALID":
+        return CpuMaxPool2x2()
+    if window == (3, 2, (0, 1, 1)):
+        return CpuMaxPool3x3()
+    return None
+
+
+class CpuMaxPool3x3(KernelCell, nn.MaxPool2d):
     """nn.MaxPool2d(3, 2, padding 1), the ImageNet stem's, running pool.cc's loops, in fp32 or fp16. It takes
     and returns NCHW, or the blocked layout (block_for) its neighbours keep: blocks of 16 channels as they are on
     an AVX-512 CPU (pool.cc's blocked loops), other blocks reordered to NCHW and back."""
+    layout = "any"
 
     def __init__(self):
         super().__init__(kernel_size=3, stride=2, pad_mode="pad", padding=1)
@@ -213,8 +274,13 @@ def _first(*args):  # an element-wise op's output: the shape and dtype of its fi
     return args[0]
 
 
-class CpuReLU(nn.ReLU):
+class CpuReLU(KernelCell, nn.ReLU):
     """nn.ReLU (for keep-lists and reports) running eltwise.cc's pass, in fp32 or fp16."""
+    layout = "any"
+
+    @classmethod
+    def from_cell(cls, relu: nn.ReLU):
+        return cls()
 
     def __init__(self):
         super().__init__()
@@ -222,17 +288,6 @@ class CpuReLU(nn.ReLU):
 
     def construct(self, x):
         return self.op(x)
-
-
-class CpuAddReLU(nn.Cell):
-    """relu(a + b), a residual block's end, in one pass of eltwise.cc (fp32 or fp16; a and b of one shape)."""
-
-    def __init__(self):
-        super().__init__()
-        self.op = eltwise_op("AddRelu", 2)
-
-    def construct(self, a, b):
-        return self.op(a, b)
 
 
 @lru_cache(maxsize=None)
@@ -270,6 +325,31 @@ def _float32(*args):
     return ms.float32
 
 
+class CpuDense(KernelCell, nn.Dense):
+    """nn.Dense (no activation) as one 2-D affine map over the last axis, matmul.cc's AffineFwd and its backward:
+    the fp32 weight goes in as it is stored (`weights_as_stored`: O2 casts nothing around it), and fp16 activations
+    are multiplied as runtime.cpu_compute says."""
+    weights_as_stored = True
+
+    @classmethod
+    def from_cell(cls, dense: nn.Dense):
+        """For an nn.Dense with a bias and no activation; else None."""
+        if not dense.has_bias or dense.activation_flag:
+            return None
+        return share_parameters(cls(dense.in_channels, dense.out_channels, "zeros"), dense)
+
+    def __init__(self, in_channels, out_channels, weight_init="zeros"):
+        super().__init__(in_channels, out_channels, weight_init=weight_init)
+        self.affine = affine_op(bias=True)
+
+    def construct(self, x):
+        if x.shape[-1] != self.in_channels:  # a compile-time check: the reshape below would hide the mismatch
+            raise ValueError(f"For 'Dense', the last axis of x must equal in_channels, but got {x.shape[-1]} and "
+                             f"{self.in_channels}")
+        y = self.affine(x.reshape(-1, self.in_channels), self.weight, self.bias)
+        return y.reshape(x.shape[:-1] + (self.out_channels,))
+
+
 @lru_cache(maxsize=None)
 def embed_op(half: bool = False):
     """eltwise.cc's EmbedFwd (table [V, d], ids int32 [..., T], positions [T, d], scale (1,) -> table[ids] * scale +
@@ -297,39 +377,6 @@ def add_op():
     return ops.Custom(f"{library()}:AddFwd", out_shape=_first, out_dtype=_first, func_type="aot", bprop=bprop)
 
 
-class CpuAdd(nn.Cell):
-    """a + b in one pass of eltwise.cc (fp32 or fp16, a and b of one shape): MindSpore's CPU Add runs several times
-    slower in fp16 than in fp32."""
-
-    def __init__(self):
-        super().__init__()
-        self.op = add_op()
-
-    def construct(self, a, b):
-        return self.op(a, b)
-
-
-class CpuBranch(nn.Cell):
-    """x -> n references to x (ampzoo.models.layers.Branch) whose gradients are summed by eltwise.cc's Add, fp32 or
-    fp16, each sum computed in fp32 and rounded once: at O2 MindSpore summed them in its fp16 AddN."""
-
-    def __init__(self, n: int = 2):
-        super().__init__()
-        self.n = n
-        self.add = add_op()
-
-    def construct(self, x):
-        return (x,) * self.n
-
-    def bprop(self, x, out, dout):
-        if self.n == 1:
-            return (dout[0],)
-        grad = self.add(dout[0], dout[1])
-        for i in range(2, self.n):
-            grad = self.add(grad, dout[i])
-        return (grad,)
-
-
 @lru_cache(maxsize=1)
 def mask_mul_op():
     """eltwise.cc's MaskMulFwd (x fp32 or fp16, m fp32 of x's shape -> x * m in x's dtype), its gradient dy * m."""
@@ -340,14 +387,19 @@ def mask_mul_op():
     return mask_mul
 
 
-class CpuDropout(nn.Dropout):
+class CpuDropout(KernelCell, nn.Dropout):
     """nn.Dropout (same p, same random stream: MindSpore's Dropout draws the mask) whose mask is drawn in fp32 and
     applied by eltwise.cc's MaskMul in x's dtype: MindSpore's CPU Dropout and DropoutGrad run many times slower in
     fp16 than in fp32."""
+    layout = "any"
 
     def __init__(self, p: float):
         super().__init__(p=p)
         self.mask_mul = mask_mul_op()
+
+    @classmethod
+    def from_cell(cls, dropout: nn.Dropout):
+        return cls(dropout.p)
 
     def construct(self, x):
         if not self.training or self.p == 0:
@@ -403,6 +455,27 @@ def layer_norm_op():
     return ops.Custom(f"{lib}:LayerNormFwd", out_shape=shape, out_dtype=dtype, func_type="aot", bprop=bprop)
 
 
+class CpuLayerNorm(KernelCell, nn.LayerNorm):
+    """nn.LayerNorm over the last axis (the same gamma and beta) running layer_norm.cc: fp32 or fp16 in, the same
+    out, computed in fp32 (`fp32_inside`: a keep-list needs no Cast around it)."""
+    fp32_inside = True
+
+    @classmethod
+    def from_cell(cls, norm: nn.LayerNorm):
+        """For an nn.LayerNorm over the last axis alone; else None."""
+        if len(norm.normalized_shape) != 1 or norm.begin_norm_axis != -1 or norm.begin_params_axis != -1:
+            return None
+        return share_parameters(cls(norm.normalized_shape[0], norm.epsilon), norm)
+
+    def __init__(self, d: int, epsilon: float = 1e-5):
+        super().__init__((d,), epsilon=epsilon)
+        self.op = layer_norm_op()
+        self.eps = ms.Tensor([epsilon], ms.float32)
+
+    def construct(self, x):
+        return self.op(x, self.gamma, self.beta, self.eps)[0]
+
+
 @lru_cache(maxsize=1)
 def softmax_op():
     """softmax.cc's SoftmaxFwd (x -> softmax over the last axis, x's dtype, computed in fp32) with its backward
@@ -415,7 +488,7 @@ def softmax_op():
     return ops.Custom(f"{lib}:SoftmaxFwd", out_shape=_first, out_dtype=_first, func_type="aot", bprop=bprop)
 
 
-class CpuSoftmax(nn.Softmax):
+class CpuSoftmax(KernelCell, nn.Softmax):
     """nn.Softmax(axis=-1) (keep-lists naming Softmax reach it) running softmax.cc: fp32 or fp16 in, the same
     out, computed in fp32 and rounded once. O2's keep-list needs no Cast around it (`fp32_inside`, which
     ampzoo.amp.policy reads): at O2 MindSpore ran a Cast before and after the attention's Softmax and its gradient."""
@@ -424,6 +497,11 @@ class CpuSoftmax(nn.Softmax):
     def __init__(self):
         super().__init__(axis=-1)
         self.op = softmax_op()
+
+    @classmethod
+    def from_cell(cls, softmax: nn.Softmax):
+        """For an nn.Softmax over the last axis; else None."""
+        return cls() if tuple(softmax.softmax.axis) == (-1,) else None
 
     def construct(self, x):
         return self.op(x)
@@ -440,22 +518,6 @@ def scaled_softmax_op():
     def bprop(x, bias, scale, out, dout):
         return backward(out, dout, scale), ops.zeros_like(bias), ops.zeros_like(scale)
     return ops.Custom(f"{lib}:ScaledSoftmaxFwd", out_shape=_first, out_dtype=_first, func_type="aot", bprop=bprop)
-
-
-class CpuAttentionSoftmax(nn.Softmax):
-    """The attention's probabilities, softmax(scores * scale + bias) over the last axis, in one pass of softmax.cc
-    (ampzoo.models.layers.attention_softmax): fp32 or fp16 scores in, the same out, computed in fp32 and rounded once,
-    the bias (an additive mask) broadcast as numpy does. An nn.Softmax, so keep-lists naming Softmax reach it, and
-    `fp32_inside` like CpuSoftmax: at O2 the scaling and the mask ran as MindSpore's fp16 Mul and Add."""
-    fp32_inside = True
-
-    def __init__(self, scale: float):
-        super().__init__(axis=-1)
-        self.op = scaled_softmax_op()
-        self.scale = ms.Tensor([scale], ms.float32)
-
-    def construct(self, x, bias):
-        return self.op(x, bias, self.scale)
 
 
 @lru_cache(maxsize=None)
@@ -548,7 +610,7 @@ def batch_norm_op():
                       out_dtype=lambda x, g, b, mm, mv, h: (x, g, g, g, g), func_type="aot", bprop=bprop)
 
 
-class CpuBatchNorm2d(nn.BatchNorm2d):
+class CpuBatchNorm2d(KernelCell, nn.BatchNorm2d):
     """nn.BatchNorm2d (the same parameters and checkpoint) whose training forward and backward run norm.cc's
     loops and write the moving statistics as MindSpore's BatchNorm does. It computes in fp32 on fp32 or fp16
     input and returns the input's dtype: O2's keep-list needs no Cast around it (`fp32_inside`, which
@@ -557,11 +619,24 @@ class CpuBatchNorm2d(nn.BatchNorm2d):
     MindSpore's. `block`: its input and output are in that blocked layout (block_for), which MindSpore's
     BatchNorm gets as NCHW."""
     fp32_inside = True
+    layout = "blocked"
 
     def __init__(self, num_features, eps=1e-5, momentum=0.9, gamma_init="ones", block=0):
         super().__init__(num_features, eps=eps, momentum=momentum, gamma_init=gamma_init)
         self.norm = batch_norm_op()
         self.hyper = ms.Tensor([momentum, eps], ms.float32)
+        self.set_block(block)
+
+    @classmethod
+    def from_cell(cls, bn: nn.BatchNorm2d):
+        """For an affine nn.BatchNorm2d (NCHW) that uses batch statistics in training; else None. MindSpore stores
+        1 - momentum."""
+        if not bn.gamma.requires_grad or bn.use_batch_statistics is not None or bn.format != "NCHW":
+            return None
+        return share_parameters(cls(bn.num_features, bn.eps, 1.0 - bn.momentum), bn)
+
+    def set_block(self, block: int) -> None:
+        """Its input and output in the blocked layout of `block` channels (block_for), or plain NCHW (0)."""
         self.block = block
         self.to_blocked, self.to_plain = relayout_ops(block) if block else (None, None)
 
@@ -583,3 +658,23 @@ class CpuBatchNorm2d(nn.BatchNorm2d):
         ops.assign(self.moving_mean, mean)
         ops.assign(self.moving_variance, var)
         return y
+
+
+class BlockedSequentialCell(nn.SequentialCell):
+    """A SequentialCell whose layers run in the blocked layout (see the module's docstring): its input is reordered
+    once on the way in (when the block divides its channels) and its output once on the way out, so it takes and
+    returns plain NCHW. The layers are the ones it was made of, under the same names (cpu_kernels.accelerate)."""
+
+    def __init__(self, layers, block: int):
+        super().__init__(layers)
+        self.block = block
+        self.to_blocked, self.to_plain = relayout_ops(block)
+
+    def construct(self, x):
+        if x.ndim == 4 and x.shape[1] % self.block == 0:
+            x = self.to_blocked(x)
+        for cell in self.cell_list:
+            x = cell(x)
+        if x.ndim == 5:
+            x = self.to_plain(x)
+        return x

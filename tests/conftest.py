@@ -31,13 +31,12 @@ def run_cli(script: str, *args: str, cwd=ROOT, timeout: int = 600, env=None) -> 
 
 
 def built_with(cpu_kernels: str, build):
-    """build() with runtime.cpu_kernels set to `cpu_kernels` (ampzoo.models.layers), then back to the default, auto."""
-    from ampzoo.models import layers
-    layers.set_cpu_kernels(cpu_kernels)
-    try:
-        return build()
-    finally:
-        layers.set_cpu_kernels("auto")
+    """build()'s network (plain MindSpore) as runtime.cpu_kernels=`cpu_kernels` has it: the CPU kernels applied where
+    that lets them run (ampzoo.engine.network; `on` where they cannot: its error)."""
+    from ampzoo.engine.network import accelerate, use_cpu_kernels
+    kernels = use_cpu_kernels(cpu_kernels)
+    net = build()
+    return accelerate(net) if kernels else net
 
 
 def finished_run_dir(tmp_path_factory, name: str, *args: str) -> Path:

@@ -111,7 +111,7 @@ def test_under_fp16_it_rounds_as_mindspores_conv2d(mode):
 def test_resnet_uses_it_and_checkpoints_move_between_the_two(graph_mode, tmp_path):
     """runtime.cpu_kernels=auto builds the CPU kernels' Cells, off MindSpore's; a checkpoint saved from either
     loads into the other (the same parameter names) and gives the same outputs."""
-    fast = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8)
+    fast = built_with("auto", lambda: create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=8))
     convs = [c for _, c in fast.cells_and_names() if isinstance(c, nn.Conv2d)]
     assert convs and all(isinstance(c, CpuConv2d) for c in convs)
     block = cpu_conv.block_for
@@ -131,15 +131,17 @@ def test_resnet_uses_it_and_checkpoints_move_between_the_two(graph_mode, tmp_pat
             p.set_data(p.value() * 0.5)
 
 
-def test_off_builds_mindspores_own_layers():
-    """runtime.cpu_kernels=off: MindSpore's Conv2d, BatchNorm2d and MaxPool2d (LeNet's written-out
-    MaxPool2x2), where auto builds the CPU kernels' Cells."""
+def test_models_are_mindspores_layers_until_accelerate_swaps_them():
+    """A model is built from MindSpore's Conv2d, BatchNorm2d and MaxPool2d (LeNet's written-out MaxPool2x2), and so
+    it stays under runtime.cpu_kernels=off; accelerate swaps each for the CPU kernels' Cell, a subclass of it."""
+    from ampzoo.engine.network import accelerate
     from ampzoo.models import layers
-    made = [layers.conv2d(4, 8, 3, 1, 1), layers.batch_norm2d(8), layers.max_pool2d(3, 2, 1), layers.max_pool2d(2, 2)]
-    assert [type(c).__name__ for c in made] == ["CpuConv2d", "CpuBatchNorm2d", "CpuMaxPool3x3", "CpuMaxPool2x2"]
-    made = built_with("off", lambda: [layers.conv2d(4, 8, 3, 1, 1), layers.batch_norm2d(8), layers.max_pool2d(3, 2, 1),
-                                      layers.max_pool2d(2, 2)])
+    made = nn.SequentialCell([layers.conv2d(4, 8, 3, 1, 1), nn.BatchNorm2d(8), layers.max_pool2d(3, 2, 1),
+                              layers.max_pool2d(2, 2)])
     assert [type(c) for c in made] == [nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, layers.MaxPool2x2]
+    accelerate(made)
+    assert [type(c).__name__ for c in made] == ["CpuConv2d", "CpuBatchNorm2d", "CpuMaxPool3x3", "CpuMaxPool2x2"]
+    assert isinstance(made[0], nn.Conv2d) and isinstance(made[1], nn.BatchNorm2d)
     lenet = built_with("off", lambda: create_model("lenet5", num_classes=10))
     assert not any(type(c).__name__.startswith("Cpu") for _, c in lenet.cells_and_names())
 
@@ -235,7 +237,8 @@ def test_stem_maxpool_on_the_blocked_layout_is_the_nchw_ones(graph_mode, size, d
 
 def test_resnet_stem_pools_on_the_cpu_kernel():
     """ResNet's ImageNet stem builds CpuMaxPool3x3 here, and nn.MaxPool2d for an export (cpu_kernels=off)."""
-    assert type(create_model("resnet18", num_classes=10, width=8).stem[3]) is cpu_conv.CpuMaxPool3x3
+    assert type(built_with("auto", lambda: create_model("resnet18", num_classes=10, width=8)).stem[3]) \
+        is cpu_conv.CpuMaxPool3x3
     assert type(built_with("off", lambda: create_model("resnet18", num_classes=10, width=8)).stem[3]) is nn.MaxPool2d
 
 
@@ -294,7 +297,7 @@ def test_batchnorm_runs_mindspores_own_op_in_fp16(graph_mode):
         norm.to_float(ms.float16)
         norm.set_train(True)
     np.testing.assert_array_equal(ours(x).asnumpy(), theirs(x).asnumpy())
-    net = create_model("resnet18", num_classes=10, width=8)
+    net = built_with("auto", lambda: create_model("resnet18", num_classes=10, width=8))
     norms = [c for _, c in net.cells_and_names() if isinstance(c, nn.BatchNorm2d)]
     assert len(norms) == 20 and all(type(c) is cpu_conv.CpuBatchNorm2d for c in norms)
     assert type(built_with("off", lambda: create_model("resnet18", num_classes=10, width=8)).stem[1]) is nn.BatchNorm2d
@@ -306,7 +309,7 @@ import mindspore as ms, numpy as np
 from omegaconf import OmegaConf
 ms.set_device("CPU")
 from ampzoo.runtime import onednn_note
-from ampzoo.models import build_model
+from ampzoo.engine.network import build_model
 model = {"resnet18": {"stem": "cifar", "in_channels": 1}, "lenet5": {"in_channels": 1}}[sys.argv[1]]
 net = build_model(OmegaConf.create({"model": {"name": sys.argv[1], "num_classes": 10, "params": model},
                                     "runtime": {"cpu_kernels": sys.argv[2], "onednn_isa": "auto"}}))
@@ -388,7 +391,7 @@ def test_a_resnet_in_the_blocked_layout_trains_as_mindspores(graph_mode, monkeyp
     moves them by 20%, in MindSpore's own network too), so only its forward numbers compare."""
     monkeypatch.setattr(cpu_conv, "onednn_runs_avx512", lambda: block == 16)
     ms.set_seed(0)
-    net = create_model(model, num_classes=10, stem=stem, in_channels=3, width=width)
+    net = built_with("auto", lambda: create_model(model, num_classes=10, stem=stem, in_channels=3, width=width))
     norms = [c for _, c in net.cells_and_names() if isinstance(c, cpu_conv.CpuBatchNorm2d)]
     assert norms and all(c.block == (block if c.num_features % block == 0 else 0) for c in norms)
     plain = built_with("off", lambda: create_model(model, num_classes=10, stem=stem, in_channels=3, width=width))

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from cpu_kernels import (LIBRARY, OMP_LIBRARY, configure, cpu_compute, cpu_flags, has_ops, library, settings,
                          weight_gradients, why_not)
-from cpu_kernels.cells import CpuAddReLU, CpuBatchNorm2d, CpuConv2d, CpuReLU, relayout_ops
+from cpu_kernels.cells import CpuBatchNorm2d, CpuConv2d, CpuReLU, relayout_ops
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -121,11 +121,12 @@ def as_half(*arrays):
 
 
 def test_add_relu_in_fp16_rounds_the_fp32_result_once(graph_mode):
+    from ampzoo.engine.network import KernelAddReLU
     rng = np.random.RandomState(2)
     a, b = rng.randn(2, 16, 5, 5).astype(np.float32), rng.randn(2, 16, 5, 5).astype(np.float32)
-    y16, (da16, db16) = grads_of(CpuAddReLU(), *as_half(a, b))
+    y16, (da16, db16) = grads_of(KernelAddReLU(), *as_half(a, b))
     a16, b16 = a.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32)
-    y32, (da32, db32) = grads_of(CpuAddReLU(), ms.Tensor(a16), ms.Tensor(b16))
+    y32, (da32, db32) = grads_of(KernelAddReLU(), ms.Tensor(a16), ms.Tensor(b16))
     assert y16.dtype == da16.dtype == ms.float16
     np.testing.assert_array_equal(y16.asnumpy(), y32.asnumpy().astype(np.float16))
     np.testing.assert_array_equal(da16.asnumpy(), da32.asnumpy().astype(np.float16))
@@ -385,11 +386,11 @@ def test_cpu_compute_says_what_the_library_runs(monkeypatch, fp32_products, sett
 
 
 def test_runtime_cpu_compute_sets_what_the_kernels_read(fp32_products):
-    """runtime.cpu_compute (ampzoo.models.layers.set_cpu_compute, before a train step or an evaluation is built) reaches
-    the kernels through cpu_kernels.configure, never the environment: a value is what they are asked; auto runs
+    """runtime.cpu_compute (ampzoo.engine.network.set_cpu_compute, before a train step or an evaluation is built)
+    reaches the kernels through cpu_kernels.configure, never the environment: a value is what they are asked; auto runs
     the training default and evaluates in fp32; a bad value names the valid ones."""
     from ampzoo.errors import ConfigError
-    from ampzoo.models.layers import AUTO_IN_TRAINING, set_cpu_compute
+    from ampzoo.engine.network import AUTO_IN_TRAINING, set_cpu_compute
     environment = dict(os.environ)
     set_cpu_compute("bf16_backward", training=True)
     assert settings().compute == "bf16_backward"
@@ -407,13 +408,13 @@ def test_runtime_cpu_compute_sets_what_the_kernels_read(fp32_products):
 def test_the_old_variables_are_named_not_silently_ignored(monkeypatch, caplog, fp32_products):
     """AMP_ZOO_CPU_COMPUTE, AMP_ZOO_CONV_THREADS and the others are no longer read (the settings are config keys):
     a run that sets one is told once what to set instead."""
-    from ampzoo.models import layers
-    layers._warn_old_variable.cache_clear()
+    from ampzoo.engine import network
+    network._warn_old_variable.cache_clear()
     monkeypatch.setenv("AMP_ZOO_CPU_COMPUTE", "bf16")
     monkeypatch.setenv("AMP_ZOO_CONV_THREADS", "1")
     with caplog.at_level("WARNING", logger="amp_zoo"):
         for _ in range(2):
-            layers.set_cpu_settings(OmegaConf.create({"cpu_threads": 0}))
+            network.set_cpu_settings(OmegaConf.create({"cpu_threads": 0}))
     said = sorted(r.getMessage() for r in caplog.records if "is no longer read" in r.getMessage())
     assert said == ["AMP_ZOO_CONV_THREADS=1 is no longer read: set runtime.cpu_threads=1",
                     "AMP_ZOO_CPU_COMPUTE=bf16 is no longer read: set runtime.cpu_compute=bf16"]
@@ -483,8 +484,9 @@ def test_o2_keeps_cpu_batchnorm_fp32_without_casts():
     from omegaconf import OmegaConf
 
     from ampzoo.amp.policy import CastOutput, apply_policy, compute_dtype
+    from ampzoo.engine.network import accelerate
     from ampzoo.models import create_model
-    net = create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=16)
+    net = accelerate(create_model("resnet18", num_classes=10, stem="cifar", in_channels=1, width=16))
     amp_cfg = OmegaConf.create({"level": "O2", "dtype": "float16", "keep_fp32": None, "force_fp16": []})
     wrapped, _ = apply_policy(net, amp_cfg)
     norms = [c for _, c in wrapped.cells_and_names() if isinstance(c, CpuBatchNorm2d)]
@@ -499,18 +501,22 @@ def test_o2_keeps_cpu_batchnorm_fp32_without_casts():
     assert all(p.dtype == ms.float32 for p in wrapped.get_parameters())
 
 
-def test_to_nchw_ends_the_blocked_layout_for_a_model_of_your_own(graph_mode):
-    """ampzoo.models.layers' convolution may return (N, C/B, H, W, B); ToNCHW gives the plain tensor MindSpore's own
-    convolution gives, and passes a plain one through."""
-    from ampzoo.models.layers import ToNCHW, conv2d
+def test_a_network_of_your_own_takes_the_kernels_and_keeps_nchw_between_its_layers(graph_mode):
+    """cpu_kernels.accelerate on a network written in mindspore.nn alone: its convolution, BatchNorm and ReLU become
+    the kernels' Cells, a blocked stage reorders inside itself only, and the output is the plain network's."""
+    from cpu_kernels.accelerate import accelerate, runs_kernels
     rng = np.random.RandomState(6)
     w = ms.Tensor((rng.randn(16, 3, 3, 3) * 0.2).astype(np.float32))
-    ours = conv2d(3, 16, 3, 1, 1, weight_init=w)
-    theirs = nn.Conv2d(3, 16, 3, pad_mode="pad", padding=1, has_bias=False, weight_init=w)
+
+    def build():
+        return nn.SequentialCell([nn.Conv2d(3, 16, 3, pad_mode="pad", padding=1, has_bias=False, weight_init=w),
+                                  nn.BatchNorm2d(16), nn.ReLU()])
+    plain, ours = build(), accelerate(build())
+    assert runs_kernels(ours) and not runs_kernels(plain)
+    assert [type(c).__name__ for c in ours.cell_list] == ["CpuConv2d", "CpuBatchNorm2d", "CpuReLU"]
+    plain.set_train(False)
+    ours.set_train(False)
     x = ms.Tensor(rng.randn(2, 3, 8, 8).astype(np.float32))
-    blocked = ours(x)
-    assert blocked.ndim == 5
-    plain, reference = ToNCHW()(blocked), theirs(x)
-    assert plain.shape == reference.shape == (2, 16, 8, 8)
-    np.testing.assert_allclose(plain.asnumpy(), reference.asnumpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_array_equal(ToNCHW()(reference).asnumpy(), reference.asnumpy())
+    got, want = ours(x), plain(x)
+    assert got.shape == want.shape == (2, 16, 8, 8)
+    np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-4, atol=1e-5)

@@ -13,6 +13,7 @@ import pytest
 
 import cpu_kernels
 from cpu_kernels import LIBRARY, RECORD, check, mismatch, runtime_version, sources_digest, version_text
+from ampzoo.engine import network
 from ampzoo.models import create_model, layers
 from tests.conftest import ROOT, built_with
 from ampzoo.errors import ConfigError
@@ -51,17 +52,17 @@ def test_a_stale_or_missing_build_is_named(tmp_path):
 def test_on_refuses_and_auto_warns_once_where_the_extension_is_off(tmp_path, monkeypatch, caplog):
     fake_build(tmp_path, "3.99.0")
     monkeypatch.setattr(cpu_kernels, "_installed", lambda: check(tmp_path))
-    layers._warn_fallback.cache_clear()
+    network._warn_fallback.cache_clear()
     with pytest.raises(ConfigError, match=r"^runtime.cpu_kernels=on, but the CPU kernels are off: built against "
                                           r"oneDNN 3.99.0 headers") as error:
         built_with("on", lambda: create_model("resnet18", num_classes=10, width=8))
     assert "\n" not in str(error.value)
     caplog.set_level("WARNING", logger="amp_zoo")
-    nets = [create_model(name, num_classes=10) for name in ("resnet18", "lenet5")]
+    nets = [built_with("auto", lambda n=name: create_model(n, num_classes=10)) for name in ("resnet18", "lenet5")]
     assert not any(type(c).__name__.startswith("Cpu") for net in nets for _, c in net.cells_and_names())
     warnings = [r.getMessage() for r in caplog.records if "runtime.cpu_kernels=auto" in r.getMessage()]
     assert len(warnings) == 1 and "3.99.0" in warnings[0]
-    layers._warn_fallback.cache_clear()
+    network._warn_fallback.cache_clear()
 
 
 def test_off_builds_mindspores_layers():

@@ -12,9 +12,9 @@ import mindspore.nn as nn
 import mindspore.ops as ops
 
 from cpu_kernels import configure, cpu_flags, has_ops, why_not
-from cpu_kernels.cells import (CpuAttentionSoftmax, CpuBranch, CpuDropout, affine_op, bmm_op, layer_norm_op,
-                               scaled_softmax_op, softmax_op)
-from ampzoo.models.layers import set_cpu_kernels
+from cpu_kernels.cells import (CpuDense, CpuDropout, CpuLayerNorm, affine_op, bmm_op, layer_norm_op, scaled_softmax_op,
+                               softmax_op)
+from tests.conftest import built_with
 
 pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
 
@@ -23,8 +23,6 @@ pytestmark = pytest.mark.skipif(not has_ops(), reason=why_not())
 def graph_mode():
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    set_cpu_kernels("auto")
 
 
 class Call(nn.Cell):
@@ -216,9 +214,9 @@ def test_cpu_dropout_draws_nn_dropouts_mask_and_keeps_the_dtype(graph_mode, dtyp
 
 def tiny_transformer(kernels: str):
     from ampzoo.models.transformer import Transformer
-    set_cpu_kernels(kernels)
     ms.set_seed(0)
-    return Transformer(50, d_model=32, heads=4, ffn=64, encoder_layers=2, decoder_layers=2, dropout=0.0, max_len=16)
+    return built_with(kernels, lambda: Transformer(50, d_model=32, heads=4, ffn=64, encoder_layers=2,
+                                                   decoder_layers=2, dropout=0.0, max_len=16))
 
 
 class SquareLoss(nn.Cell):
@@ -272,28 +270,6 @@ def test_the_attention_softmax_scales_adds_the_broadcast_mask_and_differentiates
     assert not dbias.any() and not dscale.any()
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16])
-@pytest.mark.parametrize("n", [1, 2, 4])
-def test_a_branch_hands_out_its_input_and_sums_its_readers_gradients(graph_mode, dtype, n):
-    """CpuBranch(n): n references to x forward; backward the sum of the n gradients in x's dtype (no AddN)."""
-    class Readers(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.branch = CpuBranch(n)
-
-        def construct(self, x):
-            out = self.branch(x)
-            total = out[0] * 1.0
-            for i in range(1, n):
-                total = total + out[i] * float(i + 1)
-            return total
-    x, dy = np.arange(12, dtype=dtype).reshape(3, 4), np.full((3, 4), 0.5, dtype)
-    net = Readers()
-    (dx,) = ops.GradOperation(get_all=True, sens_param=True)(net)(ms.Tensor(x), ms.Tensor(dy))
-    assert dx.dtype == (ms.float16 if dtype == np.float16 else ms.float32)
-    np.testing.assert_array_equal(dx.asnumpy(), np.full((3, 4), 0.5 * n * (n + 1) / 2, dtype))
-
-
 def test_softmax_of_a_row_with_nan_or_inf_is_nan_for_the_loss_scale(graph_mode):
     x = np.zeros((3, 8), np.float16)
     x[0, 2], x[1, 5] = np.nan, np.inf
@@ -324,15 +300,15 @@ def test_o2_keeps_the_kernels_layernorm_and_softmax_fp32_without_casts(graph_mod
     from omegaconf import OmegaConf
 
     from ampzoo.amp.policy import CastOutput, apply_policy, compute_dtype
-    from ampzoo.models.transformer import Dense, LayerNorm
+    from ampzoo.engine.network import KernelAttentionSoftmax
     amp_cfg = OmegaConf.create({"level": "O2", "dtype": "float16", "keep_fp32": ["LayerNorm", "Softmax"],
                                 "force_fp16": []})
     wrapped, _ = apply_policy(tiny_transformer("on"), amp_cfg)
-    for kind in (LayerNorm, CpuAttentionSoftmax):
+    for kind in (CpuLayerNorm, KernelAttentionSoftmax):
         kept = [c for _, c in wrapped.cells_and_names() if isinstance(c, kind)]
         assert kept and all(c.fp32_inside and compute_dtype(c) == "float32" for c in kept)
         assert not any(isinstance(c, CastOutput) and isinstance(c.cell, kind) for _, c in wrapped.cells_and_names())
-    assert all(compute_dtype(c) == "float16" for _, c in wrapped.cells_and_names() if isinstance(c, Dense))
+    assert all(compute_dtype(c) == "float16" for _, c in wrapped.cells_and_names() if isinstance(c, CpuDense))
     assert all(p.dtype == ms.float32 for p in wrapped.get_parameters())
 
 
@@ -413,7 +389,7 @@ def test_o2_hands_dense_its_fp32_weights_as_stored_and_changes_no_number(graph_m
     w, b = rng.randn(16, 16).astype(np.float32) * 0.3, np.linspace(-1, 1, 16).astype(np.float32)
     out = {}
     for as_stored in (True, False):
-        dense = Dense(16, 16)
+        dense = CpuDense.from_cell(Dense(16, 16))
         dense.weight.set_data(ms.Tensor(w))
         dense.bias.set_data(ms.Tensor(b))
         assert dense.weights_as_stored
@@ -449,11 +425,15 @@ def test_the_token_embedding_kernel_gives_the_numbers_of_the_lookup_mul_and_add(
     rng = np.random.RandomState(0)
     src, tgt = (ms.Tensor(rng.randint(0, 50, shape).astype(np.int32)) for shape in ((3, 7), (3, 5)))
     out = {}
-    for kernel in (True, False):
-        net = tiny_transformer("auto")
-        assert (net.embed.kernel is not None) and net.embed.weights_as_stored
-        if not kernel:
-            net.embed.kernel, net.embed.weights_as_stored = None, False
+    from cpu_kernels.accelerate import accelerate
+    from ampzoo.engine.network import KernelTokenEmbedding, units
+    from ampzoo.models.transformer import TokenEmbedding, Transformer
+    for kernel in (True, False):  # the same network but for the embedding
+        ms.set_seed(0)
+        net = Transformer(50, d_model=32, heads=4, ffn=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
+                          max_len=16)
+        net = accelerate(net, units={k: v for k, v in units().items() if kernel or k is not TokenEmbedding})
+        assert isinstance(net.embed, KernelTokenEmbedding) == kernel == getattr(net.embed, "weights_as_stored", False)
         net.set_train(False)
         inner = net
         net, _ = apply_policy(net, OmegaConf.create({"level": level, "dtype": "float16",

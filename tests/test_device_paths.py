@@ -306,20 +306,21 @@ def test_networks_build_mindspores_own_cells_off_the_cpu(monkeypatch, device):
     nn.Conv2d, nn.BatchNorm2d (and nn.MaxPool2d in the ImageNet stem), and LeNet nn.Conv2d, its written-out
     MaxPool2x2 and Dense layers that run nn.Dense's own construct, whatever the extension does here
     (runtime.cpu_kernels=auto); `on` there is one error naming the device."""
-    from ampzoo.models import create_model, layers
+    from ampzoo.engine import network
+    from ampzoo.models import create_model
     from tests.conftest import built_with
     from ampzoo.errors import ConfigError
     real = ms.get_context
-    monkeypatch.setattr(layers.ms, "get_context", lambda key: device if key == "device_target" else real(key))
-    resnet = create_model("resnet18", num_classes=10, stem="imagenet", width=8)
-    lenet = create_model("lenet5", num_classes=10)
+    monkeypatch.setattr(network.ms, "get_context", lambda key: device if key == "device_target" else real(key))
+    resnet = built_with("auto", lambda: create_model("resnet18", num_classes=10, stem="imagenet", width=8))
+    lenet = built_with("auto", lambda: create_model("lenet5", num_classes=10))
     cells = [c for net in (resnet, lenet) for _, c in net.cells_and_names()]
     assert not any(type(c).__name__.startswith("Cpu") for c in cells)
     with pytest.raises(ConfigError, match=f"run on the CPU only \\(the device is {device}\\)"):
         built_with("on", lambda: create_model("lenet5", num_classes=10))
     assert type(resnet.stem[3]) is ms.nn.MaxPool2d
     assert type(lenet.pool).__name__ == "MaxPool2x2"
-    assert type(lenet.conv1) is ms.nn.Conv2d and lenet.fc1.kernel is None  # ampzoo.models.layers.Dense: nn.Dense's own
+    assert type(lenet.conv1) is ms.nn.Conv2d and type(lenet.fc1) is ms.nn.Dense
 
 
 def tokenizer_data(cache_dir):

@@ -45,7 +45,7 @@ def test_a_checkpoint_records_its_workers_and_global_batch(tmp_path):
 def msrun_run_dir(tmp_path):
     """An msrun run's directory: config.yaml with runtime.distributed=true, and a checkpoint of its LeNet."""
     from ampzoo.engine.load import load_config
-    from ampzoo.models import build_model
+    from ampzoo.engine.network import build_model
     cfg, _ = load_config(["recipe=lenet_o0", "runtime.distributed=true"])
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)
@@ -70,14 +70,15 @@ def test_the_onednn_notes_are_the_cpus_only(monkeypatch, caplog, device):
     """oneDNN runs none of the network on a device: no ISA cap set, no line about MindSpore's CPU convolutions,
     nothing recorded in metrics.json."""
     from ampzoo.engine.load import load_config
-    from ampzoo.models import build_model, layers
+    from ampzoo.engine import network
+    from ampzoo.engine.network import build_model
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("AMP_ZOO_ONEDNN_AUTO", raising=False)
     assert cap_onednn_isa("auto", needs_cap=True, device=device) is None
     assert "ONEDNN_MAX_CPU_ISA" not in __import__("os").environ
     assert onednn_note(device) is None
     real = ms.get_context
-    monkeypatch.setattr(layers.ms, "get_context", lambda key: device if key == "device_target" else real(key))
+    monkeypatch.setattr(network.ms, "get_context", lambda key: device if key == "device_target" else real(key))
     cfg, _ = load_config(["recipe=lenet_o0"])
     with caplog.at_level(logging.INFO, logger="amp_zoo"):
         build_model(cfg)

@@ -32,13 +32,19 @@ def loss_scale(**kw):
     return OmegaConf.create({**base, **kw})
 
 
-def make_step(ls_cfg, level="O0", seed=0, update_freq=1, optimizer=nn.Momentum):
+def make_step(ls_cfg, level="O0", seed=0, update_freq=1, optimizer=nn.Momentum, kernels=False):
+    """An MLP's train step; `kernels`: with the CPU kernels applied (and the recipes' Momentum fused on them)."""
     ms.set_seed(seed)
     net = MLP()
+    if kernels:
+        from ampzoo.engine.network import accelerate
+        net = accelerate(net)
     net, _ = apply_policy(net, OmegaConf.create({"level": level, "dtype": "float16", "keep_fp32": None,
                                                  "force_fp16": []}))
     plan = plan_loss_scale(ls_cfg)
-    opt = optimizer(net.trainable_params(), learning_rate=0.1, momentum=0.9, loss_scale=plan.optimizer_loss_scale)
+    fused = {"fused": kernels} if optimizer is not nn.Momentum else {}
+    opt = optimizer(net.trainable_params(), learning_rate=0.1, momentum=0.9, loss_scale=plan.optimizer_loss_scale,
+                    **fused)
     step = AmpTrainStep(nn.WithLossCell(net, nn.CrossEntropyLoss()), opt, plan, "CPU", update_freq)
     step.set_train()
     return net, step
@@ -225,8 +231,8 @@ def test_the_cpu_kernels_unscale_and_check_as_mindspores_ops_do(graph_mode, monk
     results = []
     for fused in (True, False):
         if not fused:
-            monkeypatch.setattr(module, "fused_unscale_op", lambda device, distributed: None)
-        net, step = make_step(loss_scale(init_scale=init_scale), level="O2")
+            monkeypatch.setattr(module, "fused_unscale_op", lambda device, distributed, net: None)
+        net, step = make_step(loss_scale(init_scale=init_scale), level="O2", kernels=True)
         assert (step.unscale_sum is not None) == fused
         _, overflow, _ = run(step)
         results.append((overflow, weights(net)))
@@ -246,11 +252,11 @@ def test_with_the_fused_optimizer_the_update_unscales_and_steps_as_mindspores_op
     from cpu_kernels import has_ops, why_not
     if not has_ops():
         pytest.skip(why_not())
-    net, step = make_step(loss_scale(init_scale=init_scale, window=2), level="O2", optimizer=Momentum)
+    net, step = make_step(loss_scale(init_scale=init_scale, window=2), level="O2", optimizer=Momentum, kernels=True)
     assert step.unscale_in_update, "the fold is on where the kernels run"
     folded = [run(step) for _ in range(3)]
-    monkeypatch.setattr(module, "fused_unscale_op", lambda device, distributed: None)
-    plain_net, plain = make_step(loss_scale(init_scale=init_scale, window=2), level="O2")
+    monkeypatch.setattr(module, "fused_unscale_op", lambda device, distributed, net: None)
+    plain_net, plain = make_step(loss_scale(init_scale=init_scale, window=2), level="O2", kernels=True)
     assert not plain.unscale_in_update
     assert [run(plain) for _ in range(3)] == folded
     assert folded[0][1] == overflows

@@ -26,8 +26,9 @@ def train(optimizer_class, loss_scale=1.0, nesterov=False, steps=3):
     and the optimizer."""
     ms.set_seed(0)
     net = nn.SequentialCell([nn.Dense(30, 40), nn.ReLU(), nn.Dense(40, 10)])
+    fused = {"fused": True} if optimizer_class is Momentum else {}  # as create_optimizer gives a network on the kernels
     opt = optimizer_class(param_groups(net.trainable_params(), Decay), learning_rate=LR, momentum=0.9,
-                          loss_scale=loss_scale, use_nesterov=nesterov)
+                          loss_scale=loss_scale, use_nesterov=nesterov, **fused)
     loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
     step = nn.TrainOneStepCell(loss, opt, sens=loss_scale)  # scaled gradients, as a fixed loss scale gives
     for _ in range(steps):

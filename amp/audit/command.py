@@ -40,7 +40,7 @@ from ampzoo.engine.weights import as_trained, weights_argv
 from ampzoo.errors import ConfigError, fail
 from ampzoo.paths import check_writable
 from ampzoo.runtime import set_context
-from ampzoo.models import build_model
+from ampzoo.engine.network import build_model
 
 FP16_MAX = 65504.0
 FP16_TINY = 2.0 ** -24  # smallest fp16 subnormal: anything smaller in magnitude becomes 0
@@ -214,7 +214,7 @@ def main(argv: List[str]) -> None:
         if smoke_note:
             print(smoke_note, file=sys.stderr)
         device = set_context(cfg.runtime)
-        from ampzoo.models.layers import set_cpu_compute, use_cpu_kernels
+        from ampzoo.engine.network import set_cpu_compute, use_cpu_kernels
         set_cpu_compute(cfg.runtime.cpu_compute, training=True)  # the products the recipe trains with
         import mindspore as ms
         ms.set_seed(cfg.runtime.seed)
@@ -227,7 +227,7 @@ def main(argv: List[str]) -> None:
                 load_weights(net, checkpoint, cfg.model.name)
             return net
         result = audit(network, cfg.amp, inputs, tolerance)
-        result["compute"] = compute_path(device, cfg.amp, device == "CPU" and use_cpu_kernels())
+        result["compute"] = compute_path(device, cfg.amp, device == "CPU" and use_cpu_kernels(cfg.runtime.cpu_kernels))
         result["weights"] = weights if checkpoint else (f"{weights} (seed {cfg.runtime.seed}); checkpoint=FILE or "
                                                         f"weights=NAME audits trained ones")
     except ConfigError as e:

@@ -15,7 +15,7 @@ from ampzoo.engine.checkpoint import load_weights
 from ampzoo.engine.load import load_config
 from ampzoo.engine.weights import as_trained, weights_argv
 from ampzoo.errors import fail
-from ampzoo.models import build_model
+from ampzoo.engine.network import build_model
 
 
 def build_report(overrides: List[str]) -> Dict:

@@ -53,7 +53,7 @@ from ampzoo.errors import ConfigError, fail
 from ampzoo.interrupt import Interrupted
 from ampzoo.paths import check_writable
 from ampzoo.runtime import set_context
-from ampzoo.models import build_model
+from ampzoo.engine.network import build_model
 
 METRICS = {"top1": 100.0, "top5": 100.0, "loss": -1.0, "bleu": 1.0, "bleu_lowercase": 1.0}  # reported unit, sign
 SET_BY_SEARCH = {  # keys the search sets for every run -> what to give instead

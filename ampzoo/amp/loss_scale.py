@@ -104,7 +104,7 @@ class AmpTrainStep(nn.TrainOneStepWithLossScaleCell):
         self.on_cpu = device == "CPU"  # MindSpore's overflow check is NPU/GPU-only
         # on the CPU, one process: the unscale and the overflow check in one pass of the CPU kernels (a Python
         # constant), where MindSpore runs a Mul and a ReduceSum per gradient
-        self.unscale_sum = fused_unscale_op(device, self.reducer_flag)
+        self.unscale_sum = fused_unscale_op(device, self.reducer_flag, net_with_loss)
         # and where the optimizer unscales as it updates (ampzoo.engine.optim.Momentum on the kernels, one update
         # a batch), the check only reads the gradients: no unscaled copy of them is written
         self.unscale_in_update = (self.unscale_sum is not None and update_freq == 1
@@ -304,14 +304,15 @@ def saturation_mode(device: str, ascend_910a: bool, ascend_910b: bool) -> bool:
                                  os.environ.get("MS_ASCEND_CHECK_OVERFLOW_MODE") == "SATURATION_MODE")
 
 
-def fused_unscale_op(device: str, distributed: bool):
-    """The CPU kernels' unscale-and-sum op where the step can use it (the CPU, one process, the kernels in use:
-    ampzoo.models.layers.use_cpu_kernels), else None. With several ranks the gradients are all-reduced between the
+def fused_unscale_op(device: str, distributed: bool, net: nn.Cell):
+    """The CPU kernels' unscale-and-sum op where the step can use it (the CPU, one process, a network that runs the
+    kernels: cpu_kernels.accelerate), else None. With several ranks the gradients are all-reduced between the
     unscale and the check, so the two stay apart there."""
     if device != "CPU" or distributed:
         return None
-    from ampzoo.models.layers import use_cpu_kernels
-    if not use_cpu_kernels():
+    from cpu_kernels import has_ops
+    from cpu_kernels.accelerate import runs_kernels
+    if not has_ops() or not runs_kernels(net):
         return None
     from cpu_kernels.cells import unscale_sum_op
     return unscale_sum_op()

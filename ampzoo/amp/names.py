@@ -29,26 +29,51 @@ PRIMITIVE_TO_CELL = {
     "BatchNorm": "BatchNorm2d", "BiasAdd": "Dense", "MaxPool": "MaxPool2d", "AvgPool": "AvgPool2d",
     "BatchMatMul": "BatchMatMul (ampzoo/models/transformer.py)", "Gather": "Embedding",
 }
-# Subclasses that precision reports name, where a network builds them on some devices only -> the mindspore.nn
-# class to name instead (it matches the subclass too, on every device), and what the subclass is
-DEVICE_CELLS = {"CpuConv2d": ("Conv2d", "the CPU build of Conv2d (cpu_kernels)"),
-                "CpuMaxPool2x2": ("MaxPool2d", "the CPU build of MaxPool2d (cpu_kernels)"),
-                "CpuMaxPool3x3": ("MaxPool2d", "the CPU build of MaxPool2d (cpu_kernels)"),
-                "CpuBatchNorm2d": ("BatchNorm2d", "the CPU build of BatchNorm2d (cpu_kernels)"),
-                "CpuReLU": ("ReLU", "the CPU build of ReLU (cpu_kernels)"),
-                "CpuSoftmax": ("Softmax", "the CPU build of Softmax (cpu_kernels)"),
-                "CpuAttentionSoftmax": ("Softmax", "the CPU build of the attention's masked Softmax (cpu_kernels)"),
-                "AttentionSoftmax": ("Softmax", "the attention's scaled, masked Softmax (ampzoo/models/layers.py)"),
-                "CpuDropout": ("Dropout", "the CPU build of Dropout (cpu_kernels)"),
-                "MaxPool2x2": ("MaxPool2d", "LeNet's MaxPool2d (ampzoo/models/layers.py)")}
 
 
-def portable(class_name: str) -> str:
-    """The name a keep-list should use for a Cell of this class: CpuConv2d -> Conv2d, anything else itself."""
-    return DEVICE_CELLS.get(class_name, (class_name,))[0]
+def _loaded_class(name: str):
+    """The Cell class of that name among those loaded in this process (mindspore.nn's, the zoo's, the CPU kernels',
+    a plugin's), or None."""
+    stack = [nn.Cell]
+    while stack:
+        for sub in stack.pop().__subclasses__():
+            if sub.__name__ == name:
+                return sub
+            stack.append(sub)
+    return None
+
+
+def _nameable(cls) -> bool:
+    return NN_CELLS.get(cls.__name__) is cls or (cls.__name__ in CELLS and CELLS.get(cls.__name__) is cls)
+
+
+def portable(cls) -> str:
+    """The name a keep-list should use for a Cell of this class (a class, or a class name): the first class of its
+    MRO a keep-list can name (CpuConv2d -> Conv2d, the Transformer's Dense -> Dense), else its first Cell class
+    below nn.Cell (a kernel Cell of a zoo unit -> the unit), else itself. A device build of a layer (the CPU
+    kernels' Cells) subclasses the Cell it stands for: that is the whole interface, no list here."""
+    if isinstance(cls, str):
+        if cell_class(cls) is not None:  # a name a keep-list takes (mint.nn has a Conv2d too: not that one)
+            return cls
+        found = _loaded_class(cls)
+        if found is None:
+            return cls
+        cls = found
+    mro = [c for c in cls.__mro__ if isinstance(c, type) and issubclass(c, nn.Cell) and c is not nn.Cell]
+    named = [c for c in mro if _nameable(c)]
+    return (named or mro[-1:] or [cls])[0].__name__
 
 
 PRIMITIVES = {name for name, cls in vars(ops).items() if isinstance(cls, type) and issubclass(cls, Primitive)}
+
+
+def _device_build(name: str) -> bool:
+    """Whether `name` is a loaded Cell class that stands for another a keep-list can name (the CPU kernels')."""
+    try:
+        import cpu_kernels.cells  # noqa: F401  (loads their classes; the extension need not be built)
+    except ImportError:
+        pass
+    return _loaded_class(name) is not None and portable(name) != name and cell_class(portable(name)) is not None
 
 
 def cell_class(name: str):
@@ -63,9 +88,10 @@ def resolve(names: List[str], key: str) -> Tuple[Type[nn.Cell], ...]:
             classes.extend(NN_CELLS[n] for n in GROUPS[name])
         elif cell_class(name) is not None:
             classes.append(cell_class(name))
-        elif name in DEVICE_CELLS:
-            base, what = DEVICE_CELLS[name]
-            raise ConfigError(f"{key}: {name!r} is {what}; name {base}, which matches it and {base} on every device")
+        elif _device_build(name):
+            base, where = portable(name), _loaded_class(name).__module__.split(".")[0]
+            raise ConfigError(f"{key}: {name!r} is the CPU build of {base} ({where}); name {base}, which matches it "
+                              f"and {base} on every device")
         elif name in PRIMITIVES or name in PRIMITIVE_TO_CELL:
             cell = PRIMITIVE_TO_CELL.get(name, "the Cell that calls it")
             raise ConfigError(f"{key}: {name!r} is a Primitive; MindSpore's precision lists take Cell classes, "

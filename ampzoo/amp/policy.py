@@ -7,6 +7,9 @@
   output back to low precision, as MindSpore's own O2 does.
 - O3: like O2 with an empty default keep-list.
 keep_fp32 names Cell classes (every instance) or sub-module paths (`fc3`, `decoder.layers.3.ffn`: that one).
+A Cell says how it computes through class attributes: `runs_fp32` (fp32 at every level: a search's scores),
+and the CPU kernels' `weights_as_stored` and `fp32_inside` (cpu_kernels.cells.KernelCell), so no list of kernel
+classes lives here.
 Parameters stay fp32 at every level; the network's output is cast to fp32 so the loss is computed in fp32.
 `Model` must then be given amp_level="O0", or the network would be cast a second time.
 """
@@ -199,6 +202,11 @@ def apply_policy(net: nn.Cell, amp_cfg) -> Tuple[nn.Cell, Policy]:
                 # inside (cpu_kernels' convolution): no precision flag, so no Cast on the weight or its gradient
                 cell.add_flags_recursive(fp16=False, fp32=False, bf16=False)
                 cell.amp_compute = dtype_name
+            if getattr(cell, "runs_fp32", False):
+                # it computes in fp32 at every level (a search's log-probabilities: TopCandidates): no flag, so
+                # MindSpore casts nothing it takes to fp16
+                cell.add_flags_recursive(fp16=False, fp32=False, bf16=False)
+                reasons[path] = "fp32 at every level (the Cell's runs_fp32)"
 
         def keep_in_fp32(cell, path):
             _mark_subtree(cell, path, "keep_fp32", reasons)

@@ -63,7 +63,7 @@ def keep_list(kept: List[str], units: List[Unit], net) -> List[str]:
     a sub-module path where every unit below it is, the unit's own path otherwise. A class a network builds on
     some devices only (CpuConv2d) goes by the class that matches it on every device (Conv2d)."""
     cells, left, out = dict(unit_cells(net)), [u.path for u in units if u.path in kept], []
-    for cls in dict.fromkeys(portable(type(cells[p]).__name__) for p in left):
+    for cls in dict.fromkeys(portable(type(cells[p])) for p in left):
         try:
             resolved = resolve([cls], "keep")
         except ConfigError:

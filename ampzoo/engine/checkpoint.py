@@ -17,8 +17,7 @@ from ampzoo.amp.telemetry import crossed
 from ampzoo.engine.fuse import fuse_conv_bn
 from ampzoo.errors import ConfigError, write_error
 from ampzoo.runtime import set_context
-from ampzoo.models import build_model
-from ampzoo.models.layers import set_cpu_compute
+from ampzoo.engine.network import build_model, set_cpu_compute
 
 log = logging.getLogger("amp_zoo")
 
@@ -492,8 +491,8 @@ def agree_on_resume(path: Optional[Path], params: Optional[dict], ckpt_dir: Path
 def inference_network(cfg, script: str, cpu_kernels: Optional[str] = None):
     """eval.py and export.py: the recipe's network under its policy, in eval mode, with the checkpoint's
     weights (averaged over decode.average_last checkpoints, Conv+BN folded when infer.fuse_conv_bn), built with
-    runtime.cpu_kernels or `cpu_kernels` (ampzoo.models.build_model). Returns (network, the effective config, notes
-    for the user, fused pairs or None)."""
+    runtime.cpu_kernels or `cpu_kernels` (ampzoo.engine.network.build_model). Returns (network, the effective
+    config, notes for the user, fused pairs or None)."""
     if not cfg.checkpoint:
         raise ConfigError(f"checkpoint is not set; run: python {script} recipe=NAME checkpoint=PATH/TO/model.ckpt")
     notes = []

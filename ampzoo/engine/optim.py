@@ -79,17 +79,17 @@ class Momentum(nn.Momentum):
     nn.Momentum adds the decay in two ops of its own (w * wd, then AddN), unscales in a third, and reads each
     decayed weight through a second Load, so MindSpore copies the weight once for each Load (TensorMove: "a
     parameter loaded more than once"). On the CPU these were a seventh of ResNet-34's O2 step outside its
-    convolutions (docs/benchmarks.md). With the CPU kernels (ampzoo.models.layers.use_cpu_kernels) each parameter
+    convolutions (docs/benchmarks.md). With the CPU kernels (`fused`: the network runs them) each parameter
     takes cpu_kernels' MomentumUpdate instead: the same update (accum = momentum * accum + g + wd * w;
     w -= lr * accum, or Nesterov's) in one pass, on the same `moments` parameters, so checkpoints and resume
     are unchanged. Elsewhere (Ascend, GPU, runtime.cpu_kernels=off, parameters not in fp32) the step is
     nn.Momentum's own."""
 
-    def __init__(self, params, learning_rate, momentum, loss_scale=1.0, use_nesterov=False):
+    def __init__(self, params, learning_rate, momentum, loss_scale=1.0, use_nesterov=False, fused=False):
         super().__init__(params, learning_rate=learning_rate, momentum=momentum, loss_scale=loss_scale,
                          use_nesterov=use_nesterov)
         fp32 = all(p.dtype == ms.float32 for p in self._parameters)  # the op's dtype (fp32 master weights)
-        self.fused = fused_momentum_op(use_nesterov) if fp32 else None
+        self.fused = fused_momentum_op(use_nesterov) if fp32 and fused else None
         self.unscales_in_update = False
         if self.fused is None:
             return
@@ -122,22 +122,22 @@ class Momentum(nn.Momentum):
 
 
 def fused_momentum_op(nesterov: bool):
-    """cpu_kernels' MomentumUpdate where the network runs the CPU kernels, else None."""
-    from ampzoo.models.layers import use_cpu_kernels
-    if ms.get_context("device_target") != "CPU" or not use_cpu_kernels():
+    """cpu_kernels' MomentumUpdate on the CPU, else None."""
+    if ms.get_context("device_target") != "CPU":
         return None
     from cpu_kernels.cells import momentum_op
     return momentum_op(nesterov)
 
 
-def create_optimizer(params, opt_cfg, lr: np.ndarray, loss_scale: float) -> nn.Optimizer:
-    """`loss_scale` > 1 only for a fixed scale without overflow skipping: the optimizer unscales then."""
+def create_optimizer(params, opt_cfg, lr: np.ndarray, loss_scale: float, kernels: bool = False) -> nn.Optimizer:
+    """`loss_scale` > 1 only for a fixed scale without overflow skipping: the optimizer unscales then. `kernels`:
+    the network runs the CPU kernels, and momentum then updates with theirs."""
     name = str(opt_cfg.name)
     groups = param_groups(params, opt_cfg)
     lr = list(map(float, lr))
     if name == "momentum":
         return Momentum(groups, learning_rate=lr, momentum=opt_cfg.momentum, loss_scale=loss_scale,
-                        use_nesterov=opt_cfg.nesterov)
+                        use_nesterov=opt_cfg.nesterov, fused=kernels)
     if name == "sgd":
         return nn.SGD(groups, learning_rate=lr, momentum=0.0, loss_scale=loss_scale)
     if name == "adam":

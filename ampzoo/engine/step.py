@@ -8,8 +8,7 @@ from ampzoo.amp.loss_scale import AmpTrainStep, LossScalePlan, plan_loss_scale
 from ampzoo.amp.policy import apply_policy
 from ampzoo.engine.metrics import NetWithLoss, create_loss
 from ampzoo.engine.optim import create_optimizer
-from ampzoo.models import build_model
-from ampzoo.models.layers import set_cpu_compute
+from ampzoo.engine.network import build_model, runs_kernels, set_cpu_compute
 
 
 class TrainStep(NamedTuple):
@@ -26,7 +25,8 @@ def build_train_step(cfg, amp_cfg, lr, device: str) -> TrainStep:
     set_cpu_compute(cfg.runtime.cpu_compute, training=True)
     net, policy = apply_policy(build_model(cfg), amp_cfg)
     plan = plan_loss_scale(amp_cfg.loss_scale)
-    optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale)
+    optimizer = create_optimizer(net.trainable_params(), cfg.optimizer, lr, plan.optimizer_loss_scale,
+                                 runs_kernels(net))
     loss_fn = create_loss(cfg.trainer)
     cell = AmpTrainStep(NetWithLoss(net, loss_fn), optimizer, plan, device, cfg.trainer.update_freq)
     return TrainStep(net, policy, plan, cell, loss_fn)

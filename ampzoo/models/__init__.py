@@ -1,4 +1,5 @@
-"""Models: `build_model(cfg)` (or `create_model("lenet5", num_classes=10)`) is the only way the driver meets one.
+"""Models: `create_model("lenet5", num_classes=10)` builds one, in plain MindSpore (ampzoo.engine.network.build_model
+builds a recipe's, and speeds it up for the CPU).
 
 A new model is one file here with `@MODELS.register()` on its constructor (ampzoo/registry.py), imported in this file,
 and one recipe; or a module of your own named in AMP_ZOO_PLUGINS (recipes/README.md). A constructor checks
@@ -7,19 +8,16 @@ its own hyper-parameters and raises ConfigError naming the bad one, before anyth
 import importlib
 import importlib.util
 import inspect
-import logging
 import os
 import sys
 import traceback
 from pathlib import Path
 from typing import List
 
-import mindspore as ms
 
 from ampzoo.errors import ConfigError, choices_hint
 from ampzoo.registry import CELLS, DATASETS, MODELS
-from ampzoo.runtime import cap_onednn_isa
-from ampzoo.models import layers, lenet, resnet, transformer  # noqa: F401  (the models register themselves)
+from ampzoo.models import lenet, resnet, transformer  # noqa: F401  (the models register themselves)
 
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: its top-level packages and scripts
@@ -57,20 +55,6 @@ def check_model(cfg) -> None:
 def create_model(name: str, num_classes: int, **params):
     check_model_params(name, params)
     return MODELS.get(name, "model.name")(num_classes=num_classes, **params)
-
-
-def build_model(cfg, cpu_kernels=None):
-    """The recipe's model: `cfg.model` (name, num_classes, params), built in fp32 from the layers
-    `runtime.cpu_kernels` picks (ampzoo.models.layers; `cpu_kernels` overrides it: "off" for export and Conv+BN
-    folding). Then sets oneDNN's ISA cap for it before its first step (ampzoo.runtime.cap_onednn_isa)."""
-    layers.set_cpu_kernels(cpu_kernels or cfg.runtime.cpu_kernels)
-    if layers.use_cpu_kernels():  # runtime.cpu_kernels=on where they cannot run: the error comes before the build
-        layers.set_cpu_settings(cfg.runtime)
-    net = create_model(cfg.model.name, num_classes=cfg.model.num_classes, **cfg.model.params)
-    note = cap_onednn_isa(cfg.runtime.onednn_isa, layers.runs_mindspore_conv(net), ms.get_context("device_target"))
-    if note:  # the CPU only: on Ascend and GPU oneDNN runs none of the network
-        logging.getLogger("amp_zoo").info(note)
-    return net
 
 
 def plugin_names() -> List[str]:

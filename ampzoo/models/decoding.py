@@ -17,35 +17,15 @@ from typing import Callable, List, Optional, Tuple
 
 import mindspore as ms
 import mindspore.nn as nn
-import mindspore.ops as ops
 import numpy as np
 import sacrebleu
 
 from ampzoo.data.translation import BOS, EOS, PAD, encode_pairs, params
-from ampzoo.models.layers import log_softmax_top_k_kernel
+from ampzoo.models.transformer import top_k  # noqa: F401  (decoding's, kept beside the model that runs it)
 
 # step(last_tokens (rows,), t, reorder (rows,)) -> (log-probabilities (rows, k), token ids (rows, k)) of the
 # best k next tokens at position t + 1, after reordering the hypotheses' state by `reorder`.
 Step = Callable[[np.ndarray, int, np.ndarray], Tuple[np.ndarray, np.ndarray]]
-
-
-def top_k(x, k: int, rows_per_set: int = 50):
-    """ops.topk over the last axis, faster than MindSpore's CPU TopK over a vocabulary. The columns are split
-    into sets (column j and every (width / rows_per_set)-th after it); the top k of a row lie in the k sets with
-    the largest maxima, so: one max per set (a contiguous max over a (rows_per_set, sets) grid), then topk over
-    those k sets' values only; the same result as ops.topk (docs/benchmarks.md has the timing)."""
-    rows, width = x.shape
-    n = rows_per_set
-    if width < 4 * k * n:  # too few sets to save anything
-        return ops.topk(x, k)
-    if width % n:
-        x = ops.concat([x, ops.full((rows, n - width % n), float("-inf"), dtype=x.dtype)], 1)
-    sets = x.shape[1] // n
-    grid = x.reshape(rows, n, sets)  # grid[r, i, j] = x[r, i * sets + j]: set j is column j of the grid
-    _, best = ops.topk(ops.amax(grid, 1), k)  # (rows, k) sets
-    picked = ops.gather_elements(grid, 2, ops.broadcast_to(best.reshape(rows, 1, k), (rows, n, k)))
-    values, pos = ops.topk(picked.reshape(rows, -1), k)
-    return values, (pos // k) * sets + ops.gather_elements(best, 1, pos % k)
 
 
 def length_penalty(length: int, alpha: float, form: str = "gnmt") -> float:
@@ -183,17 +163,10 @@ class IncrementalDecoder:
                 super().__init__(auto_prefix=False)
                 self.model, self.k, self.reorders = model, 2 * beam, beam > 1
                 self.specials = ms.Tensor(specials)
-                self.fused = log_softmax_top_k_kernel(2 * beam)  # the CPU kernels' one pass, or None
 
             def construct(self, token, t, reorder, cache, cross, src_bias):
                 reorder = reorder if self.reorders else None  # a Python constant: greedy never reorders
-                if self.fused is not None:
-                    logits, cache = self.model.decode_step_logits(token, t, cache, cross, src_bias, reorder)
-                    values, ids = self.fused(logits, self.specials)
-                else:
-                    logp, cache = self.model.decode_step(token, t, cache, cross, src_bias, reorder)
-                    values, ids = top_k(logp + self.specials, self.k)
-                return values, ids, cache
+                return self.model.next_candidates(token, t, cache, cross, src_bias, self.specials, self.k, reorder)
 
         self.ms, self.start_cell, self.next_cell = ms, Start(), Next()
         self.max_len, self.beam = model.max_len, beam

@@ -4,21 +4,20 @@ from mindspore.common.initializer import Normal
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import MODELS
-from ampzoo.models.layers import Dense, conv2d, max_pool2d, relu
+from ampzoo.models.layers import conv2d, max_pool2d
 
 
 class LeNet5(nn.Cell):
-    """Its layers are ampzoo.models.layers': on the CPU its convolutions, ReLUs, pooling and Dense layers run the CPU
-    kernels, which take fp16 in and out at O2, so no Cast runs between them."""
+    first_conv = "conv1"  # the layer that reads the image (as timm's model configs name it)
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1):
         super().__init__()
-        self.conv1 = conv2d(in_channels, 6, 5, input_grad=False)
-        self.conv2 = conv2d(6, 16, 5, plain=True)  # plain NCHW: fc1 reads its maps flattened in that order
-        self.fc1 = Dense(16 * 5 * 5, 120, weight_init=Normal(0.02))
-        self.fc2 = Dense(120, 84, weight_init=Normal(0.02))
-        self.fc3 = Dense(84, num_classes, weight_init=Normal(0.02))
-        self.relu = relu()
+        self.conv1 = conv2d(in_channels, 6, 5)
+        self.conv2 = conv2d(6, 16, 5)
+        self.fc1 = nn.Dense(16 * 5 * 5, 120, weight_init=Normal(0.02))
+        self.fc2 = nn.Dense(120, 84, weight_init=Normal(0.02))
+        self.fc3 = nn.Dense(84, num_classes, weight_init=Normal(0.02))
+        self.relu = nn.ReLU()
         self.pool = max_pool2d(2, 2)
         self.flatten = nn.Flatten()
 

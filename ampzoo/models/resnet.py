@@ -3,6 +3,7 @@
 ImageNet stem (7x7/2 conv and 3x3/2 max-pool) by default; `stem="cifar"` uses a 3x3/1 conv and no
 max-pool for 32x32 inputs. He (fan-out) initialisation as in torchvision; `zero_init_residual` starts each
 block's last BatchNorm at zero, so every residual block begins as the identity (Goyal et al. 2017).
+`first_conv` names the layer that reads the image, as timm's model configs do.
 """
 import math
 
@@ -12,16 +13,15 @@ from mindspore.common.initializer import HeNormal, HeUniform, Uniform
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import MODELS
-from ampzoo.models.layers import add_relu, batch_norm2d, branch, conv2d, max_pool2d, relu
+from ampzoo.models.layers import AddReLU, conv2d, max_pool2d
 
 
-def conv(in_ch, out_ch, k, stride=1, input_grad=True):
-    return conv2d(in_ch, out_ch, k, stride, k // 2, weight_init=HeNormal(mode="fan_out", nonlinearity="relu"),
-                  input_grad=input_grad)
+def conv(in_ch, out_ch, k, stride=1):
+    return conv2d(in_ch, out_ch, k, stride, k // 2, weight_init=HeNormal(mode="fan_out", nonlinearity="relu"))
 
 
 def bn(ch, zero=False):
-    return batch_norm2d(ch, eps=1e-5, momentum=0.9, gamma_init="zeros" if zero else "ones")
+    return nn.BatchNorm2d(ch, eps=1e-5, momentum=0.9, gamma_init="zeros" if zero else "ones")
 
 
 class BasicBlock(nn.Cell):
@@ -31,15 +31,13 @@ class BasicBlock(nn.Cell):
         super().__init__()
         self.conv1, self.bn1 = conv(in_ch, ch, 3, stride), bn(ch)
         self.conv2, self.bn2 = conv(ch, ch, 3), bn(ch, zero_init_residual)
-        self.relu, self.add_relu = relu(), add_relu()
-        self.branch = branch(2)  # x to conv1 and to the shortcut: one kernel sums their gradients
+        self.relu, self.add_relu = nn.ReLU(), AddReLU()
         self.down = None
         if stride != 1 or in_ch != ch:
             self.down = nn.SequentialCell([conv(in_ch, ch, 1, stride), bn(ch)])
 
     def construct(self, x):
-        x, shortcut = self.branch(x)
-        identity = shortcut if self.down is None else self.down(shortcut)
+        identity = x if self.down is None else self.down(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return self.add_relu(out, identity)  # relu(out + identity)
@@ -54,15 +52,13 @@ class Bottleneck(nn.Cell):
         self.conv1, self.bn1 = conv(in_ch, ch, 1), bn(ch)
         self.conv2, self.bn2 = conv(ch, ch, 3, stride), bn(ch)
         self.conv3, self.bn3 = conv(ch, out_ch, 1), bn(out_ch, zero_init_residual)
-        self.relu, self.add_relu = relu(), add_relu()
-        self.branch = branch(2)  # x to conv1 and to the shortcut: one kernel sums their gradients
+        self.relu, self.add_relu = nn.ReLU(), AddReLU()
         self.down = None
         if stride != 1 or in_ch != out_ch:
             self.down = nn.SequentialCell([conv(in_ch, out_ch, 1, stride), bn(out_ch)])
 
     def construct(self, x):
-        x, shortcut = self.branch(x)
-        identity = shortcut if self.down is None else self.down(shortcut)
+        identity = x if self.down is None else self.down(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
@@ -79,17 +75,18 @@ def check_resnet(args: dict, data=None) -> None:
 
 
 class ResNet(nn.Cell):
+    first_conv = "stem.0"
+
     def __init__(self, block, layers, num_classes=1000, in_channels=3, stem="imagenet", width=64,
                  zero_init_residual=False):
         super().__init__()
         check_resnet({"stem": stem, "width": width, "num_classes": num_classes, "in_channels": in_channels})
         chans = [width, width * 2, width * 4, width * 8]
-        # the stem's input is the data: its convolution computes no input gradient
         if stem == "imagenet":
-            self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2, input_grad=False), bn(width), relu(),
+            self.stem = nn.SequentialCell([conv(in_channels, width, 7, 2), bn(width), nn.ReLU(),
                                            max_pool2d(3, 2, padding=1)])
         else:
-            self.stem = nn.SequentialCell([conv(in_channels, width, 3, input_grad=False), bn(width), relu()])
+            self.stem = nn.SequentialCell([conv(in_channels, width, 3), bn(width), nn.ReLU()])
         in_ch, stages = width, []
         for i, (ch, n) in enumerate(zip(chans, layers)):
             blocks = []
@@ -105,7 +102,7 @@ class ResNet(nn.Cell):
     def construct(self, x):
         x = self.stem(x)
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        x = self.flatten(ops.mean(x, (2, 3), keep_dims=True))  # any layout the layers keep (cpu_kernels.cells)
+        x = self.flatten(ops.mean(x, (2, 3), keep_dims=True))
         return self.fc(x)
 
 

@@ -30,8 +30,7 @@ from mindspore.common.initializer import Normal, XavierUniform
 
 from ampzoo.errors import ConfigError
 from ampzoo.registry import CELLS, MODELS
-from ampzoo.models.layers import (add, affine_kernel, attention_softmax, bmm_kernel, branch, cached_attention_kernel,
-                                  dropout, embed_kernel, layer_norm_kernel, relu)
+from ampzoo.models.layers import Add, AttentionSoftmax
 
 PAD = 0
 NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in fp16
@@ -39,12 +38,12 @@ NEG = -1e4  # additive mask: exp(-1e4) is 0 in fp32 and the value is finite in f
 
 @CELLS.register()
 class BatchMatMul(nn.Cell):
-    """ops.BatchMatMul as a Cell, so precision lists can name the attention matmuls; the CPU kernels' where they
-    run (MindSpore's fp16 BatchMatMul casts to fp32 and back around its fp32 kernel, in graph ops)."""
+    """ops.BatchMatMul as a Cell, so precision lists can name the attention matmuls."""
 
     def __init__(self, transpose_b: bool = False):
         super().__init__()
-        self.op = bmm_kernel(transpose_b) or ops.BatchMatMul(transpose_b=transpose_b)
+        self.transpose_b = transpose_b
+        self.op = ops.BatchMatMul(transpose_b=transpose_b)
 
     def construct(self, a, b):
         return self.op(a, b)
@@ -73,29 +72,22 @@ class AffineFunction(nn.Cell):
 
 
 class Dense(nn.Dense):
-    """nn.Dense (a subclass: keep-lists naming Dense reach it; same parameters) as one 2-D affine map: the CPU
-    kernels' where they run (the fp32 weight goes in as it is, so O2 casts nothing around it), else
-    AffineFunction on the weight cast to the activations' dtype."""
+    """nn.Dense (a subclass: keep-lists naming Dense reach it; same parameters) as one 2-D affine map over the last
+    axis, AffineFunction on the weight cast to the activations' dtype."""
 
     def __init__(self, d_in, d_out):
         super().__init__(d_in, d_out, weight_init=XavierUniform())
-        self.kernel = affine_kernel(bias=True)  # None: the graph holds the other branch
         self.affine = AffineFunction()
-        # O2 gives it no precision flag, so no Cast (ampzoo.amp.policy)
-        self.weights_as_stored = self.kernel is not None
 
     def construct(self, x):
         x2 = x.reshape(-1, self.in_channels)
-        if self.kernel is not None:
-            y = self.kernel(x2, self.weight, self.bias)
-        else:
-            y = self.affine(x2, ops.cast(self.weight, x.dtype), ops.cast(self.bias, x.dtype))
+        y = self.affine(x2, ops.cast(self.weight, x.dtype), ops.cast(self.bias, x.dtype))
         return y.reshape(x.shape[:-1] + (self.out_channels,))
 
 
 class NormFunction(nn.Cell):
-    """(x - mean) / std * gamma + beta over the last axis: MindSpore's LayerNorm kernel forward, the backward
-    written out: its CPU LayerNormGrad kernel is slow, and a Transformer-Tiny step has 20 of them
+    """(x - mean) / std * gamma + beta over the last axis: MindSpore's LayerNorm op forward, the backward
+    written out: its CPU LayerNormGrad is slow, and a Transformer-Tiny step has 20 of them
     (docs/benchmarks.md, "The Transformer at real scale")."""
 
     def __init__(self, epsilon: float):
@@ -107,10 +99,10 @@ class NormFunction(nn.Cell):
         return self.norm(x, gamma, beta)  # (y, mean, a per-row statistic)
 
     def bprop(self, x, gamma, beta, out, dout):
-        # The kernel's third output is the variance on CPU but documented as rstd since MindSpore 2.3 (Ascend's
-        # kernels return rstd): recompute the statistics from x, so the gradient is right on every backend. In
+        # The op's third output is the variance on CPU but documented as rstd since MindSpore 2.3 (Ascend's
+        # returns rstd): recompute the statistics from x, so the gradient is right on every backend. In
         # float32 whatever x's dtype: at O3 the squared deviations of activations of a few hundred overflow fp16
-        # and the gradient came out 0 (the forward kernel computes its statistics in fp32 too).
+        # and the gradient came out 0 (the forward op computes its statistics in fp32 too).
         xf, g = ops.cast(x, ms.float32), ops.cast(dout[0], ms.float32)
         centred = xf - xf.mean(-1, keep_dims=True)
         inv_std = ops.rsqrt((centred * centred).mean(-1, keep_dims=True) + self.epsilon)
@@ -122,19 +114,13 @@ class NormFunction(nn.Cell):
 
 class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm over the last axis: still a LayerNorm for keep-lists (a subclass), with the same parameters
-    (gamma, beta). Where the CPU kernels run, their LayerNorm, which takes fp16 or fp32 and computes in fp32, so
-    a keep-list needs no Cast around it (`fp32_inside`, as ampzoo.amp.policy reads it); else NormFunction."""
+    (gamma, beta), running NormFunction."""
 
     def __init__(self, d_model: int, epsilon: float = 1e-5):
         super().__init__((d_model,), epsilon=epsilon)
         self.function = NormFunction(epsilon)
-        self.kernel = layer_norm_kernel()
-        self.fp32_inside = self.kernel is not None
-        self.eps = Tensor([epsilon], ms.float32)
 
     def construct(self, x):
-        if self.kernel is not None:
-            return self.kernel(x, self.gamma, self.beta, self.eps)[0]
         return self.function(x, ops.cast(self.gamma, x.dtype), ops.cast(self.beta, x.dtype))[0]
 
 
@@ -144,7 +130,7 @@ class Dropout(nn.Cell):
     def __init__(self, p: float):
         super().__init__()
         self.p = p
-        self.drop = dropout(p) if p > 0 else None
+        self.drop = nn.Dropout(p=p) if p > 0 else None
 
     def construct(self, x):
         if self.p > 0:  # a Python constant: the graph holds one branch
@@ -166,25 +152,17 @@ class MultiHeadAttention(nn.Cell):
         self.o = Dense(d_model, d_model)
         self.scores = BatchMatMul(transpose_b=True)
         self.context = BatchMatMul()
-        self.softmax = attention_softmax(1.0 / math.sqrt(self.dh))
+        self.softmax = AttentionSoftmax(1.0 / math.sqrt(self.dh))
         self.dropout = Dropout(dropout)
-        # decoding: the CPU kernels' self-attention against the cache (DecoderLayer.step), or None
-        self.cached = cached_attention_kernel() if self_attention else None
-        self.scale = Tensor([1.0 / math.sqrt(self.dh)], ms.float32)
+        if self_attention:  # decoding: one position against the cache of earlier ones (DecoderLayer.step)
+            self.cached = CachedSelfAttention(heads, self.dh)
 
     def heads(self, x, parts):
-        """(B, T, parts*d) -> parts x (B, h, T, dh). ops.split, not slicing a head-major tensor: MindSpore's
-        CPU StridedSlice is slow."""
-        b, t, _ = x.shape
-        split = ops.split(x, self.h * self.dh, -1) if parts > 1 else (x,)
-        out = tuple(y.reshape(b, t, self.h, self.dh).transpose(0, 2, 1, 3) for y in split)
-        return out if parts > 1 else out[0]
+        return split_heads(x, parts, self.h, self.dh)
 
     def attend(self, q, k, v, bias):
         probs = self.dropout(self.softmax(self.scores(q, k), bias))  # softmax(scores / sqrt(dh) + bias)
-        b, _, t, _ = q.shape
-        out = self.context(ops.cast(probs, v.dtype), v).transpose(0, 2, 1, 3).reshape(b, t, self.h * self.dh)
-        return self.o(out)
+        return self.o(merge_heads(self.context(ops.cast(probs, v.dtype), v)))
 
     def construct(self, x, memory, bias):
         if self.self_attention:
@@ -195,11 +173,52 @@ class MultiHeadAttention(nn.Cell):
         return self.attend(q, k, v, bias)
 
 
+def split_heads(x, parts: int, h: int, dh: int):
+    """(B, T, parts*h*dh) -> parts x (B, h, T, dh). ops.split, not slicing a head-major tensor: MindSpore's CPU
+    StridedSlice is slow."""
+    b, t, _ = x.shape
+    split = ops.split(x, h * dh, -1) if parts > 1 else (x,)
+    out = tuple(y.reshape(b, t, h, dh).transpose(0, 2, 1, 3) for y in split)
+    return out if parts > 1 else out[0]
+
+
+def merge_heads(x):
+    """(B, h, T, dh) -> (B, T, h*dh)."""
+    b, h, t, dh = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * dh)
+
+
+class CachedSelfAttention(nn.Cell):
+    """A decoding step's self-attention against the cache: (qkv (R, 1, 3 h dh) of this position, keys and values
+    (R, h, max_len, dh), reorder (R,) int32 or None, t (1,) int32, at_t (R, h, 3), bias (1, 1, 1, max_len)) -> the
+    context (R, 1, h dh) before the output projection, and the cache with row r continuing row reorder[r] (None:
+    its own) and this position's key and value written at t. `bias` masks the positions after t; at_t indexes
+    (row, head, t). Its own scores, softmax and context Cells are the attention's classes, so precision lists reach
+    them alike."""
+
+    def __init__(self, heads: int, dh: int):
+        super().__init__()
+        self.h, self.dh = heads, dh
+        self.scale = 1.0 / math.sqrt(dh)
+        self.scores, self.context = BatchMatMul(transpose_b=True), BatchMatMul()
+        self.softmax = AttentionSoftmax(self.scale)
+
+    def construct(self, qkv, keys, values, reorder, t, at_t, bias):
+        if reorder is not None:
+            keys, values = ops.gather(keys, reorder, 0), ops.gather(values, reorder, 0)
+        q, k, v = split_heads(qkv, 3, self.h, self.dh)
+        # write this position: a scatter (a masked blend of the whole cache broadcasts it every step)
+        keys = ops.tensor_scatter_update(keys, at_t, k.squeeze(2))
+        values = ops.tensor_scatter_update(values, at_t, v.squeeze(2))
+        probs = self.softmax(self.scores(q, keys), bias)
+        return merge_heads(self.context(ops.cast(probs, values.dtype), values)), keys, values
+
+
 class FeedForward(nn.Cell):
     def __init__(self, d_model, ffn, activation_dropout):
         super().__init__()
         self.fc1, self.fc2 = Dense(d_model, ffn), Dense(ffn, d_model)
-        self.relu, self.dropout = relu(), Dropout(activation_dropout)
+        self.relu, self.dropout = nn.ReLU(), Dropout(activation_dropout)
 
     def construct(self, x):
         return self.fc2(self.dropout(self.relu(self.fc1(x))))
@@ -213,19 +232,14 @@ class Sublayer(nn.Cell):
         self.norm = LayerNorm(d_model)
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
-        self.add = add()
-        self.branch = branch(2)
+        self.add = Add()
 
     def construct(self, x, fx):
         return self.add(x, self.dropout(fx)) if self.norm_first else self.norm(self.add(x, self.dropout(fx)))
 
     def pre(self, x):
+        """The sublayer's input: x, or with pre-norm its norm."""
         return self.norm(x) if self.norm_first else x
-
-    def branches(self, x):
-        """(the sublayer's input, the residual): x read twice, its two gradients summed in one kernel."""
-        h, x = self.branch(x)
-        return self.pre(h), x
 
 
 class EncoderLayer(nn.Cell):
@@ -236,10 +250,9 @@ class EncoderLayer(nn.Cell):
         self.res1, self.res2 = Sublayer(d_model, dropout, norm_first), Sublayer(d_model, dropout, norm_first)
 
     def construct(self, x, src_bias):
-        h, x = self.res1.branches(x)
+        h = self.res1.pre(x)
         x = self.res1(x, self.attn(h, h, src_bias))
-        h, x = self.res2.branches(x)
-        return self.res2(x, self.ff(h))
+        return self.res2(x, self.ff(self.res2.pre(x)))
 
 
 class DecoderLayer(nn.Cell):
@@ -251,30 +264,18 @@ class DecoderLayer(nn.Cell):
         self.res1, self.res2, self.res3 = (Sublayer(d_model, dropout, norm_first) for _ in range(3))
 
     def construct(self, x, memory, tgt_bias, src_bias):
-        h, x = self.res1.branches(x)
+        h = self.res1.pre(x)
         x = self.res1(x, self.self_attn(h, h, tgt_bias))
-        h, x = self.res2.branches(x)
-        x = self.res2(x, self.cross_attn(h, memory, src_bias))
-        h, x = self.res3.branches(x)
-        return self.res3(x, self.ff(h))
+        x = self.res2(x, self.cross_attn(self.res2.pre(x), memory, src_bias))
+        return self.res3(x, self.ff(self.res3.pre(x)))
 
     def step(self, x, keys, values, cross_k, cross_v, src_bias, reorder, t, at_t, self_bias):
         """One position x (B, 1, d) against the cached keys/values (B, h, max_len, dh) of earlier positions, row b
         continuing the hypothesis of row reorder[b] (None: its own). t (1,) is this position; at_t (B, h, 3)
         indexes (row, head, t) and self_bias masks the positions after t. Returns x and the updated cache."""
         attn = self.self_attn
-        qkv = attn.qkv(self.res1.pre(x))
-        if attn.cached is not None:  # the CPU kernels: positions 0..t only, reordered and written in one op
-            context, keys, values = attn.cached(qkv, keys, values, reorder, t, attn.scale)
-            x = self.res1(x, attn.o(context))
-        else:
-            if reorder is not None:
-                keys, values = ops.gather(keys, reorder, 0), ops.gather(values, reorder, 0)
-            q, k, v = attn.heads(qkv, 3)
-            # write this position: a scatter (a masked blend of the whole cache broadcasts it every step)
-            keys = ops.tensor_scatter_update(keys, at_t, k.squeeze(2))
-            values = ops.tensor_scatter_update(values, at_t, v.squeeze(2))
-            x = self.res1(x, attn.attend(q, keys, values, self_bias))
+        context, keys, values = attn.cached(attn.qkv(self.res1.pre(x)), keys, values, reorder, t, at_t, self_bias)
+        x = self.res1(x, attn.o(context))
         q = self.cross_attn.heads(self.cross_attn.q(self.res2.pre(x)), 1)
         x = self.res2(x, self.cross_attn.attend(q, cross_k, cross_v, src_bias))
         return self.res3(x, self.ff(self.res3.pre(x))), keys, values
@@ -290,25 +291,57 @@ def sinusoids(length: int, d_model: int) -> np.ndarray:
 
 
 class TokenEmbedding(nn.Embedding):
-    """nn.Embedding (a subclass: the same table, which the tied output projection reads). With the ids alone it is
-    nn.Embedding's lookup; where the CPU kernels run (`kernel`), embedding(ids, positions) is the token's row scaled
-    by `scale` (sqrt(d_model)) plus its position in one op (cpu_kernels' embed_op), taking the fp32 table as stored
-    (weights_as_stored: O2 casts nothing around it) and rounding as O2's fp16 ops do. Transformer.embed_tokens
-    chooses which."""
+    """nn.Embedding (a subclass: the same table, which the tied output projection reads): embedding(ids, positions)
+    is each token's row scaled by `scale` (sqrt(d_model)) plus its position."""
 
     def __init__(self, vocab_size, d_model):
         super().__init__(vocab_size, d_model, embedding_table=Normal(d_model ** -0.5), padding_idx=PAD)
         self.scale = math.sqrt(d_model)
-        self.kernel = embed_kernel()
-        self.weights_as_stored = self.kernel is not None
-        self.scale_tensor = Tensor([self.scale], ms.float32)
 
-    def construct(self, ids, positions=None):
-        if positions is None:
-            return super().construct(ids)
-        # amp_compute: set at O2 (ampzoo.amp.policy)
-        op = self.kernel(getattr(self, "amp_compute", "float32") == "float16")
-        return op(self.embedding_table, ids, positions, self.scale_tensor)
+    def construct(self, ids, positions):
+        return super().construct(ids) * self.scale + positions
+
+
+class TiedProjection(nn.Cell):
+    """The output projection tied to the embedding: x (rows, d) @ table^T -> logits (rows, vocab), one 2-D matmul
+    on the table cast to x's dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, x, table):
+        return self.matmul(x, ops.cast(table, x.dtype))
+
+
+def top_k(x, k: int, rows_per_set: int = 50):
+    """ops.topk over the last axis, faster than MindSpore's CPU TopK over a vocabulary. The columns are split
+    into sets (column j and every (width / rows_per_set)-th after it); the top k of a row lie in the k sets with
+    the largest maxima, so: one max per set (a contiguous max over a (rows_per_set, sets) grid), then topk over
+    those k sets' values only; the same result as ops.topk (docs/benchmarks.md has the timing)."""
+    rows, width = x.shape
+    n = rows_per_set
+    if width < 4 * k * n:  # too few sets to save anything
+        return ops.topk(x, k)
+    if width % n:
+        x = ops.concat([x, ops.full((rows, n - width % n), float("-inf"), dtype=x.dtype)], 1)
+    sets = x.shape[1] // n
+    grid = x.reshape(rows, n, sets)  # grid[r, i, j] = x[r, i * sets + j]: set j is column j of the grid
+    _, best = ops.topk(ops.amax(grid, 1), k)  # (rows, k) sets
+    picked = ops.gather_elements(grid, 2, ops.broadcast_to(best.reshape(rows, 1, k), (rows, n, k)))
+    values, pos = ops.topk(picked.reshape(rows, -1), k)
+    return values, (pos // k) * sets + ops.gather_elements(best, 1, pos % k)
+
+
+class TopCandidates(nn.Cell):
+    """(logits (rows, V) fp32, specials (V,) fp32, k) -> the k largest of log_softmax(logits) + specials (rows, k),
+    largest first, and their ids: a search step's end. It runs in fp32 at every amp level (`runs_fp32`, which
+    ampzoo.amp.policy reads): the hypotheses' scores are sums of these."""
+    runs_fp32 = True
+
+    def construct(self, logits, specials, k):
+        # specials (0 or -inf, exact in any dtype) reach it in fp16 when an O2 model's method passes them on
+        return top_k(ops.log_softmax(logits, -1) + ops.cast(specials, ms.float32), k)
 
 
 class Transformer(nn.Cell):
@@ -323,19 +356,14 @@ class Transformer(nn.Cell):
         layer_args = (d_model, heads, ffn, dropout, attention_dropout, activation_dropout, norm_first)
         self.encoder = nn.CellList([EncoderLayer(*layer_args) for _ in range(encoder_layers)])
         self.decoder = nn.CellList([DecoderLayer(*layer_args) for _ in range(decoder_layers)])
-        self.memory_branch = branch(decoder_layers)  # the encoder's output, read by every cross-attention
         self.norm_first = norm_first
         self.enc_norm = LayerNorm(d_model)  # used with pre-norm only
         self.dec_norm = LayerNorm(d_model)
-        # the CPU kernels' x w^T, taking the fp32 table as it is and returning fp32 logits (fp16 values at O2)
-        kernel = affine_kernel(bias=False, float32_out=True)
-        self.project_casts = kernel is None
-        self.project = ops.MatMul(transpose_b=True) if kernel is None else kernel
+        self.project = TiedProjection()
+        self.top = TopCandidates()
 
     def embed_tokens(self, tokens, positions):
-        if self.embed.kernel is not None:  # a Python constant: the scale and the positions inside the kernel
-            return self.dropout(self.embed(tokens, positions))
-        return self.dropout(self.embed(tokens) * self.embed.scale + positions)
+        return self.dropout(self.embed(tokens, positions))
 
     def encode(self, src):
         src_bias = ops.cast(ops.equal(src, PAD), ms.float32).expand_dims(1).expand_dims(1) * NEG  # (B,1,1,S)
@@ -352,18 +380,14 @@ class Transformer(nn.Cell):
         a 4,096-token training graph's memory went to such copies)."""
         if self.norm_first:
             x = self.dec_norm(x)
-        table = self.embed.embedding_table
-        if self.project_casts:
-            table = ops.cast(table, x.dtype)
-        return self.project(x.reshape(-1, self.d_model), table)
+        return self.project(x.reshape(-1, self.d_model), self.embed.embedding_table)
 
     def decode(self, tgt, memory, src_bias):
         t = tgt.shape[1]
         tgt_bias = self.causal[:t, :t]
         x = self.embed_tokens(tgt, self.positions[:t])
-        memories = self.memory_branch(memory)
-        for i, layer in enumerate(self.decoder):
-            x = layer(x, memories[i], tgt_bias, src_bias)
+        for layer in self.decoder:
+            x = layer(x, memory, tgt_bias, src_bias)
         return self.logits(x)
 
     def construct(self, src, tgt_in):
@@ -393,11 +417,16 @@ class Transformer(nn.Cell):
         logits, new_cache = self.decode_step_logits(token, t, cache, cross, src_bias, reorder)
         return ops.log_softmax(logits, -1), new_cache
 
+    def next_candidates(self, token, t, cache, cross, src_bias, specials, k: int, reorder=None):
+        """decode_step's end for a search: the k best next tokens of each row (TopCandidates: log-probabilities
+        plus `specials`, and ids), and the new cache."""
+        logits, new_cache = self.decode_step_logits(token, t, cache, cross, src_bias, reorder)
+        values, ids = self.top(logits, specials, k)
+        return values, ids, new_cache
+
     def decode_step_logits(self, token, t, cache, cross, src_bias, reorder=None):
-        """decode_step's logits (B, vocab), fp32, before the log-softmax (the CPU kernels fuse it with the top-k)."""
+        """decode_step's logits (B, vocab), fp32, before the log-softmax."""
         b = token.shape[0]
-        if reorder is None and self.decoder[0].self_attn.cached is not None:
-            reorder = ops.arange(b, dtype=ms.int32)  # the kernel copies the cache's rows as it writes them
         rows = ops.broadcast_to(ops.arange(b, dtype=ms.int32).reshape(b, 1, 1), (b, self.heads, 1))
         heads = ops.broadcast_to(ops.arange(self.heads, dtype=ms.int32).reshape(1, -1, 1), (b, self.heads, 1))
         at_t = ops.concat([rows, heads, ops.broadcast_to(t.reshape(1, 1, 1), (b, self.heads, 1))], -1)

@@ -25,7 +25,7 @@ from ampzoo.data import create_dataset
 from ampzoo.engine.checkpoint import read_checkpoint
 from ampzoo.engine.metrics import NetWithLoss, create_loss
 from bench.common import bench_config, pop_option, save_result
-from ampzoo.models import build_model
+from ampzoo.engine.network import build_model
 
 
 def gradients(cfg, level: str, scale: float, params, batch) -> dict:
