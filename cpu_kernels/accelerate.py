@@ -89,7 +89,7 @@ def _takes_blocks(cell: nn.Cell, stages: Tuple[type, ...]) -> bool:
     `stages` all of whose Cells may."""
     if isinstance(cell, KernelCell):
         return cell.layout is not None
-    if type(cell) in (nn.SequentialCell, BlockedSequentialCell) or type(cell) in stages:
+    if type(cell) in (nn.SequentialCell, BlockedSequentialCell) or isinstance(cell, stages):
         children = [c for c in cell.name_cells().values() if c is not None]
         return bool(children) and all(_takes_blocks(c, stages) for c in children)
     return False

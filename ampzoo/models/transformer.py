@@ -241,6 +241,11 @@ class Sublayer(nn.Cell):
         """The sublayer's input: x, or with pre-norm its norm."""
         return self.norm(x) if self.norm_first else x
 
+    def split(self, x):
+        """(the sublayer's input, the residual): the one place this unit reads x twice, so that a build of the unit
+        for another device may sum the two gradients its own way."""
+        return self.pre(x), x
+
 
 class EncoderLayer(nn.Cell):
     def __init__(self, d_model, heads, ffn, dropout, attention_dropout, activation_dropout, norm_first):
@@ -250,9 +255,10 @@ class EncoderLayer(nn.Cell):
         self.res1, self.res2 = Sublayer(d_model, dropout, norm_first), Sublayer(d_model, dropout, norm_first)
 
     def construct(self, x, src_bias):
-        h = self.res1.pre(x)
+        h, x = self.res1.split(x)
         x = self.res1(x, self.attn(h, h, src_bias))
-        return self.res2(x, self.ff(self.res2.pre(x)))
+        h, x = self.res2.split(x)
+        return self.res2(x, self.ff(h))
 
 
 class DecoderLayer(nn.Cell):
@@ -264,10 +270,12 @@ class DecoderLayer(nn.Cell):
         self.res1, self.res2, self.res3 = (Sublayer(d_model, dropout, norm_first) for _ in range(3))
 
     def construct(self, x, memory, tgt_bias, src_bias):
-        h = self.res1.pre(x)
+        h, x = self.res1.split(x)
         x = self.res1(x, self.self_attn(h, h, tgt_bias))
-        x = self.res2(x, self.cross_attn(self.res2.pre(x), memory, src_bias))
-        return self.res3(x, self.ff(self.res3.pre(x)))
+        h, x = self.res2.split(x)
+        x = self.res2(x, self.cross_attn(h, memory, src_bias))
+        h, x = self.res3.split(x)
+        return self.res3(x, self.ff(h))
 
     def step(self, x, keys, values, cross_k, cross_v, src_bias, reorder, t, at_t, self_bias):
         """One position x (B, 1, d) against the cached keys/values (B, h, max_len, dh) of earlier positions, row b
