@@ -291,7 +291,7 @@ def test_incremental_decoding_equals_full_recompute(copy_model, beam, cache_kern
 def test_chunked_top_k_is_topk(graph_mode, width, k):
     """Decoding's top k (best chunks first) returns what a full sort does, for vocabularies that do not divide
     into chunks too."""
-    from ampzoo.models.decoding import top_k
+    from ampzoo.models.transformer import top_k
     x = np.random.RandomState(width).randn(64, width).astype(np.float32)
     values, ids = top_k(ms.Tensor(x), k)
     want = np.argsort(-x, axis=1, kind="stable")[:, :k]

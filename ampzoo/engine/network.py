@@ -23,7 +23,7 @@ from ampzoo.config import CpuCompute
 from ampzoo.errors import ConfigError
 from ampzoo.models import create_model
 from ampzoo.models.layers import Add, AddReLU, AttentionSoftmax, MaxPool2x2
-from ampzoo.models.resnet import BasicBlock, Bottleneck
+from ampzoo.models.resnet import BasicBlock, Bottleneck, Residual
 from ampzoo.models.transformer import (BatchMatMul, CachedSelfAttention, Dense, LayerNorm, Sublayer, TiedProjection,
                                        TokenEmbedding, TopCandidates)
 from ampzoo.runtime import cap_onednn_isa
@@ -61,7 +61,7 @@ def accelerate(net: nn.Cell, runtime_cfg=None) -> nn.Cell:
     from cpu_kernels.accelerate import accelerate as swap
     if runtime_cfg is not None:
         set_cpu_settings(runtime_cfg)
-    return swap(net, units=units(), stages=(BasicBlock, Bottleneck))
+    return swap(net, units=units(), stages=(Residual,))
 
 
 def check_choice(mode) -> str:
@@ -243,39 +243,28 @@ class KernelTopCandidates(KernelCell, TopCandidates):
     """decode.cc's LogSoftmaxTopK: the log-softmax, the specials and the top k in one pass over each row."""
 
     def construct(self, logits, specials, k):
-        # k: a Python constant, one op for each; specials (0 or -inf) arrive in fp16 from an O2 model's method
-        return log_softmax_top_k_op(k)(logits, ops.cast(specials, ms.float32))
+        return log_softmax_top_k_op(k)(logits, specials)  # k: a Python constant, one op for each
 
 
 
-class KernelBasicBlock(BasicBlock):
-    """ResNet's BasicBlock whose input, read by conv1 and by the shortcut, goes through CpuBranch: one kernel Add
-    sums the two gradients (at O2 MindSpore's fp16 AddN took 66 ms of a ResNet-34 CIFAR step). The same Cells,
-    parameters and wiring as the block it was made from (from_cell)."""
+class _BranchedSplit:
+    """A residual unit's split through CpuBranch: one kernel Add sums the gradients of its two reads of x (at O2
+    MindSpore's fp16 AddN took 66 ms of a ResNet-34 CIFAR step and 19 of a Transformer-Tiny one)."""
 
-    def construct(self, x):
-        x, shortcut = self.branch(x)
-        identity = shortcut if self.down is None else self.down(shortcut)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.add_relu(out, identity)
+    def split(self, x):
+        return self.branch(x)
 
 
-class KernelBottleneck(Bottleneck):
-    """ResNet's Bottleneck with its input through CpuBranch, as KernelBasicBlock."""
+class KernelBasicBlock(_BranchedSplit, BasicBlock):
+    """ResNet's BasicBlock, its input through CpuBranch; the same Cells, parameters and wiring (_branched)."""
 
-    def construct(self, x):
-        x, shortcut = self.branch(x)
-        identity = shortcut if self.down is None else self.down(shortcut)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.add_relu(out, identity)
+
+class KernelBottleneck(_BranchedSplit, Bottleneck):
+    """ResNet's Bottleneck, its input through CpuBranch, as KernelBasicBlock."""
 
 
 class KernelSublayer(Sublayer):
-    """The Transformer's residual unit whose input, read by the sublayer and by the residual, goes through CpuBranch
-    (at O2 MindSpore's fp16 AddN summed the two gradients: 19 ms of a Transformer-Tiny step)."""
+    """The Transformer's residual unit, its input (read by the sublayer and by the residual) through CpuBranch."""
 
     def split(self, x):
         h, x = self.branch(x)

@@ -21,7 +21,6 @@ import numpy as np
 import sacrebleu
 
 from ampzoo.data.translation import BOS, EOS, PAD, encode_pairs, params
-from ampzoo.models.transformer import top_k  # noqa: F401  (decoding's, kept beside the model that runs it)
 
 # step(last_tokens (rows,), t, reorder (rows,)) -> (log-probabilities (rows, k), token ids (rows, k)) of the
 # best k next tokens at position t + 1, after reordering the hypotheses' state by `reorder`.

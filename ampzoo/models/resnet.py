@@ -24,7 +24,16 @@ def bn(ch, zero=False):
     return nn.BatchNorm2d(ch, eps=1e-5, momentum=0.9, gamma_init="zeros" if zero else "ones")
 
 
-class BasicBlock(nn.Cell):
+class Residual(nn.Cell):
+    """A residual block: its input goes to its body and to its shortcut."""
+
+    def split(self, x):
+        """(the body's input, the shortcut's): the one place the block reads x twice, so that a build of the block
+        for another device may sum the two gradients its own way (as the Transformer's Sublayer.split)."""
+        return x, x
+
+
+class BasicBlock(Residual):
     expansion = 1
 
     def __init__(self, in_ch, ch, stride=1, zero_init_residual=False):
@@ -37,13 +46,14 @@ class BasicBlock(nn.Cell):
             self.down = nn.SequentialCell([conv(in_ch, ch, 1, stride), bn(ch)])
 
     def construct(self, x):
-        identity = x if self.down is None else self.down(x)
+        x, shortcut = self.split(x)
+        identity = shortcut if self.down is None else self.down(shortcut)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         return self.add_relu(out, identity)  # relu(out + identity)
 
 
-class Bottleneck(nn.Cell):
+class Bottleneck(Residual):
     expansion = 4
 
     def __init__(self, in_ch, ch, stride=1, zero_init_residual=False):
@@ -58,7 +68,8 @@ class Bottleneck(nn.Cell):
             self.down = nn.SequentialCell([conv(in_ch, out_ch, 1, stride), bn(out_ch)])
 
     def construct(self, x):
-        identity = x if self.down is None else self.down(x)
+        x, shortcut = self.split(x)
+        identity = shortcut if self.down is None else self.down(shortcut)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))

@@ -348,8 +348,7 @@ class TopCandidates(nn.Cell):
     runs_fp32 = True
 
     def construct(self, logits, specials, k):
-        # specials (0 or -inf, exact in any dtype) reach it in fp16 when an O2 model's method passes them on
-        return top_k(ops.log_softmax(logits, -1) + ops.cast(specials, ms.float32), k)
+        return top_k(ops.log_softmax(logits, -1) + specials, k)
 
 
 class Transformer(nn.Cell):
@@ -429,7 +428,8 @@ class Transformer(nn.Cell):
         """decode_step's end for a search: the k best next tokens of each row (TopCandidates: log-probabilities
         plus `specials`, and ids), and the new cache."""
         logits, new_cache = self.decode_step_logits(token, t, cache, cross, src_bias, reorder)
-        values, ids = self.top(logits, specials, k)
+        # specials (0 or -inf, exact in any dtype) come in fp16 when an O2 model's method is called with them
+        values, ids = self.top(logits, ops.cast(specials, ms.float32), k)
         return values, ids, new_cache
 
     def decode_step_logits(self, token, t, cache, cross, src_bias, reorder=None):
