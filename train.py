@@ -54,7 +54,7 @@ from ampzoo.interrupt import Interrupted
 from ampzoo.runtime import (any_rank, device_notes, init_distributed, msrun_env, parameter_checksum,
                             seed_everything, set_context, sink_mode)
 from ampzoo.models.decoding import translate
-from ampzoo.engine.network import runs_kernels
+from cpu_kernels.accelerate import runs_kernels
 
 log = logging.getLogger("amp_zoo")
 logging.raiseExceptions = False  # a log line that cannot be written (disk full) is lost, not a traceback

@@ -310,9 +310,8 @@ def fused_unscale_op(device: str, distributed: bool, net: nn.Cell):
     unscale and the check, so the two stay apart there."""
     if device != "CPU" or distributed:
         return None
-    from cpu_kernels import has_ops
     from cpu_kernels.accelerate import runs_kernels
-    if not has_ops() or not runs_kernels(net):
+    if not runs_kernels(net):
         return None
     from cpu_kernels.cells import unscale_sum_op
     return unscale_sum_op()

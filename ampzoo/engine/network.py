@@ -96,15 +96,6 @@ def use_cpu_kernels(mode="auto") -> bool:
     return has_ops()
 
 
-def runs_kernels(net: nn.Cell) -> bool:
-    """Whether `net` runs the CPU kernels (build_model applied them)."""
-    from cpu_kernels import has_ops
-    if not has_ops():
-        return False
-    from cpu_kernels.accelerate import runs_kernels as holds
-    return holds(net)
-
-
 @lru_cache(maxsize=None)
 def _warn_old_variable(name: str, value: str) -> None:  # cached: each warning comes once a process
     log.warning("%s=%s is no longer read: set %s=%s", name, value, OLD_VARIABLES[name], value)

@@ -8,7 +8,8 @@ from ampzoo.amp.loss_scale import AmpTrainStep, LossScalePlan, plan_loss_scale
 from ampzoo.amp.policy import apply_policy
 from ampzoo.engine.metrics import NetWithLoss, create_loss
 from ampzoo.engine.optim import create_optimizer
-from ampzoo.engine.network import build_model, runs_kernels, set_cpu_compute
+from ampzoo.engine.network import build_model, set_cpu_compute
+from cpu_kernels.accelerate import runs_kernels
 
 
 class TrainStep(NamedTuple):
