@@ -146,9 +146,13 @@ def pool_threads() -> int:
     return int(loaded().AmpZooPoolThreads())
 
 
+POOL_WINDOW_S = 0.2  # how often the pool measures what other processes take of its cores (runtime.cc's kWindow)
+
+
 def pool_busy() -> int:
-    """How often the kernels' pool found the machine busy so far: a parallel region its caller ran alone while its
-    threads were runnable but not running (another process held the cores). 0 where the library is not built."""
+    """How often the kernels' pool found the machine busy so far: the 0.2 s windows in which other processes took a
+    core or more of the cores this process may use (its own threads never count). In such a window only the
+    threads the cores left over work, the caller at least. 0 where the library is not built."""
     return int(loaded().AmpZooPoolBusy()) if has_ops() else 0
 
 

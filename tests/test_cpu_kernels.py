@@ -138,6 +138,40 @@ def test_the_kernels_pool_is_sized_to_the_cores_the_process_may_use(pre, env, th
     assert int(out.stdout.split()[-1]) == expected, (out.stdout, cores)
 
 
+BUSY_POOL = r"""
+import ctypes, subprocess, sys, time
+import numpy as np
+import cpu_kernels
+cpu_kernels.configure(threads=2)
+relu = cpu_kernels.loaded().ReluFwd  # an element-wise export, on the pool's threads at this size
+x = np.random.RandomState(0).randn(1 << 20).astype(np.float32)
+y = np.empty_like(x)
+shape = ctypes.cast((ctypes.c_int64 * 1)(x.size), ctypes.POINTER(ctypes.c_int64))
+args = (2, (ctypes.c_void_p * 2)(x.ctypes.data, y.ctypes.data), (ctypes.c_int * 2)(1, 1),
+        (ctypes.POINTER(ctypes.c_int64) * 2)(shape, shape), (ctypes.c_char_p * 2)(b"float32", b"float32"), None, None)
+helper = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # another process, busy on these cores
+try:
+    end = time.monotonic() + 5
+    while time.monotonic() < end and cpu_kernels.pool_busy() == 0:
+        assert relu(*args) == 0
+finally:
+    helper.kill()
+print(cpu_kernels.pool_busy(), bool((y == np.maximum(x, 0)).all()))
+"""
+
+
+def test_the_pool_finds_another_busy_process_and_keeps_its_numbers():
+    """Beside another busy process the pool's threads would fight it for the cores (issue 78, item 5): the pool
+    measures what other processes take of its cores and works on the cores left; a run's BusyMachine line reads
+    pool_busy. The regions' pieces are the same, so are the numbers."""
+    if not cpu_kernels.has_ops():
+        pytest.skip(cpu_kernels.why_not())
+    out = subprocess.run([sys.executable, "-c", BUSY_POOL], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    found, same = out.stdout.split()
+    assert int(found) >= 1 and same == "True", out.stdout
+
+
 def test_the_environment_holds_one_copy_of_the_openmp_onednn():
     """onednn-cpu-gomp's wheel installs its 54 MB library three times (a wheel holds no links); the build leaves
     one file and two links to it (issue 78), and the kernels load that release only (omp_weights.cc: 3.2)."""

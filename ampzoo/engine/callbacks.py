@@ -282,15 +282,15 @@ class NpuStatusClear(Callback):
 
 class BusyMachine(Callback):
     """On the CPU kernels: one line, once, when another process takes the cores this run trains on (the kernels'
-    pool found its threads runnable but not running, `busy()` times in all, each at least 1,000 parallel regions
-    after the last), since its steps are then slower than its first line's figures, a quiet machine's. FOUND
-    findings are evidence enough; fewer may be this run's own data-loading threads. Checked every `every` steps."""
+    pool found other processes on a core or more of them in `busy()` windows of 0.2 s, and worked on the cores
+    left), since its steps are then slower than its first line's figures, a quiet machine's. FOUND windows, a
+    second, are evidence enough: a command someone ran for a moment is not. Checked every `every` steps."""
 
     FOUND = 5
 
     def __init__(self, every: int, busy: Optional[Callable[[], int]] = None, threads: Optional[int] = None):
-        from cpu_kernels import pool_busy, pool_threads
-        self.busy, self.every = busy or pool_busy, max(int(every), 1)
+        from cpu_kernels import POOL_WINDOW_S, pool_busy, pool_threads
+        self.busy, self.every, self.window = busy or pool_busy, max(int(every), 1), POOL_WINDOW_S
         self.threads = pool_threads() if threads is None else threads
         self.start: Optional[int] = None
         self.said = False
@@ -304,10 +304,10 @@ class BusyMachine(Callback):
         found = self.busy() - (self.start or 0)
         if found >= self.FOUND:
             self.said = True
-            log.warning("the machine is busy: another process runs on the %d core(s) this run's CPU kernels use (their "
-                        "pool found its threads waiting %d times), so its steps are slower than its first line's "
-                        "figures, a quiet machine's; give the run its cores alone, or set runtime.cpu_threads to "
-                        "the cores it may have", self.threads, found)
+            log.warning("the machine is busy: another process runs on the %d core(s) this run's CPU kernels use (for "
+                        "%.1f s so far, while their pool worked on the cores left), so its steps are slower than its "
+                        "first line's figures, a quiet machine's; give the run its cores alone, or set "
+                        "runtime.cpu_threads to the cores it may have", self.threads, found * self.window)
 
 
 class StopAtStep(Callback):

@@ -5,6 +5,8 @@
 // pool of our own threads, not on MindSpore's.
 #include <immintrin.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <oneapi/dnnl/dnnl_threadpool.hpp>
 #include <oneapi/dnnl/dnnl_threadpool_iface.hpp>
@@ -14,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -28,20 +31,75 @@
 
 namespace {
 
+// The CPU time other processes take on the cores this process may run on, in cores, since the last call: the
+// busy time of those cores (/proc/stat: user, nice, system, irq, softirq, steal) less this process's own
+// (getrusage). -1 where /proc/stat cannot be read, or the last call was more than `fresh` ago (the pool was idle
+// meanwhile: what ran then says nothing of now). Its own threads (data loading, MindSpore's) never count.
+class Others {
+ public:
+  double Cores(std::chrono::steady_clock::duration fresh) {
+    const double busy = BusySeconds(), mine = OwnSeconds();
+    const auto now = std::chrono::steady_clock::now();
+    double cores = -1;
+    if (busy >= 0 && last_busy_ >= 0 && now - last_ <= fresh) {
+      const double wall = std::chrono::duration<double>(now - last_).count();
+      if (wall > 0) cores = std::max(0.0, (busy - last_busy_) - (mine - last_mine_)) / wall;
+    }
+    last_busy_ = busy, last_mine_ = mine, last_ = now;
+    return cores;
+  }
+
+ private:
+  static double OwnSeconds() {
+    rusage use;
+    if (getrusage(RUSAGE_SELF, &use) != 0) return 0;
+    return use.ru_utime.tv_sec + use.ru_stime.tv_sec + 1e-6 * (use.ru_utime.tv_usec + use.ru_stime.tv_usec);
+  }
+  static double BusySeconds() {  // over the cores of this process's affinity mask
+    cpu_set_t mask;
+    if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return -1;
+    FILE *f = std::fopen("/proc/stat", "r");
+    if (!f) return -1;
+    static const double tick = 1.0 / std::max(1L, sysconf(_SC_CLK_TCK));
+    char line[512];
+    double busy = 0;
+    bool any = false;
+    while (std::fgets(line, sizeof(line), f)) {
+      int cpu;
+      unsigned long long user, nice, system, idle, iowait, irq, softirq, steal;
+      if (std::sscanf(line, "cpu%d %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &user, &nice, &system, &idle,
+                      &iowait, &irq, &softirq, &steal) != 9 ||
+          cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &mask))
+        continue;
+      busy += tick * static_cast<double>(user + nice + system + irq + softirq + steal);
+      any = true;
+    }
+    std::fclose(f);
+    return any ? busy : -1;
+  }
+  double last_busy_ = -1, last_mine_ = 0;
+  std::chrono::steady_clock::time_point last_;
+};
+
 // A fixed pool for oneDNN's threadpool runtime: the calling thread works too. A parallel region's n pieces are
-// claimed one at a time by whichever thread comes first, the caller included, so a worker the kernel scheduler has
-// descheduled (another process busy on these cores) never holds the region up: the caller takes its pieces, and
-// the region costs at most what one thread would. Between regions a worker spins for a while
-// (runtime.cpu_pool_spin_us, default 200 us), as OpenMP's threads do, then sleeps: a training step runs many short
-// regions back to back, and waking a sleeping thread costs tens of microseconds. Once the machine is busy (a
-// region that the caller finished alone while its workers were runnable but not running) the pool stops spinning
-// for the next 1,000 regions, as OpenMP's passive wait policy does: spinning threads would take the very cores
-// the other process is waiting for. (A region counts when it lasted more than twice the spin: a spinning worker
-// would have joined it had it been running.)
+// claimed one at a time by whichever thread comes first, the caller included, so a worker that has not started
+// never holds the region up. Between regions a worker spins for a while (runtime.cpu_pool_spin_us, default 200 us),
+// as OpenMP's threads do, then sleeps: a training step runs many short regions back to back, and waking a sleeping
+// thread costs tens of microseconds.
+//
+// On a shared machine (another process busy on these cores) the pool's threads would compete with that process
+// for the cores, and a region would wait for whichever of them the scheduler set aside: a worker preempted holding a
+// piece, or the caller itself. So every kWindow the pool measures how many cores other processes took (Others) and
+// lets only as many of its threads work as the cores left (at least the caller); the others sleep. A region's pieces
+// are the same either way, so are its numbers. On 2 cores beside one busy process the caller runs every region
+// alone: a step costs what it costs on one thread, as OpenMP's dynamic adjustment (OMP_DYNAMIC) would have it.
 class Pool : public dnnl::threadpool_interop::threadpool_iface {
  public:
-  explicit Pool(int n, int spin_us) : n_(n < 1 ? 1 : n), spin_(std::chrono::microseconds(spin_us)) {
-    for (int t = 1; t < n_; ++t) workers_.emplace_back([this] { Work(); });
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kWindow = std::chrono::milliseconds(200);
+
+  explicit Pool(int n, int spin_us) : n_(n < 1 ? 1 : n), active_(n_), spin_(std::chrono::microseconds(spin_us)) {
+    for (int t = 1; t < n_; ++t) workers_.emplace_back([this, t] { Work(t); });
   }
   ~Pool() override {
     {
@@ -52,12 +110,20 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
     for (auto &w : workers_) w.join();
   }
   int get_num_threads() const override { return n_; }
-  int busy() const { return found_busy_.load(std::memory_order_relaxed); }  // times the machine was found busy
+  // the windows in which other processes took a core or more of this pool's
+  int busy() const { return found_busy_.load(std::memory_order_relaxed); }
   bool get_in_parallel() const override { return in_parallel_; }
   uint64_t get_flags() const override { return 0; }  // synchronous: parallel_for returns when all is done
   void parallel_for(int n, const std::function<void(int, int)> &fn) override {
     if (n <= 1 || n_ == 1 || in_parallel_) {
       for (int i = 0; i < n; ++i) fn(i, n);
+      return;
+    }
+    Measure();
+    if (active_.load(std::memory_order_relaxed) == 1) {  // the machine is busy: the caller alone
+      in_parallel_ = true;
+      for (int i = 0; i < n; ++i) fn(i, n);
+      in_parallel_ = false;
       return;
     }
     std::lock_guard<std::mutex> one(busy_);  // one parallel region at a time
@@ -72,31 +138,36 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
       generation_.store(gen, std::memory_order_release);
     }
     wake_.notify_all();
-    const auto start = std::chrono::steady_clock::now();
-    const int mine = Claim(gen);
-    // the caller ran every piece of a region long enough for a spinning worker to have joined: none was running
-    const bool alone = mine == n && std::chrono::steady_clock::now() - start > 2 * spin_;
-    const bool spin = quiet_.load(std::memory_order_relaxed) == 0;
-    if (!Spin(spin, [&] { return done_.load(std::memory_order_acquire) == n; })) {
+    Claim(gen);
+    if (!Spin([&] { return done_.load(std::memory_order_acquire) == n; })) {
       std::unique_lock<std::mutex> lk(m_);
       finished_.wait(lk, [&] { return done_.load(std::memory_order_acquire) == n; });
     }
     job_ = nullptr;
-    if (alone && spin) {  // every worker was away: the cores are busy with something else
-      quiet_.store(1000, std::memory_order_relaxed);
-      found_busy_.fetch_add(1, std::memory_order_relaxed);
-    } else if (!spin) {
-      quiet_.fetch_sub(1, std::memory_order_relaxed);
-    }
   }
 
  private:
   static constexpr uint64_t kGenMask = (uint64_t{1} << 24) - 1;
   static constexpr uint64_t kField = (uint64_t{1} << 20) - 1;
 
-  // Claim and run pieces of region `gen` until none is left; returns how many this thread ran
-  int Claim(uint64_t gen) {
-    int ran = 0;
+  // Once a window: the threads that may work, the cores other processes left (half a core or more counts as one)
+  void Measure() {
+    const auto now = Clock::now().time_since_epoch().count();
+    if (now < next_.load(std::memory_order_relaxed) || !measuring_.try_lock()) return;
+    std::lock_guard<std::mutex> lk(measuring_, std::adopt_lock);
+    if (now < next_.load(std::memory_order_relaxed)) return;
+    next_.store(now + std::chrono::duration_cast<Clock::duration>(kWindow).count(), std::memory_order_relaxed);
+    const double others = others_.Cores(2 * kWindow);
+    if (others < 0) {  // unknown, or the pool was idle: all its threads until the next window says otherwise
+      active_.store(n_, std::memory_order_relaxed);
+      return;
+    }
+    const int taken = static_cast<int>(others + 0.5);
+    if (taken > 0) found_busy_.fetch_add(1, std::memory_order_relaxed);
+    active_.store(std::max(1, n_ - taken), std::memory_order_relaxed);
+  }
+  // Claim and run pieces of region `gen` until none is left
+  void Claim(uint64_t gen) {
     in_parallel_ = true;
     for (;;) {
       uint64_t t = ticket_.load(std::memory_order_acquire);
@@ -104,51 +175,52 @@ class Pool : public dnnl::threadpool_interop::threadpool_iface {
       if ((t >> 40) != gen || i >= n) break;
       if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
       (*job_)(static_cast<int>(i), static_cast<int>(n));  // the region is not done until this piece is: job_ holds
-      ++ran;
       if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<int>(n)) {
         std::lock_guard<std::mutex> lk(m_);  // the caller may be asleep on finished_
         finished_.notify_one();
       }
     }
     in_parallel_ = false;
-    return ran;
   }
-  // Busy-wait up to spin_ for ready() (not at all when `spin` is false); false if it did not come
+  // Busy-wait up to spin_ for ready(); false if it did not come
   template <typename F>
-  bool Spin(bool spin, F ready) const {
-    if (!spin || spin_.count() == 0) return ready();
-    const auto until = std::chrono::steady_clock::now() + spin_;
+  bool Spin(F ready) const {
+    if (spin_.count() == 0) return ready();
+    const auto until = Clock::now() + spin_;
     for (int i = 1;; ++i) {
       if (ready()) return true;
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #endif
-      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return ready();
+      if (i % 64 == 0 && Clock::now() > until) return ready();
     }
   }
-  void Work() {
+  // Worker t (1 .. n_-1): each region while it may work (t < active_), else it sleeps until the next
+  void Work(int t) {
     uint64_t seen = generation_.load(std::memory_order_acquire);
     for (;;) {
-      const bool spin = quiet_.load(std::memory_order_relaxed) == 0;
-      if (!Spin(spin, [&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+      const bool may = t < active_.load(std::memory_order_relaxed);  // one that may not sleeps at once
+      if (!may || !Spin([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
         std::unique_lock<std::mutex> lk(m_);
         wake_.wait(lk, [&] { return stop_ || generation_.load(std::memory_order_acquire) != seen; });
         if (stop_) return;
       }
       seen = generation_.load(std::memory_order_acquire);
-      Claim(seen);
+      if (t < active_.load(std::memory_order_relaxed)) Claim(seen);
     }
   }
   int n_;
+  std::atomic<int> active_;  // the threads that may work (the caller's included): n_ less the cores others take
   std::chrono::microseconds spin_;
   std::vector<std::thread> workers_;
-  std::mutex m_, busy_;
+  std::mutex m_, busy_, measuring_;
   std::condition_variable wake_, finished_;
   const std::function<void(int, int)> *job_ = nullptr;
   std::atomic<uint64_t> ticket_{0};
   std::atomic<int> done_{0};
-  std::atomic<int> quiet_{0};  // regions left without spinning (the machine was found busy)
-  std::atomic<int> found_busy_{0};  // how often it was found busy
+  std::atomic<int> found_busy_{0};
+  std::atomic<int64_t> next_{0};  // Clock ticks: the next window's measurement
+  Others others_;
   std::atomic<uint64_t> generation_{0};
   bool stop_ = false;
   static thread_local bool in_parallel_;
@@ -417,7 +489,7 @@ void AmpZooToBf16(const void *s, bool half, uint16_t *d, int64_t n) {
 extern "C" int AmpZooBf16Compute() { return Bf16Compute(); }
 // The pool's threads (Threads()), for cpu_kernels.pool_threads
 extern "C" int AmpZooPoolThreads() { return RT().pool->get_num_threads(); }
-// How often the pool found the machine busy (its threads runnable but not running), for cpu_kernels.pool_busy
+// The windows (0.2 s) in which other processes took a core or more of the pool's, for cpu_kernels.pool_busy
 extern "C" int AmpZooPoolBusy() { return RT().pool->busy(); }
 
 void AmpZooSplit(int64_t n, const std::function<void(int64_t, int64_t)> &f) { Split(n, f); }
