@@ -32,7 +32,9 @@ def test_the_run_says_which_products_it_trained_and_evaluated_with(trained):
     from cpu_kernels import cpu_compute, has_ops
     recipe, run_dir, metrics = trained
     kernels = "cpu_kernels" if has_ops() else "mindspore"
-    assert [{k: v for k, v in c.items() if k not in ("machine", "products")} for c in metrics["compute"]] == \
+    assert all(c["eval_products"] == c["products"] for c in metrics["compute"]), metrics["compute"]
+    assert [{k: v for k, v in c.items() if k not in ("machine", "products", "eval_products")}
+            for c in metrics["compute"]] == \
         [{"from_step": 0, "kernels": kernels}], metrics["compute"]
     low = {"fp32", "bf16"} if has_ops() and cpu_compute(asked="bf16") != "fp32" else {"fp32"}
     assert metrics["compute"][0]["products"] in ({"fp32"} if recipe == "lenet_o0" else

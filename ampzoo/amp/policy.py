@@ -126,14 +126,17 @@ def compute_path(device: str, amp_cfg, kernels_used: bool) -> dict:
     the CPU) and `products`, the arithmetic of its fp16 convolutions and Dense layers in training ("fp32", "bf16",
     "bf16_backward"; "native fp16" on a device, "fp32" at O0). A run's own evaluations keep its training
     products (the process's runtime.cpu_compute stays as training set it); eval.py computes fp32 products under
-    runtime.cpu_compute=auto, so a shipped number does not depend on the CPU."""
+    runtime.cpu_compute=auto, so a shipped number does not depend on the CPU. `eval_products` says the first
+    for metrics.json's reader."""
     low = LEVELS[str(amp_cfg.level)].low != "none" or bool(amp_cfg.force_fp16)
     if device != "CPU":
-        return {"kernels": "device", "products": "native fp16" if low else "fp32"}
-    if not kernels_used:
-        return {"kernels": "mindspore", "products": "fp32" if not low else "fp32 (MindSpore's casts)"}
-    from cpu_kernels import cpu_compute
-    return {"kernels": "cpu_kernels", "products": cpu_compute() if low else "fp32"}
+        kernels, products = "device", "native fp16" if low else "fp32"
+    elif not kernels_used:
+        kernels, products = "mindspore", "fp32" if not low else "fp32 (MindSpore's casts)"
+    else:
+        from cpu_kernels import cpu_compute
+        kernels, products = "cpu_kernels", cpu_compute() if low else "fp32"
+    return {"kernels": kernels, "products": products, "eval_products": products}
 
 
 def compute_line(path: dict) -> str:
