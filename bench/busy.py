@@ -14,8 +14,9 @@ pass`, stopped by SIGSTOP for the quiet turns). Each of the six runs in a proces
 with the helper stopped, and compiled then. They take turns, each of --steps steps and at least --turn-seconds
 (the pool judges the machine every 0.2 s: a turn far longer measures its steady state, not how soon it noticed
 the helper start or stop), --rounds times; a time is the median of the rounds, a ratio the median of per-round
-ratios (< 1: the first is faster) with its 95% bootstrap interval. pool_busy is in how many of its 0.2 s windows a pool found other processes on its cores
-(cpu_kernels.pool_busy), quiet and busy; train.py's BusyMachine warns at BusyMachine.FOUND.
+ratios (< 1: the first is faster) with its 95% bootstrap interval. pool_busy is in how many of its 0.2 s windows
+a pool found other processes on its cores (cpu_kernels.pool_busy), quiet and busy; train.py's BusyMachine warns at
+BusyMachine.FOUND.
 
 Part 2: train.py recipe=lenet_o2 for --train-steps steps (0: skipped) under msrun with 2 workers (each pool sized
 by auto_threads: the cores shared among MS_WORKER_NUM), again with runtime.cpu_threads=1 each, then two single runs
@@ -214,7 +215,8 @@ def markdown(result: dict) -> str:
                   "| setting | pool threads | quiet ms | busy ms | busy/quiet | pool_busy quiet / busy | warning |",
                   "|---|---:|---:|---:|---:|---:|---|"]
         lines += [f"| {name} | {r['threads'] or 'MindSpore'} | {r['quiet_ms']} | {r['busy_ms']} | "
-                  f"{r['busy_vs_quiet']} | {r['pool_busy_quiet']} / {r['pool_busy']} | {'yes' if r['busy_machine_warning'] else 'no'} |"
+                  f"{r['busy_vs_quiet']} | {r['pool_busy_quiet']} / {r['pool_busy']} | "
+                  f"{'yes' if r['busy_machine_warning'] else 'no'} |"
                   for name, r in m["rows"].items()]
         lines += ["", f"Busy: auto / 1 thread {m['busy_auto_vs_1_thread']} {m['busy_auto_vs_1_thread_95ci']}, "
                       f"auto / kernels off {m['busy_auto_vs_kernels_off']} {m['busy_auto_vs_kernels_off_95ci']} "
@@ -254,7 +256,8 @@ def main(argv: List[str]) -> dict:
               "its times are not quiet; stop them and measure again", file=sys.stderr)
     date = datetime.date.today().isoformat()
     out = out or ROOT / "bench" / "results" / f"busy-{date}-{cpu_short(mach['cpu'])}"
-    result = {"date": date, "steps": steps, "turn_seconds": seconds, "rounds": rounds, "busy_before_cores": before, "machine": mach,
+    result = {"date": date, "steps": steps, "turn_seconds": seconds, "rounds": rounds, "busy_before_cores": before,
+              "machine": mach,
               "models": {}}
     helper = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
