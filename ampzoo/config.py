@@ -76,8 +76,9 @@ class CpuCompute(StrEnum):  # ampzoo/engine/network.py set_cpu_compute; cpu_kern
 
 
 class CpuWeightGrad(StrEnum):  # cpu_kernels.configure: a bf16 convolution's weight gradient
-    auto = "auto"              # one matmul on small planes, else oneDNN's direct kernel (its OpenMP build if installed)
-    direct = "direct"          # never the matmul: oneDNN's direct kernel
+    auto = "auto"              # one matmul on small planes, else oneDNN's direct kernel (its OpenMP build if there),
+                               # and between plain layers (LeNet's) the kernels' own
+    direct = "direct"          # oneDNN's kernels only (never the matmul or the kernels' own)
     threadpool = "threadpool"  # never the OpenMP build: the matmul, or MindSpore's oneDNN on the kernels' pool
 
 

@@ -202,13 +202,13 @@ class Settings:
     threads: int = 0            # the pool's threads; 0: the cores this process may run on (auto_threads)
     spin_us: int = 200          # how long an idle pool thread spins before it sleeps (0: it sleeps at once)
     weight_grad: str = "auto"   # a bf16 convolution's weight gradient: auto (one matmul on small planes, oneDNN's
-                                # direct kernel in its OpenMP build where installed), direct (never the matmul),
-                                # threadpool (never the OpenMP build: the matmul or MindSpore's oneDNN)
+                                # direct kernel in its OpenMP build where installed, the kernels' own between plain
+                                # layers), direct (oneDNN's kernels only), threadpool (never the OpenMP build)
     half_isa: str = "auto"      # the fp16 conversions: auto (AVX-512 or F16C where the CPU has them), f16c, portable
 
 
 COMPUTE = {"fp32": 0, "bf16": 1, "bf16_backward": 2}
-WEIGHT_GRAD = {"auto": (1, 1), "direct": (0, 1), "threadpool": (1, 0)}  # (the matmul, the OpenMP build) allowed
+WEIGHT_GRAD = {"auto": (1, 1), "direct": (0, 1), "threadpool": (1, 0)}  # (the matmul and own, the OpenMP build)
 HALF_ISA = {"auto": 2, "f16c": 1, "portable": 0}
 _settings = Settings()
 

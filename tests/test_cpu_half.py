@@ -318,6 +318,67 @@ def test_bf16_conv_between_blocked_layers_is_fp32_on_bf16_operands(weight_grad, 
     run_bf16_check("test_cpu_half", f"bf16_blocked_check({size}, {stride}, {channels}, {batch})", weight_grad)
 
 
+def plain_weights_check(ci: int, co: int, k: int, size: int, stride: int, padding: int, batch: int) -> None:
+    """A bf16 convolution between plain (NCHW) layers, LeNet's kind: its weight gradient is conv.cc's own
+    (PlainWeights, under runtime.cpu_weight_grad=auto), within an ulp of fp16 of the fp32 kernel's on bf16-rounded
+    operands, for an fp16 weight and an fp32 master weight taken as stored; and bit for bit the same on one
+    thread as on two, so a training run's numbers do not depend on the threads or on how busy the machine is."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rng = np.random.RandomState(7)
+    x = rng.randn(batch, ci, size, size).astype(np.float16).astype(np.float32)
+    w = (rng.randn(co, ci, k, k) * 0.2).astype(np.float16).astype(np.float32)
+    plane = ((size + 2 * padding - k) // stride + 1) ** 2
+    dy = ms.Tensor(((np.arange(batch * co * plane) % 7 - 3) / 4).astype(np.float32).reshape(batch, co, plane))
+
+    def run(x_dtype, w_dtype, x_values, w_values):
+        conv = CpuConv2d(ci, co, k, stride, padding, weight_init=ms.Tensor(w_values.astype(w_dtype)))
+
+        def loss(inp):
+            return (conv(inp).astype(ms.float32).reshape(batch, co, -1) * dy).sum()
+        (dw,) = ms.grad(loss, grad_position=None, weights=conv.trainable_params())(ms.Tensor(x_values.astype(x_dtype)))
+        return dw.asnumpy().astype(np.float32)
+
+    want = run(np.float32, np.float32, to_bf16(x), to_bf16(w))
+    spacing = np.spacing(np.abs(want).astype(np.float16)).astype(np.float32)
+    two = {}
+    for w_dtype in (np.float16, np.float32):
+        two[w_dtype] = got = run(np.float16, w_dtype, x, w)
+        assert np.all(np.abs(got - want) <= 1.01 * spacing + 2.0 ** -20 * np.abs(want).max()), w_dtype
+    configure(compute="bf16", threads=1)
+    for w_dtype in (np.float16, np.float32):
+        np.testing.assert_array_equal(run(np.float16, w_dtype, x, w), two[w_dtype])
+
+
+@pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
+@pytest.mark.parametrize("ci, co, k, size, stride, padding, batch",
+                         [(1, 6, 5, 32, 1, 0, 4), (6, 16, 5, 14, 1, 0, 3), (3, 5, 3, 9, 2, 1, 3),
+                          (2, 4, 3, 40, 1, 1, 2)])
+def test_a_bf16_conv_between_plain_layers_has_its_own_weight_gradient_on_any_threads(ci, co, k, size, stride,
+                                                                                      padding, batch):
+    """LeNet's two convolutions (1 to 6 channels at 32x32, 6 to 16 at 14x14), a strided one with padding on an
+    odd plane, and rows longer than 32 positions: plain_weights_check."""
+    run_bf16_check("test_cpu_half", f"plain_weights_check({ci}, {co}, {k}, {size}, {stride}, {padding}, {batch})")
+
+
+@pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
+def test_a_plain_layer_weight_gradient_runs_no_onednn_primitive_unless_direct():
+    """Under runtime.cpu_weight_grad=auto LeNet's second convolution runs no oneDNN backward-weights primitive (its
+    gemm-based and jit kernels cut the batch into a parallel region per image); =direct gives it back to oneDNN."""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "ALL", "GLOG_v": "3", "ONEDNN_VERBOSE": "1"}
+    env.pop("AMP_ZOO_ONEDNN_AUTO", None)
+    runs = {}
+    for weight_grad in ("auto", "direct"):
+        code = (f"import sys; sys.path.insert(0, {ROOT!r}); import cpu_kernels; "
+                f"cpu_kernels.configure(compute='bf16', threads=2, weight_grad={weight_grad!r}); "
+                f"from tests.test_cpu_half import plain_weights_check; plain_weights_check(6, 16, 5, 14, 1, 0, 2); "
+                f"print('ok')")
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert "ok" in result.stdout.splitlines(), result.stderr[-3000:]
+        runs[weight_grad] = sum(",exec," in line and "backward_weights" in line and "bf16" in line
+                                for line in result.stdout.splitlines())
+    assert runs["auto"] == 0 and runs["direct"] > 0, runs
+
+
 def verbose_weight_gradients(size: int = 16, weight_grad: str = "auto") -> list:
     """The problem strings of the bf16 backward-weights kernels a blocked size x size convolution (batch 4, two
     threads) ran, as oneDNN's verbose log names them, each with the build that ran it: "3.2" for the OpenMP one

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "aot.h"
+#include "half.h"
 #include "runtime.h"
 
 namespace {
@@ -306,6 +307,141 @@ struct MatmulWeights {
   }
 };
 
+// out[a][b] = the products of rows a of dy and b of col (bf16) over the n positions of each of `images`, in 16
+// lanes (oneDNN's bf16 dot product, vdpbf16ps: positions 2l and 2l + 1 of each 32 in lane l). Image g's rows
+// start at dy + g * dy_img (rows dy_ld apart) and col + g * n (rows col_ld apart)
+template <int BO, int BK>
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void DotBlock(const uint16_t *dy, int64_t dy_ld, int64_t dy_img,
+                                                                    const uint16_t *col, int64_t col_ld, int64_t images,
+                                                                    int64_t n, float *out) {
+  __m512 r[BO][BK];
+  for (int a = 0; a < BO; ++a)
+    for (int b = 0; b < BK; ++b) r[a][b] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < images; ++g)
+    for (int64_t q = 0; q < n; q += 32) {
+      const __mmask32 m = n - q >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << (n - q)) - 1);
+      __m512bh c[BK];
+      for (int b = 0; b < BK; ++b)
+        c[b] = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, col + b * col_ld + g * n + q));
+      for (int a = 0; a < BO; ++a) {
+        const __m512bh d = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(m, dy + g * dy_img + a * dy_ld + q));
+        for (int b = 0; b < BK; ++b) r[a][b] = _mm512_dpbf16_ps(r[a][b], d, c[b]);
+      }
+    }
+  for (int a = 0; a < BO; ++a)
+    for (int b = 0; b < BK; ++b) _mm512_storeu_ps(out + (a * 4 + b) * 16, r[a][b]);
+}
+
+template <int BO>
+void DotBlockK(int bk, const uint16_t *dy, int64_t dy_ld, int64_t dy_img, const uint16_t *col, int64_t col_ld,
+               int64_t images, int64_t n, float *out) {
+  switch (bk) {
+    case 4: return DotBlock<BO, 4>(dy, dy_ld, dy_img, col, col_ld, images, n, out);
+    case 3: return DotBlock<BO, 3>(dy, dy_ld, dy_img, col, col_ld, images, n, out);
+    case 2: return DotBlock<BO, 2>(dy, dy_ld, dy_img, col, col_ld, images, n, out);
+    default: return DotBlock<BO, 1>(dy, dy_ld, dy_img, col, col_ld, images, n, out);
+  }
+}
+
+// the 16 lanes' sum, in pairs (a fixed order)
+float SumLanes(const float *v) {
+  float t[8];
+  for (int l = 0; l < 8; ++l) t[l] = v[l] + v[l + 8];
+  return ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+}
+
+// The weight gradient of a convolution between plain (NCHW) fp16 layers in the bf16 modes (LeNet's two: too few
+// channels for a 16-channel block), the kernels' own: dw[o, (c, i, j)] = the sum over images and output positions
+// q of dy[img, o, q] x[img, c, tap(q, i, j)], bf16-rounded operands in the bf16 dot product oneDNN's kernels use
+// (fp32 sums). oneDNN's kernels for these layers cut the batch into a parallel region per image (an im2col and a
+// gemm each): 66 of a LeNet step's 110 regions, whose pieces the pool's caller runs one after another on a busy
+// machine, where they cost the step more than one thread does (bench/results/busy-2026-12-07-zen4). Here one
+// region: a thread owns a share of dw's (c, i, j) columns, takes their im2col over the whole batch, and sums
+// 4 x 4 blocks of dw in 16 lanes; each sum runs in the same order on any number of threads, so the result depends
+// neither on the threads nor on how busy the machine is. runtime.cpu_weight_grad=direct gives them back to oneDNN.
+struct PlainWeights {
+  int64_t n, ic, h, w, oc, oh, ow, kh, kw, p, st;
+  bool half;  // dw in fp16, else fp32 holding fp16 values (an fp32 master weight taken as stored)
+  std::vector<uint16_t> xb, dyb;               // x and dy rounded to bf16
+  std::vector<std::vector<uint16_t>> cols;     // each thread's im2col: its columns' rows over every position
+  std::vector<float> dw;                       // [OC, IC*KH*KW] (OIHW)
+
+  PlainWeights(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, int64_t pad, int64_t stride,
+               bool w_half)
+      : n(xd[0]), ic(xd[1]), h(xd[2]), w(xd[3]), oc(wd[0]), oh(yd[2]), ow(yd[3]), kh(wd[2]), kw(wd[3]), p(pad),
+        st(stride), half(w_half) {}
+
+  // rows [k0, k1) of the im2col: x's channel c at tap (i, j) of every output position, zeros in the padding
+  __attribute__((target("avx512f,avx512bw"))) void Im2col(int64_t k0, int64_t k1, uint16_t *col) const {
+    const int64_t plane = oh * ow, rows = n * plane;
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      const int64_t c = kk / (kh * kw), i = kk / kw % kh, j = kk % kw;
+      // the positions whose tap falls inside a row: ox * st + j - p in [0, w)
+      const int64_t last = w - 1 + p - j, lo = std::min(ow, std::max<int64_t>(0, (p - j + st - 1) / st)),
+                    hi = last < 0 ? lo : std::max(lo, std::min(ow, last / st + 1));
+      for (int64_t img = 0; img < n; ++img)
+        for (int64_t oy = 0; oy < oh; ++oy) {
+          uint16_t *to = col + (kk - k0) * rows + img * plane + oy * ow;
+          const int64_t iy = oy * st + i - p;
+          if (iy < 0 || iy >= h) {
+            for (int64_t ox = 0; ox < ow; ++ox) to[ox] = 0;
+            continue;
+          }
+          const uint16_t *line = xb.data() + ((img * ic + c) * h + iy) * w + j - p;
+          if (st == 1) {  // 32 at a time: zeros outside [lo, hi), the row's values inside
+            for (int64_t ox = 0; ox < ow; ox += 32) {
+              const int64_t a = std::max(lo, ox), e = std::min(hi, ox + 32), len = std::min<int64_t>(32, ow - ox);
+              const __mmask32 in = e > a ? static_cast<__mmask32>(((uint64_t{1} << (e - a)) - 1) << (a - ox)) : 0;
+              const __mmask32 all = static_cast<__mmask32>((uint64_t{1} << len) - 1);
+              _mm512_mask_storeu_epi16(to + ox, all, _mm512_maskz_loadu_epi16(in, line + ox));
+            }
+            continue;
+          }
+          for (int64_t ox = 0; ox < lo; ++ox) to[ox] = 0;
+          for (int64_t ox = lo; ox < hi; ++ox) to[ox] = line[ox * st];
+          for (int64_t ox = hi; ox < ow; ++ox) to[ox] = 0;
+        }
+    }
+  }
+
+  void Run(const uint16_t *x, const uint16_t *dy, void *dw_out) {
+    const int64_t plane = oh * ow, k = ic * kh * kw, threads = AmpZooThreads();
+    xb.resize(n * ic * h * w), dyb.resize(n * oc * plane), dw.resize(oc * k), cols.resize(threads);
+    auto bf16 = [](const uint16_t *from, std::vector<uint16_t> &to) {
+      AmpZooSplit(static_cast<int64_t>(to.size()),
+                  [&](int64_t a, int64_t b) { AmpZooHalfToBf16Here(from + a, to.data() + a, b - a); });
+    };
+    bf16(x, xb);
+    bf16(dy, dyb);
+    AmpZooParallel(static_cast<int>(threads), [&](int t, int m) {
+      const int64_t k0 = k * t / m, k1 = k * (t + 1) / m, nk = k1 - k0, rows = n * plane;
+      if (nk == 0) return;
+      std::vector<uint16_t> &col = cols[t];
+      col.resize(nk * rows);
+      Im2col(k0, k1, col.data());
+      float out[16 * 16];
+      for (int64_t o = 0; o < oc; o += 4)
+        for (int64_t b = 0; b < nk; b += 4) {
+          const int bo = static_cast<int>(std::min<int64_t>(4, oc - o));
+          const int bk = static_cast<int>(std::min<int64_t>(4, nk - b));
+          const uint16_t *dy_o = dyb.data() + o * plane, *col_b = col.data() + b * rows;
+          switch (bo) {
+            case 4: DotBlockK<4>(bk, dy_o, plane, oc * plane, col_b, rows, n, plane, out); break;
+            case 3: DotBlockK<3>(bk, dy_o, plane, oc * plane, col_b, rows, n, plane, out); break;
+            case 2: DotBlockK<2>(bk, dy_o, plane, oc * plane, col_b, rows, n, plane, out); break;
+            default: DotBlockK<1>(bk, dy_o, plane, oc * plane, col_b, rows, n, plane, out);
+          }
+          for (int a = 0; a < bo; ++a)
+            for (int c = 0; c < bk; ++c) dw[(o + a) * k + k0 + b + c] = SumLanes(out + (a * 4 + c) * 16);
+        }
+    });
+    if (half)  // rounded to fp16 once
+      AmpZooFloatToHalf(dw.data(), static_cast<uint16_t *>(dw_out), oc * k);
+    else
+      AmpZooRoundThroughHalf(dw.data(), static_cast<float *>(dw_out), oc * k);
+  }
+};
+
 struct Conv {
   std::mutex m;
   dnnl::convolution_forward fwd;
@@ -315,6 +451,7 @@ struct Conv {
   Arg dy_d, w_d, dx;       // backward data
   Arg x_w, dy_w, dw;       // backward weights
   std::unique_ptr<MatmulWeights> mm_dw;  // or backward weights as a matmul (bf16 modes, MatmulWeights::Applies)
+  std::unique_ptr<PlainWeights> plain_dw;  // or the kernels' own, between plain layers (bf16 modes)
   // or the same direct kernel in oneDNN on OpenMP (omp_weights.cc): a primitive per pool thread, each on images
   // [omp_from[i], omp_from[i + 1]), the dw of all but the first summed into the first's
   std::vector<AmpZooOmpWeights *> omp_dw;
@@ -387,6 +524,10 @@ struct Conv {
     dy_d.Init(memory::desc(yd, b_in, yl), bd.diff_dst_desc(), read(xh, bf_bwd), bf_bwd);
     w_d.Init(memory::desc(wd, b_in, tag::oihw), bd.weights_desc(), read(wh, bf_bwd));
     dx.Init(x_out, bd.diff_src_desc(), wrote(xh), bf_bwd);
+    if (bf_bwd && xh && AmpZooMatmulWeights() && xl == tag::nchw && yl == tag::nchw) {  // LeNet's layers
+      plain_dw.reset(new PlainWeights(xd, wd, yd, p, s, wh));
+      return;
+    }
     const bool matmul = bf_bwd && xh && MatmulWeights::Applies(wd, yd, xl, yl, s);
     dnnl::convolution_backward_weights::primitive_desc bw(e, alg, any(xd, b_in), w_any32, any(yd, b_in), st, pad,
                                                           pad, hint);
@@ -442,6 +583,11 @@ struct Conv {
       bwd_data.execute(st, {{DNNL_ARG_DIFF_DST, dy_d.inner}, {DNNL_ARG_WEIGHTS, w_d.inner},
                             {DNNL_ARG_DIFF_SRC, dx.inner}});
       dx.Out();
+    }
+    if (plain_dw) {
+      plain_dw->Run(static_cast<const uint16_t *>(xp), static_cast<const uint16_t *>(dyp), dwp);
+      st.wait();
+      return;
     }
     if (mm_dw) {  // waits for the stream itself
       mm_dw->Run(static_cast<const uint16_t *>(xp), static_cast<const uint16_t *>(dyp), dwp);
