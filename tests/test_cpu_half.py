@@ -352,11 +352,11 @@ def plain_weights_check(ci: int, co: int, k: int, size: int, stride: int, paddin
 @pytest.mark.skipif(not BF16_CPU, reason="this CPU has no AVX512-BF16: fp16 convolutions multiply in fp32 here")
 @pytest.mark.parametrize("ci, co, k, size, stride, padding, batch",
                          [(1, 6, 5, 32, 1, 0, 4), (6, 16, 5, 14, 1, 0, 3), (3, 5, 3, 9, 2, 1, 3),
-                          (2, 4, 3, 40, 1, 1, 2)])
+                          (2, 4, 3, 40, 1, 1, 2), (1, 4, 1, 6, 1, 0, 2)])
 def test_a_bf16_conv_between_plain_layers_has_its_own_weight_gradient_on_any_threads(ci, co, k, size, stride,
                                                                                       padding, batch):
     """LeNet's two convolutions (1 to 6 channels at 32x32, 6 to 16 at 14x14), a strided one with padding on an
-    odd plane, and rows longer than 32 positions: plain_weights_check."""
+    odd plane, rows longer than 32 positions, and a 1x1 one with fewer columns than threads: plain_weights_check."""
     run_bf16_check("test_cpu_half", f"plain_weights_check({ci}, {co}, {k}, {size}, {stride}, {padding}, {batch})")
 
 

@@ -366,6 +366,12 @@ struct PlainWeights {
   std::vector<std::vector<uint16_t>> cols;     // each thread's im2col: its columns' rows over every position
   std::vector<float> dw;                       // [OC, IC*KH*KW] (OIHW)
 
+  // plain x and dy, and an im2col of at most 4M values (8 MB; LeNet's at batch 128: 2.5M): a larger plain layer
+  // (a width that is not a multiple of 16) keeps oneDNN's kernels, which need no im2col of the whole batch
+  static bool Applies(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, tag xl, tag yl) {
+    return xl == tag::nchw && yl == tag::nchw && wd[1] * wd[2] * wd[3] * xd[0] * yd[2] * yd[3] <= (int64_t{1} << 22);
+  }
+
   PlainWeights(const memory::dims &xd, const memory::dims &wd, const memory::dims &yd, int64_t pad, int64_t stride,
                bool w_half)
       : n(xd[0]), ic(xd[1]), h(xd[2]), w(xd[3]), oc(wd[0]), oh(yd[2]), ow(yd[3]), kh(wd[2]), kw(wd[3]), p(pad),
@@ -524,7 +530,7 @@ struct Conv {
     dy_d.Init(memory::desc(yd, b_in, yl), bd.diff_dst_desc(), read(xh, bf_bwd), bf_bwd);
     w_d.Init(memory::desc(wd, b_in, tag::oihw), bd.weights_desc(), read(wh, bf_bwd));
     dx.Init(x_out, bd.diff_src_desc(), wrote(xh), bf_bwd);
-    if (bf_bwd && xh && AmpZooMatmulWeights() && xl == tag::nchw && yl == tag::nchw) {  // LeNet's layers
+    if (bf_bwd && xh && AmpZooMatmulWeights() && PlainWeights::Applies(xd, wd, yd, xl, yl)) {  // LeNet's layers
       plain_dw.reset(new PlainWeights(xd, wd, yd, p, s, wh));
       return;
     }
