@@ -393,8 +393,9 @@ struct PlainWeights {
             for (int64_t ox = 0; ox < ow; ++ox) to[ox] = 0;
             continue;
           }
-          const uint16_t *line = xb.data() + ((img * ic + c) * h + iy) * w + j - p;
-          if (st == 1) {  // 32 at a time: zeros outside [lo, hi), the row's values inside
+          const int64_t row = ((img * ic + c) * h + iy) * w;  // x's row; its tap ox is row + ox * st + j - p
+          if (st == 1 && j >= p) {  // 32 at a time (lo is 0): the row's values before hi, zeros after
+            const uint16_t *line = xb.data() + row + j - p;
             for (int64_t ox = 0; ox < ow; ox += 32) {
               const int64_t a = std::max(lo, ox), e = std::min(hi, ox + 32), len = std::min<int64_t>(32, ow - ox);
               const __mmask32 in = e > a ? static_cast<__mmask32>(((uint64_t{1} << (e - a)) - 1) << (a - ox)) : 0;
@@ -404,7 +405,7 @@ struct PlainWeights {
             continue;
           }
           for (int64_t ox = 0; ox < lo; ++ox) to[ox] = 0;
-          for (int64_t ox = lo; ox < hi; ++ox) to[ox] = line[ox * st];
+          for (int64_t ox = lo; ox < hi; ++ox) to[ox] = xb[row + ox * st + j - p];
           for (int64_t ox = hi; ox < ow; ++ox) to[ox] = 0;
         }
     }
