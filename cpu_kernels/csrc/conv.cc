@@ -414,12 +414,8 @@ struct PlainWeights {
   void Run(const uint16_t *x, const uint16_t *dy, void *dw_out) {
     const int64_t plane = oh * ow, k = ic * kh * kw, threads = AmpZooThreads();
     xb.resize(n * ic * h * w), dyb.resize(n * oc * plane), dw.resize(oc * k), cols.resize(threads);
-    auto bf16 = [](const uint16_t *from, std::vector<uint16_t> &to) {
-      AmpZooSplit(static_cast<int64_t>(to.size()),
-                  [&](int64_t a, int64_t b) { AmpZooHalfToBf16Here(from + a, to.data() + a, b - a); });
-    };
-    bf16(x, xb);
-    bf16(dy, dyb);
+    AmpZooToBf16(x, true, xb.data(), static_cast<int64_t>(xb.size()));
+    AmpZooToBf16(dy, true, dyb.data(), static_cast<int64_t>(dyb.size()));
     AmpZooParallel(static_cast<int>(threads), [&](int t, int m) {
       const int64_t k0 = k * t / m, k1 = k * (t + 1) / m, nk = k1 - k0, rows = n * plane;
       if (nk == 0) return;
