@@ -540,7 +540,8 @@ def notes(r: dict, stats: Dict[str, dict]) -> List[str]:
            f"{runs[0]['steps']:,} steps" + (f" ({runs[0]['steps'] // runs[0]['update_freq']:,} updates of "
                                             f"{runs[0]['update_freq']})" if runs[0].get("update_freq") else "")]
     if r["level"] != "O0":
-        out.append(f"{sum(x['overflow_steps'] for x in runs)} overflowed steps")
+        overflowed = sum(x['overflow_steps'] for x in runs)
+        out.append(f"{overflowed} overflowed step{'' if overflowed == 1 else 's'}")
     if r.get("unfinished"):
         out.append(progress(r))
     if runs[0].get("overrides"):  # trained before the recipe changed: what the recipe would need to match
