@@ -36,7 +36,8 @@ from ampzoo.engine.network import build_model
 
 SKIP = ("recipe_name", "smoke", "resume", "checkpoint", "output", "weights", "description", "target", "search",
         "logger", "runtime.device_id", "dataset.path",  # groups, or keys: where a run ran and how it was watched
-        "dataset.params.spm_model")  # the tokenizer ships as a file beside the weights (the manifest's tokenizer)
+        "dataset.params.spm_model",  # the tokenizer ships as a file beside the weights (the manifest's tokenizer)
+        "runtime.cpu_threads")  # the kernels' thread count: the same numbers on any (their pieces are fixed)
 
 
 def overrides(run_cfg) -> List[str]:

@@ -198,6 +198,15 @@ def test_ship_records_a_group_options_keys_so_they_compose_back():
     assert plain(again) == plain(run)
 
 
+def test_ship_leaves_out_the_thread_count():
+    """The kernels' thread count changes no number (their pieces are fixed), so a weight trained with
+    runtime.cpu_threads=2 does not make eval.py run on 2 threads; the seed, which does change numbers, stays."""
+    from bench.ship import overrides
+
+    found = overrides(compose(["recipe=lenet_fashion_o2", "runtime.cpu_threads=2", "runtime.seed=3"]))
+    assert found == ["runtime.seed=3"], found
+
+
 def plain(cfg) -> dict:
     """A composed config as flat key: value, without what says where and how it was composed."""
     return {k: v for k, v in flatten(OmegaConf.to_container(cfg, resolve=True)).items()
