@@ -20,7 +20,6 @@ import numpy as np
 TMP = Path("/tmp/r34grad")
 S = 65536.0
 BN = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
-MEAN, STD = (0.4914, 0.4822, 0.4465), (0.247, 0.2435, 0.2616)  # conf/dataset/cifar10.yaml
 
 
 def our_name(torch_name: str, bn_layers: set) -> str:
@@ -34,19 +33,28 @@ def our_name(torch_name: str, bn_layers: set) -> str:
 
 def batches(data: str) -> None:
     from PIL import Image
+
+    from ampzoo.engine.load import load_config
+    card = load_config(["recipe=resnet34_cifar10_o2", f"dataset.path={data}"])[0].dataset  # the card, not its smoke
     classes = sorted(p.name for p in (Path(data) / "test").iterdir())
     files = [(f, c) for c, name in enumerate(classes) for f in sorted((Path(data) / "test" / name).glob("*.jpg"))]
     pick = np.random.RandomState(1).permutation(len(files))[:256]
     x = np.stack([np.asarray(Image.open(files[i][0]).convert("RGB"), np.float32) / 255 for i in pick])
-    x = ((x - MEAN) / STD).transpose(0, 3, 1, 2).astype(np.float32)
+    x = ((x - list(card.mean)) / list(card.std)).transpose(0, 3, 1, 2).astype(np.float32)
     y = np.array([files[i][1] for i in pick], np.int32)
     TMP.mkdir(exist_ok=True)
     np.savez(TMP / "batches.npz", x=x, y=y)
 
 
+def load_batches():
+    """The two batches `batches` wrote: images (2, 128, 3, 32, 32) float32, labels (2, 128) int32."""
+    data = np.load(TMP / "batches.npz")
+    return data["x"].reshape(2, 128, 3, 32, 32), data["y"].reshape(2, 128)
+
+
 def torch_grads(tag: str) -> None:
     import torch
-    sys.path.insert(0, ".")
+
     from bench.torch_cifar10 import peer_network
     torch.manual_seed(1)
     net = peer_network(10)
@@ -61,8 +69,8 @@ def torch_grads(tag: str) -> None:
     state = {our_name(k, bn_layers): v.detach().numpy() for k, v in net.state_dict().items()
              if not k.endswith("num_batches_tracked")}
     np.savez(TMP / f"weights_{tag}.npz", **state)
-    data = np.load(TMP / "batches.npz")
-    xs, ys = data["x"].reshape(2, 128, 3, 32, 32), data["y"].reshape(2, 128).astype(np.int64)
+    xs, ys = load_batches()
+    ys = ys.astype(np.int64)
     torch.set_num_threads(2)
     for variant in ("fp64", "fp32", "bf16"):
         model = peer_network(10)
@@ -124,9 +132,8 @@ def zoo_grads(level: str, compute: str, tag: str) -> None:
             return self.grad(x, y)
 
     grad = Step()
-    data = np.load(TMP / "batches.npz")
     out = []
-    for x, y in zip(data["x"].reshape(2, 128, 3, 32, 32), data["y"].reshape(2, 128)):
+    for x, y in zip(*load_batches()):
         loss, grads = grad(ms.Tensor(x), ms.Tensor(y))
         out.append((float(loss.asnumpy()) / scale,
                     {p.name: g.asnumpy().astype(np.float64) / scale for p, g in zip(params, grads)}))
@@ -155,6 +162,7 @@ def compare(tag: str) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, ".")  # run from the checkout's root: the zoo's packages and bench/
     what = sys.argv[1]
     if what == "batches":
         batches(sys.argv[2])
